@@ -127,7 +127,9 @@ class GpuSample(_Model):
 
 
 class Mount(_Model):
-    source: str = Field(min_length=1, max_length=4096)  # host path; must lie in a volume root the admin allowed
+    source: str = Field(
+        min_length=1, max_length=4096
+    )  # host path; must lie in a volume root the admin allowed
     target: str = Field(min_length=1, max_length=4096)  # absolute path in the container
     read_only: bool = True
 
@@ -323,7 +325,14 @@ class StopRequest(_Message):
 
 
 AgentToPortal = Annotated[
-    Hello | Heartbeat | TelemetryBatch | AttemptStatus | LogChunk | CheckpointDone | RequestAck | RequestReject,
+    Hello
+    | Heartbeat
+    | TelemetryBatch
+    | AttemptStatus
+    | LogChunk
+    | CheckpointDone
+    | RequestAck
+    | RequestReject,
     Field(discriminator="type"),
 ]
 PortalToAgent = Annotated[

@@ -55,7 +55,15 @@ def _golden(name: str) -> dict[str, object]:
         (lambda m: m.update(grace_period_s=-1), protocol.ProtocolError, r"grace_period_s"),
         (lambda m: m.update(id="not-a-uuid"), protocol.ProtocolError, r"id"),
     ],
-    ids=["future-version", "no-version", "unknown-type", "extra-field", "bad-id", "negative-grace", "bad-uuid"],
+    ids=[
+        "future-version",
+        "no-version",
+        "unknown-type",
+        "extra-field",
+        "bad-id",
+        "negative-grace",
+        "bad-uuid",
+    ],
 )
 def test_bad_messages_raise_a_clear_error(mutate, error, match) -> None:
     message = _golden("stop")
@@ -64,7 +72,9 @@ def test_bad_messages_raise_a_clear_error(mutate, error, match) -> None:
         protocol.decode(json.dumps(message))
 
 
-@pytest.mark.parametrize("text", ["", "not json", "[1, 2]", '"hello"'], ids=["empty", "garbage", "list", "string"])
+@pytest.mark.parametrize(
+    "text", ["", "not json", "[1, 2]", '"hello"'], ids=["empty", "garbage", "list", "string"]
+)
 def test_non_objects_are_refused(text: str) -> None:
     with pytest.raises(protocol.ProtocolError):
         protocol.decode(text)

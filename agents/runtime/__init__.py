@@ -1,0 +1,107 @@
+"""Runtimes: where attempts actually run (Docker containers or plain process groups).
+
+Both implement :class:`Runtime`. Every runtime keeps enough on the host (container labels,
+files in the agent's state directory) that a restarted agent finds what it started
+before, so no attempt state lives only in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from agents.protocol import AttemptState, DesiredAttempt, LogChunk, RuntimeInfo
+
+LogStream = Literal["stdout", "stderr"]
+LOG_STREAMS: tuple[LogStream, ...] = ("stdout", "stderr")
+MAX_LOG_LINE = 16384  # longer lines are split; each piece counts as a line
+
+
+class RuntimeFailure(Exception):
+    """The runtime could not carry out an operation on an attempt."""
+
+
+class UnknownAttemptError(RuntimeFailure):
+    """No process or container for this attempt exists on this node."""
+
+
+@dataclass(frozen=True)
+class ObservedAttempt:
+    """What the runtime finds for one attempt it started (live or ended, not yet removed)."""
+
+    attempt_id: str
+    job_id: str
+    state: AttemptState  # STARTING, RUNNING, SUSPENDED, EXITED or VANISHED
+    exit_code: int | None = None
+    gpu_uuids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LogLine:
+    stream: LogStream
+    seq: int  # 0-based line number in this stream of this attempt
+    text: str  # without the trailing newline
+
+
+class Runtime(Protocol):
+    """The one interface the agent uses to run attempts.
+
+    Contract for implementations:
+    - ``start`` starts an attempt once; a second start of the same attempt id raises.
+      Policy problems raise ``agents.runtime.policy.PolicyError`` and start nothing.
+    - ``stop``, ``signal``, ``suspend``, ``resume`` raise UnknownAttemptError for an attempt
+      they do not know; ``stop`` of an attempt that already ended returns its exit code.
+    - ``list_attempts`` is the recovery point after an agent restart: it finds attempts by
+      label or marker file, not from memory.
+    - ``logs`` yields complete lines from ``from_seq`` on and ends after the attempt ended
+      and its output was read; it may be started again at any time (after a restart).
+    - ``remove`` forgets an ended attempt (container, files); it is idempotent.
+    """
+
+    kind: Literal["docker", "process"]
+
+    async def info(self) -> RuntimeInfo: ...
+
+    async def start(self, attempt: DesiredAttempt) -> None: ...
+
+    async def signal(self, attempt_id: str, signal_name: str) -> None: ...
+
+    async def stop(self, attempt_id: str, grace_s: float) -> int | None: ...
+
+    async def suspend(self, attempt_id: str) -> None: ...
+
+    async def resume(self, attempt_id: str) -> None: ...
+
+    async def list_attempts(self) -> list[ObservedAttempt]: ...
+
+    async def wait(self, attempt_id: str) -> int | None: ...
+
+    def logs(self, attempt_id: str, stream: LogStream, from_seq: int = 0) -> AsyncIterator[LogLine]: ...
+
+    async def remove(self, attempt_id: str) -> None: ...
+
+
+def split_long_line(text: str) -> list[str]:
+    if len(text) <= MAX_LOG_LINE:
+        return [text]
+    return [text[i : i + MAX_LOG_LINE] for i in range(0, len(text), MAX_LOG_LINE)]
+
+
+def chunk_lines(attempt_id: str, lines: list[LogLine]) -> list[LogChunk]:
+    """Group consecutive lines of one stream into log chunks (one chunk per run of seqs)."""
+    chunks: list[LogChunk] = []
+    run: list[LogLine] = []
+    for line in lines:
+        if run and (line.stream != run[-1].stream or line.seq != run[-1].seq + 1):
+            chunks.append(_chunk(attempt_id, run))
+            run = []
+        run.append(line)
+    if run:
+        chunks.append(_chunk(attempt_id, run))
+    return chunks
+
+
+def _chunk(attempt_id: str, run: list[LogLine]) -> LogChunk:
+    text = "".join(line.text + "\n" for line in run)
+    return LogChunk(attempt_id=attempt_id, stream=run[0].stream, seq=run[0].seq, text=text)

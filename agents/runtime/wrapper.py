@@ -1,0 +1,61 @@
+"""Runs one attempt's command and records its exit code in a file.
+
+The process runtime starts ``python -I wrapper.py EXIT_FILE -- COMMAND...`` as the leader
+of a new session. The wrapper is what lets an attempt outlive the agent: when the agent
+restarts, the command keeps running under the wrapper, and the exit code still lands in
+EXIT_FILE (written atomically) for the new agent to read.
+
+Signals the agent sends go to the whole process group, so the command receives them
+directly; the wrapper only has to survive them. It installs handlers rather than
+ignoring the signals, because an ignored disposition would be inherited by the command.
+Standard library only: this file runs without the agent package on the path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+SURVIVED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+def write_exit_code(path: str, exit_code: int) -> None:
+    temporary = f"{path}.tmp"
+    with open(temporary, "w") as file:
+        json.dump({"exit_code": exit_code}, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4 or argv[2] != "--":
+        sys.stderr.write("usage: wrapper.py EXIT_FILE -- COMMAND [ARG...]\n")
+        return 2
+    exit_file, command = argv[1], argv[3:]
+    for signum in SURVIVED_SIGNALS:
+        signal.signal(signum, lambda _signum, _frame: None)
+    try:
+        child = subprocess.Popen(command)
+    except OSError as error:
+        sys.stderr.write(f"gpuportal: cannot run {command[0]!r}: {error}\n")
+        write_exit_code(exit_file, 127)
+        return 0
+    returncode = child.wait()
+    # Shell and Docker convention: 128+N when the command was killed by signal N.
+    write_exit_code(exit_file, returncode if returncode >= 0 else 128 - returncode)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
