@@ -16,6 +16,7 @@ learns their exit codes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -228,10 +229,8 @@ class ProcessRuntime:
 
 
 def _kill_group(pid: int, signum: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _stat_fields(pid: int) -> list[str] | None:
