@@ -209,10 +209,9 @@ class ProcessRuntime:
         if child is not None:
             child.poll()
             return
-        try:  # a wrapper started by an earlier runtime instance of this same process
+        # A wrapper started by an earlier runtime instance of this same process.
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
 
     async def _wait_for_state(self, record: dict[str, Any], states: set[AttemptState]) -> None:
         for _ in range(200):
