@@ -1,0 +1,1 @@
+"""Scheduling: the pure core (scheduler.core) and the trace simulator (scheduler.sim)."""

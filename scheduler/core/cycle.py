@@ -1,0 +1,509 @@
+"""The scheduling cycle: `decide(snapshot, profile, now) -> Plan`.
+
+One cycle, in numbered steps (the comments in `decide` carry the numbers):
+
+1. Build the working state from the snapshot: free GPUs per node and model, fit indexes,
+   and quota usage per VC and user. The snapshot itself is never changed.
+2. Work out which running jobs borrow GPUs above their VC's guarantee.
+3. Order the queue with the queue-sort plugins; VCs with their own queueing policy reorder
+   their jobs inside the positions the profile gave them.
+4. Walk the queue. For each job: admission (quota), the backfill gate, then gang placement
+   through a Statement (filter, choose GPUs, score, reserve replica by replica; all replicas
+   or none). A placed job is committed into a Start.
+5. A blocked job may look for victims (preemption plugins), whole gangs only; the freed GPUs
+   are held for it while the victims get their grace period.
+6. The first job blocked for lack of GPUs gets the backfill reservation, if the profile has one.
+7. Post-cycle plugins say when the next cycle is due even without new events.
+8. Every job that did not start gets a reason and an estimated start from a forward
+   simulation of the resulting state.
+
+The core reads no clock and no global state: same snapshot, profile and `now`, same plan.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from scheduler.core.estimate import estimate_starts
+from scheduler.core.framework import SUCCESS, Code, CycleContext, QueueSortPlugin, Status
+from scheduler.core.plugins.admission import borrowed_gpus, model_label
+from scheduler.core.profile import PluginSet, Profile
+from scheduler.core.registry import build_plugin
+from scheduler.core.state import ClusterState, GpuHold, build_state
+from scheduler.core.statement import Statement
+from scheduler.core.types import (
+    ALL_MODELS,
+    ANY_MODEL,
+    JobId,
+    PendingJob,
+    PendingStatus,
+    Plan,
+    Preemption,
+    ReasonCode,
+    ReplicaPlacement,
+    RunningJob,
+    Snapshot,
+    Start,
+)
+
+_CAPACITY_REASONS = frozenset(
+    {ReasonCode.INSUFFICIENT_GPUS, ReasonCode.FRAGMENTATION, ReasonCode.GANG_NODES, ReasonCode.NODE_RESOURCES}
+)
+_QUOTA_REASONS = frozenset({ReasonCode.VC_QUOTA, ReasonCode.USER_LIMIT})
+
+
+def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
+    """Run one scheduling cycle over an immutable snapshot and return what to do."""
+    plugins = profile.build()
+    # 1. Working state: every running job's GPUs taken, quota usage counted.
+    state, holds = build_state(snapshot)
+    # 2. Borrowed GPUs per running job (the ones reclaim may take back).
+    ctx = CycleContext(
+        snapshot=snapshot,
+        now=now,
+        state=state,
+        running_by_id={job.id: job for job in snapshot.running},
+        borrowed_gpus=borrowed_by_job(snapshot, state, holds),
+    )
+    for plugin in plugins.by_name.values():
+        prepare = getattr(plugin, "prepare", None)
+        if prepare is not None:
+            prepare(ctx)
+    # 3. Queue order.
+    queue = order_queue(snapshot.pending, plugins, ctx, profile)
+    # 4.-6. Admission, placement, preemption, reservation.
+    run = _CycleRun(ctx, plugins, profile, holds)
+    for job in queue:
+        run.consider(job)
+    # 7. Post-cycle hooks.
+    wake_times = [t for t in (p.wake_at(ctx) for p in plugins.post_cycle) if t is not None and t > now]
+    # 8. Reasons and estimated starts for everything that did not start.
+    estimates = estimate_starts(ctx, queue, run.started, run.waiting, holds, profile.cycle, run.released)
+    pending = tuple(
+        PendingStatus(
+            job.id,
+            run.reasons[job.id].reason or ReasonCode.QUEUED_BEHIND,
+            run.reasons[job.id].message,
+            estimates.get(job.id),
+        )
+        for job in queue
+        if job.id not in run.started
+    )
+    return Plan(
+        starts=tuple(run.starts),
+        preemptions=tuple(run.preemptions),
+        pending=pending,
+        reservation=JobId(run.reservation_job) if run.reservation_job else None,
+        wake_at=min(wake_times) if wake_times else None,
+    )
+
+
+def borrowed_by_job(
+    snapshot: Snapshot, state: ClusterState, holds: dict[str, list[GpuHold]]
+) -> dict[str, int]:
+    """GPUs of each running job above its VC's guarantee. The VC's jobs fill the guarantee in
+    start order, so the most recently started work is the borrowed (reclaimable) part."""
+    groups: dict[tuple[str, str], list[RunningJob]] = {}
+    for job in snapshot.running:
+        job_holds = holds.get(job.id)
+        model = job_holds[0].model if job_holds else job.gpu_model
+        rows = state.quotas.get(job.vc)
+        if rows is None:
+            continue
+        key_model = model if model in rows else ALL_MODELS
+        groups.setdefault((job.vc, key_model), []).append(job)
+    borrowed: dict[str, int] = {}
+    for (vc, key_model), jobs in groups.items():
+        row = state.quotas[vc].get(key_model)
+        guaranteed = row.guaranteed if row is not None else 0
+        used = 0
+        for job in sorted(jobs, key=lambda j: (j.started_at, j.id)):
+            before = used
+            used += job.gpus
+            borrowed[job.id] = max(0, used - guaranteed) - max(0, before - guaranteed)
+    return borrowed
+
+
+def order_queue(
+    pending: Sequence[PendingJob], plugins: PluginSet, ctx: CycleContext, profile: Profile
+) -> list[PendingJob]:
+    def key(job: PendingJob, sorters: Sequence[QueueSortPlugin]) -> tuple[Any, ...]:
+        parts: list[Any] = []
+        for sorter in sorters:
+            parts.extend(sorter.sort_key(job, ctx))
+        parts.append(job.submitted_at)
+        parts.append(job.id)
+        return tuple(parts)
+
+    queue = sorted(pending, key=lambda j: key(j, plugins.queue_sort))
+    for vc in ctx.snapshot.vcs:
+        if not vc.queueing_policy:
+            continue
+        sorter = plugins.by_name.get(vc.queueing_policy)
+        if sorter is None:
+            sorter = build_plugin(vc.queueing_policy, profile.plugin_args.get(vc.queueing_policy, {}))
+            if not isinstance(sorter, QueueSortPlugin):
+                raise ValueError(f"VC {vc.name}: {vc.queueing_policy!r} is not a queue-sort plugin")
+            sorter.prepare(ctx)
+            plugins.by_name[vc.queueing_policy] = sorter
+        assert isinstance(sorter, QueueSortPlugin)
+        positions = [i for i, job in enumerate(queue) if job.vc == vc.name]
+        own = sorted((queue[i] for i in positions), key=lambda j, s=sorter: key(j, [s]))
+        for i, job in zip(positions, own, strict=True):
+            queue[i] = job
+    return queue
+
+
+class _CycleRun:
+    """Mutable bookkeeping of one cycle. Lives only inside `decide`."""
+
+    def __init__(
+        self, ctx: CycleContext, plugins: PluginSet, profile: Profile, holds: dict[str, list[GpuHold]]
+    ) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.plugins = plugins
+        self.settings = profile.cycle
+        self.holds = holds
+        self.starts: list[Start] = []
+        self.started: dict[str, str] = {}  # job id -> GPU model it got
+        self.waiting: dict[str, tuple[float, str]] = {}  # job id -> (victims gone by, model)
+        self.preemptions: list[Preemption] = []
+        self.reasons: dict[str, Status] = {}
+        self.reservation: Any = None
+        self.reservation_job: str | None = None
+        self.preemption_attempts = 0
+        self.released: set[str] = set()  # running jobs whose GPUs this cycle handed on
+        self._rack_nodes: dict[str, list[int]] | None = None
+
+    # -- step 4 ------------------------------------------------------------------------
+
+    def consider(self, job: PendingJob) -> None:
+        if job.replicas <= 0 or job.gpus_per_replica <= 0:
+            self.reasons[job.id] = Status(
+                Code.UNRESOLVABLE, ReasonCode.NO_MATCHING_GPU, "requests no GPUs; nothing to place"
+            )
+            return
+        models = [job.gpu_model] if job.gpu_model != ANY_MODEL else self.state.models
+        if not models:
+            models = [job.gpu_model]
+        failures: list[tuple[str, Status]] = []
+        for model in models:
+            status = self._admit(job, model)
+            if status.ok and self.reservation is not None and self.plugins.backfill is not None:
+                if not self.plugins.backfill.allows(job, model, self.reservation, self.ctx):
+                    status = self._held_status(job)
+            if status.ok:
+                borrowed = borrowed_gpus(self.state, job.vc, self._quota_model(job, model), job.gpus)
+                statement = Statement(self.state)
+                status = self._place(job, model, statement)
+                if status.ok:
+                    self._start(job, statement, borrowed)
+                    return
+            failures.append((model, status))
+        model, failure = self._most_telling(failures)
+        # 5. Preemption.
+        if (
+            failure.code is Code.UNSCHEDULABLE
+            and failure.reason in _CAPACITY_REASONS | _QUOTA_REASONS
+            and self.plugins.preemption
+            and self.preemption_attempts < self.settings.max_preemption_attempts
+        ):
+            self.preemption_attempts += 1
+            for candidate_model in models:
+                if self._try_preempt(job, candidate_model, failure):
+                    return
+        # 6. Reservation for the first job blocked by capacity.
+        if (
+            failure.reason in _CAPACITY_REASONS
+            and self.plugins.backfill is not None
+            and self.reservation is None
+        ):
+            self.reservation = self.plugins.backfill.reserve(job, model, self.ctx, self.holds)
+            if self.reservation is not None:
+                self.reservation_job = job.id
+                wait = max(self.reservation.start_at - self.ctx.now, 0.0)
+                failure = Status(
+                    failure.code, failure.reason, f"{failure.message}; reserved, expected in {wait:.0f} s"
+                )
+        self.reasons[job.id] = failure
+
+    @staticmethod
+    def _most_telling(failures: list[tuple[str, Status]]) -> tuple[str, Status]:
+        """With several GPU models tried, report the one closest to fitting: a capacity
+        problem beats a quota problem beats a model that cannot hold the job at all."""
+        rank = {Code.UNSCHEDULABLE: 0, Code.UNRESOLVABLE: 1, Code.SUCCESS: 2}
+        return min(failures, key=lambda f: (rank[f[1].code], f[1].reason not in _CAPACITY_REASONS))
+
+    def _held_status(self, job: PendingJob) -> Status:
+        res = self.reservation
+        wait = max(res.start_at - self.ctx.now, 0.0)
+        return Status(
+            Code.UNSCHEDULABLE,
+            ReasonCode.HELD_FOR_RESERVATION,
+            f"held for the reservation of job {res.job_id} ({res.gpus} {model_label(res.model)} "
+            f"expected free in {wait:.0f} s); this job would delay it",
+        )
+
+    def _quota_model(self, job: PendingJob, model: str) -> str:
+        return job.gpu_model if job.gpu_model != ANY_MODEL else model
+
+    def _admit(self, job: PendingJob, model: str) -> Status:
+        for plugin in self.plugins.admission:
+            status = plugin.admit(job, model, self.ctx)
+            if not status.ok:
+                return status
+        return SUCCESS
+
+    def _start(self, job: PendingJob, statement: Statement, borrowed: int) -> None:
+        statement_model = statement.reserved()[0].model
+        placement = tuple(
+            ReplicaPlacement(self.state.nodes[h.node_idx].node.name, h.gpu_indices)
+            for h in statement.reserved()
+        )
+        statement.commit()
+        self.starts.append(Start(job.id, placement, borrowed))
+        self.started[job.id] = statement_model
+
+    # -- placement ---------------------------------------------------------------------
+
+    def _place(self, job: PendingJob, model: str, statement: Statement) -> Status:
+        """Gang placement: every replica reserved through `statement`, or none (discarded)."""
+        state = self.state
+        per_replica, replicas, need = job.gpus_per_replica, job.replicas, job.gpus
+        label = model_label(model)
+        capacity = state.capacity_total.get(model, 0)
+        if capacity < need or state.max_node_gpus(model) < per_replica:
+            return Status(
+                Code.UNRESOLVABLE,
+                ReasonCode.NO_MATCHING_GPU,
+                f"needs {replicas}x{per_replica} {label}; the cluster has {capacity} usable {label}, "
+                f"at most {state.max_node_gpus(model)} per node",
+            )
+        free = state.free_total.get(model, 0)
+        if free < need:
+            return Status(
+                Code.UNSCHEDULABLE,
+                ReasonCode.INSUFFICIENT_GPUS,
+                f"needs {need} {label}, {free} of {capacity} free",
+            )
+        if state.replica_slots(model, per_replica) < replicas:
+            return self._no_room(model, per_replica, replicas, free)
+        placed: list[GpuHold] = []
+        limit = self.settings.max_candidates * (4 if replicas > 1 else 1)
+        for _ in range(replicas):
+            best: tuple[float, int, tuple[int, ...]] | None = None
+            filter_failure: Status | None = None
+            feasible = 0
+            for idx in self._candidates(model, per_replica, placed):
+                slot = state.nodes[idx]
+                rejected = None
+                for plugin in self.plugins.filter:
+                    status = plugin.filter(job, slot, model, self.ctx)
+                    if not status.ok:
+                        rejected = status
+                        break
+                if rejected is not None:
+                    filter_failure = rejected
+                    continue
+                gpus = self.plugins.gpu_chooser.choose(slot.free[model], slot, per_replica)
+                if gpus is None:
+                    continue
+                score = sum(w * p.score(slot, model, gpus, placed, self.ctx) for p, w in self.plugins.score)
+                if best is None or score > best[0]:
+                    best = (score, idx, gpus)
+                feasible += 1
+                if feasible >= limit:
+                    break
+            if best is None:
+                statement.discard()
+                if filter_failure is not None:
+                    return filter_failure
+                return self._no_room(model, per_replica, replicas, free)
+            hold = GpuHold(
+                best[1],
+                model,
+                best[2],
+                job.cpu_milli_per_replica,
+                job.memory_mib_per_replica,
+                job.vc,
+                job.user,
+            )
+            statement.reserve(hold)
+            placed.append(hold)
+        return SUCCESS
+
+    def _no_room(self, model: str, per_replica: int, replicas: int, free: int) -> Status:
+        label = model_label(model)
+        if replicas == 1:
+            return Status(
+                Code.UNSCHEDULABLE,
+                ReasonCode.FRAGMENTATION,
+                f"{free} {label} free but no node has {per_replica} free (fragmentation)",
+            )
+        have = self.state.nodes_with_free(model, per_replica)
+        return Status(
+            Code.UNSCHEDULABLE,
+            ReasonCode.GANG_NODES,
+            f"gang needs {replicas} nodes with {per_replica} free {label}; {have} have them",
+        )
+
+    def _candidates(self, model: str, per_replica: int, placed: list[GpuHold]) -> Iterator[int]:
+        """Nodes with room for one replica, in a deterministic order: for gangs first the
+        racks already used, then by free-count bucket (fullest or emptiest first), by index."""
+        state = self.state
+        buckets = state.buckets[model]
+        seen: set[int] = set()
+        if placed:
+            if self._rack_nodes is None:
+                self._rack_nodes = {}
+                for slot in state.nodes:
+                    self._rack_nodes.setdefault(slot.node.rack, []).append(slot.idx)
+            racks = sorted({state.nodes[h.node_idx].node.rack for h in placed})
+            for rack in racks:
+                for idx in self._rack_nodes[rack]:
+                    slot = state.nodes[idx]
+                    if slot.usable and slot.free_count(model) >= per_replica:
+                        seen.add(idx)
+                        yield idx
+        sizes = range(per_replica, len(buckets))
+        if self.settings.candidate_order == "emptiest":
+            sizes = range(len(buckets) - 1, per_replica - 1, -1)
+        window = self.settings.max_candidates * 4
+        for size in sizes:
+            bucket = buckets[size]
+            if not bucket:
+                continue
+            first = heapq.nsmallest(window, bucket) if len(bucket) > window else sorted(bucket)
+            for idx in first:
+                if idx not in seen and idx in bucket:
+                    seen.add(idx)
+                    yield idx
+            if len(bucket) > window:
+                for idx in sorted(bucket):
+                    if idx not in seen and idx in bucket:
+                        seen.add(idx)
+                        yield idx
+
+    # -- step 5: preemption ------------------------------------------------------------
+
+    def _victims(self, job: PendingJob, model: str, failure: Status) -> list[tuple[RunningJob, str | None]]:
+        """Running jobs whose GPUs may go to `job`, cheapest loss first. Jobs already stopping
+        cost nothing and come first. Rules for every plugin: whole gangs only, preemptible,
+        past the minimum runtime, and of the same VC or borrowing (a guarantee is never
+        taken for someone else's work)."""
+        ctx, now = self.ctx, self.ctx.now
+        same_vc_only = failure.reason in _QUOTA_REASONS
+        same_user_only = failure.reason is ReasonCode.USER_LIMIT
+        victims: list[tuple[tuple[float, ...], RunningJob, str | None]] = []
+        for victim in ctx.snapshot.running:
+            if victim.id in self.released or not self.holds.get(victim.id):
+                continue
+            if same_vc_only and victim.vc != job.vc:
+                continue
+            if same_user_only and victim.user != job.user:
+                continue
+            if not any(h.model == model for h in self.holds[victim.id]):
+                continue
+            if victim.stopping:
+                victims.append(((-1.0,), victim, None))
+                continue
+            if not victim.preemptible or now - victim.started_at < self.settings.min_runtime_s:
+                continue
+            if victim.vc != job.vc and ctx.borrowed_gpus.get(victim.id, 0) <= 0:
+                continue
+            reason = None
+            for plugin in self.plugins.preemption:
+                reason = plugin.may_preempt(job, victim, ctx)
+                if reason:
+                    break
+            if reason:
+                victims.append((self._loss(victim), victim, reason))
+        victims.sort(key=lambda v: (v[0], v[1].id))
+        return [(v, r) for _, v, r in victims[: self.settings.max_victims]]
+
+    def _loss(self, victim: RunningJob) -> tuple[float, ...]:
+        """Work lost by preempting: GPU-seconds since the last checkpoint (since the start if
+        it cannot checkpoint), then priority, then size."""
+        now = self.ctx.now
+        since = victim.started_at
+        if victim.checkpointable and victim.last_checkpoint_at is not None:
+            since = max(since, victim.last_checkpoint_at)
+        return (max(now - since, 0.0) * victim.gpus, float(victim.priority), float(victim.gpus))
+
+    def _fits_after_releasing(
+        self, job: PendingJob, model: str, victims: list[RunningJob]
+    ) -> Statement | None:
+        """Tentatively give back the victims' GPUs and place the job. Returns the statement
+        holding both (to commit) or None with the state untouched."""
+        statement = Statement(self.state)
+        for victim in victims:
+            for hold in self.holds[victim.id]:
+                statement.release(hold)
+        if self.state.free_total.get(model, 0) >= job.gpus and self._admit(job, model).ok:
+            placement = Statement(self.state)
+            if self._place(job, model, placement).ok:
+                statement.absorb(placement)
+                return statement
+        statement.discard()
+        return None
+
+    def _try_preempt(self, job: PendingJob, model: str, failure: Status) -> bool:
+        candidates = self._victims(job, model, failure)
+        if not candidates:
+            return False
+        reclaimable = sum(
+            len(h.gpu_indices) for v, _ in candidates for h in self.holds[v.id] if h.model == model
+        )
+        if self.state.free_total.get(model, 0) + reclaimable < job.gpus:
+            return False
+        # Grow the victim set cheapest first until the job fits ...
+        chosen: list[tuple[RunningJob, str | None]] = []
+        fitted = None
+        for candidate in candidates:
+            chosen.append(candidate)
+            fitted = self._fits_after_releasing(job, model, [v for v, _ in chosen])
+            if fitted is not None:
+                fitted.discard()
+                break
+        if fitted is None:
+            return False
+        # ... then drop, most expensive first, every victim the fit does not need.
+        for candidate in reversed(chosen[:-1]):
+            trial = [c for c in chosen if c is not candidate]
+            attempt = self._fits_after_releasing(job, model, [v for v, _ in trial])
+            if attempt is not None:
+                attempt.discard()
+                chosen = trial
+        final = self._fits_after_releasing(job, model, [v for v, _ in chosen])
+        assert final is not None, "a victim set that fitted must fit again"
+        final.commit()
+        grace = self.settings.grace_period_s
+        for victim, reason in chosen:
+            self.released.add(victim.id)
+            if reason is None:
+                continue  # already stopping
+            self.preemptions.append(
+                Preemption(victim.id, reason, _preemption_message(reason, job, victim), grace, job.id)
+            )
+        new_victims = sum(1 for _, r in chosen if r is not None)
+        self.waiting[job.id] = (self.ctx.now + grace, model)
+        self.reasons[job.id] = Status(
+            Code.UNSCHEDULABLE,
+            ReasonCode.WAITING_FOR_PREEMPTION,
+            f"waiting for {len(chosen)} job(s) to release {job.gpus} {model_label(model)} "
+            f"({new_victims} preempted now, grace {grace:.0f} s)",
+        )
+        return True
+
+
+def _preemption_message(reason: str, job: PendingJob, victim: RunningJob) -> str:
+    if reason == "priority":
+        return f"preempted for job {job.id}: priority {job.priority} over {victim.priority}"
+    if reason == "reclaim":
+        return f"VC {job.vc} reclaims its guaranteed GPUs from borrowed work of VC {victim.vc} (job {job.id})"
+    if reason == "las":
+        return f"preempted for job {job.id}: it has attained less GPU service (LAS demotion)"
+    return f"preempted for job {job.id} ({reason})"

@@ -1,0 +1,141 @@
+"""Estimated start times by forward simulation of the state a cycle leaves behind.
+
+Running jobs release their GPUs at their expected end (time limit, else history-based
+estimate); pending jobs then take GPUs in queue order. The simulation counts GPUs per model
+and respects each VC's quota, but ignores topology: it is an estimate that users read as "about
+when", and it must stay cheap enough to run for every pending job in every cycle (one heap
+pass, O(n log n)).
+
+Start times are monotone in queue order, as in conservative scheduling: a job is never
+estimated to start before a job ahead of it of the same model. Backfill can beat the
+estimate, which errs on the late side.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Mapping, Sequence
+
+from scheduler.core.framework import CycleContext
+from scheduler.core.plugins.backfill import running_end
+from scheduler.core.plugins.queue_sort import expected_runtime
+from scheduler.core.profile import CycleSettings
+from scheduler.core.state import GpuHold
+from scheduler.core.types import ANY_MODEL, PendingJob
+
+
+def estimate_starts(
+    ctx: CycleContext,
+    queue: Sequence[PendingJob],
+    started: Mapping[str, str],
+    waiting: Mapping[str, tuple[float, str]],
+    holds: Mapping[str, list[GpuHold]],
+    settings: CycleSettings,
+    released: set[str] | None = None,
+) -> dict[str, float | None]:
+    now, state = ctx.now, ctx.state
+    default_s = settings.default_runtime_s
+    free = dict(state.free_total)
+    releases: list[tuple[float, int, str, int, str]] = []  # (time, seq, model, gpus, vc)
+    vc_releases: dict[str, list[tuple[float, int]]] = {}
+    seq = 0
+
+    def push(at: float, model: str, gpus: int, vc: str) -> None:
+        nonlocal seq
+        seq += 1
+        releases.append((at, seq, model, gpus, vc))
+        vc_releases.setdefault(vc, []).append((at, gpus))
+
+    released = released or set()
+    for job in ctx.snapshot.running:
+        if job.id in released:
+            continue
+        end = now + settings.grace_period_s if job.stopping else running_end(job, now, default_s)
+        for hold in holds.get(job.id, ()):
+            push(end, hold.model, len(hold.gpu_indices), job.vc)
+    by_id = {job.id: job for job in queue}
+    for job_id, model in started.items():
+        job = by_id[job_id]
+        push(now + _remaining(job, default_s), model, job.gpus, job.vc)
+    for job_id, (at, model) in waiting.items():
+        job = by_id[job_id]
+        push(at + _remaining(job, default_s), model, job.gpus, job.vc)
+    heapq.heapify(releases)
+    for entries in vc_releases.values():
+        entries.sort()
+
+    vc_used = {vc: state.vc_used(vc, "*") for vc in state.quotas}
+    estimates: dict[str, float | None] = {}
+    cursor = now
+    for job in queue:
+        if job.id in started:
+            continue
+        if job.id in waiting:
+            estimates[job.id] = waiting[job.id][0]
+            continue
+        model = _pick_model(job, state.capacity_total)
+        need = job.gpus
+        if (
+            model is None
+            or state.capacity_total.get(model, 0) < need
+            or state.max_node_gpus(model) < job.gpus_per_replica
+        ):
+            estimates[job.id] = None
+            continue
+        while free.get(model, 0) < need and releases:
+            at, _, rmodel, gpus, vc = heapq.heappop(releases)
+            cursor = max(cursor, at)
+            free[rmodel] = free.get(rmodel, 0) + gpus
+            if vc in vc_used:
+                vc_used[vc] -= gpus
+        if free.get(model, 0) < need:
+            estimates[job.id] = None
+            continue
+        start = cursor
+        quota = state.quota_for(job.vc, job.gpu_model if job.gpu_model != ANY_MODEL else model)
+        if quota is not None:
+            limit = quota[0] + quota[1]
+            if need > limit:
+                estimates[job.id] = None
+                continue
+            start = max(
+                start, _quota_time(vc_releases.get(job.vc, []), vc_used.get(job.vc, 0), need, limit, start)
+            )
+        estimates[job.id] = start
+        free[model] -= need
+        if job.vc in vc_used:
+            vc_used[job.vc] += need
+        end = start + _remaining(job, default_s)
+        seq += 1
+        heapq.heappush(releases, (end, seq, model, need, job.vc))
+        bisect.insort(vc_releases.setdefault(job.vc, []), (end, need))
+    return estimates
+
+
+def _remaining(job: PendingJob, default_s: float) -> float:
+    run_so_far = job.attained_gpu_s / max(job.gpus, 1)
+    return max(expected_runtime(job, default_s) - run_so_far, 60.0)
+
+
+def _quota_time(
+    vc_releases: list[tuple[float, int]], used: int, need: int, limit: int, not_before: float
+) -> float:
+    """Earliest time the VC's own releases bring its usage low enough for `need` more GPUs.
+    `used` already counts the releases before the cursor as gone."""
+    if used + need <= limit:
+        return not_before
+    for at, gpus in vc_releases:
+        if at <= not_before:
+            continue
+        used -= gpus
+        if used + need <= limit:
+            return at
+    return not_before
+
+
+def _pick_model(job: PendingJob, capacity: Mapping[str, int]) -> str | None:
+    if job.gpu_model != ANY_MODEL:
+        return job.gpu_model
+    fitting = sorted((-c, m) for m, c in capacity.items() if c >= job.gpus)
+    return fitting[0][1] if fitting else None

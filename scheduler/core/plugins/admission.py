@@ -1,0 +1,81 @@
+"""Admission plugins: quota checks that do not depend on where the GPUs are."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from scheduler.core.framework import SUCCESS, Code, CycleContext, Status
+from scheduler.core.state import ClusterState
+from scheduler.core.types import ANY_MODEL, PendingJob, ReasonCode
+
+
+def model_label(model: str) -> str:
+    return "GPUs" if model in ("", "*") else model
+
+
+def quota_fits(state: ClusterState, vc: str, model: str, gpus: int, borrowing: bool) -> Status:
+    """The pure VC-quota predicate: guaranteed first, then borrowing up to the borrow limit."""
+    quota = state.quota_for(vc, model)
+    label = model_label(model)
+    if quota is None:
+        return Status(Code.UNRESOLVABLE, ReasonCode.UNKNOWN_VC, f"VC {vc} has no quota for {label}")
+    guaranteed, borrow_limit, used = quota
+    if used + gpus <= guaranteed:
+        return SUCCESS
+    limit = guaranteed + (borrow_limit if borrowing else 0)
+    if used + gpus <= limit:
+        return SUCCESS
+    return Status(
+        Code.UNSCHEDULABLE,
+        ReasonCode.VC_QUOTA,
+        f"VC {vc}: {used} of {guaranteed} guaranteed {label} in use, borrow limit "
+        f"{borrow_limit if borrowing else 0}; job needs {gpus}",
+    )
+
+
+def borrowed_gpus(state: ClusterState, vc: str, model: str, gpus: int) -> int:
+    """How many of `gpus` more GPUs would lie above the VC's guarantee."""
+    quota = state.quota_for(vc, model)
+    if quota is None:
+        return gpus
+    guaranteed, _, used = quota
+    return max(0, used + gpus - guaranteed) - max(0, used - guaranteed)
+
+
+class VcQuota:
+    """A VC may use its guaranteed GPUs of each model, then borrow idle ones up to its borrow
+    limit. Borrowed GPUs are reclaimable (see the `reclaim` preemption plugin)."""
+
+    name = "vc_quota"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        self.borrowing = bool(args.get("borrowing", True))
+
+    def admit(self, job: PendingJob, model: str, ctx: CycleContext) -> Status:
+        quota_model = job.gpu_model if job.gpu_model != ANY_MODEL else model
+        return quota_fits(ctx.state, job.vc, quota_model, job.gpus, self.borrowing)
+
+
+class UserLimit:
+    """At most `max_gpus_per_user` GPUs per user inside a VC, so one user cannot take the
+    whole guarantee of a shared VC."""
+
+    name = "user_limit"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        pass
+
+    def admit(self, job: PendingJob, model: str, ctx: CycleContext) -> Status:
+        vc = ctx.state.vcs.get(job.vc)
+        if vc is None or vc.max_gpus_per_user is None:
+            return SUCCESS
+        held = ctx.state.user_used.get((job.vc, job.user), 0)
+        if held + job.gpus <= vc.max_gpus_per_user:
+            return SUCCESS
+        return Status(
+            Code.UNSCHEDULABLE,
+            ReasonCode.USER_LIMIT,
+            f"user {job.user} holds {held} of {vc.max_gpus_per_user} GPUs allowed per user in "
+            f"VC {job.vc}; job needs {job.gpus}",
+        )

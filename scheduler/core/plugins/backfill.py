@@ -1,0 +1,83 @@
+"""Backfill behind a reservation (EASY backfill).
+
+The first job that is blocked for lack of free GPUs gets a reservation: the earliest time the
+running jobs' expected ends free enough GPUs of its model. A later job may start now only if
+it will be done before then (by its time limit, else its history-based estimate) or if it
+fits in the GPUs that will be spare at that time. Without this, a stream of small jobs can
+keep a large gang waiting forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.core.framework import CycleContext
+from scheduler.core.plugins.queue_sort import expected_runtime
+from scheduler.core.state import GpuHold
+from scheduler.core.types import PendingJob, RunningJob
+
+
+@dataclass(slots=True)
+class Reservation:
+    job_id: str
+    model: str
+    gpus: int
+    start_at: float
+    spare_gpus: int  # GPUs free at start_at beyond what the reserved job needs
+
+
+def running_end(job: RunningJob, now: float, default_runtime_s: float) -> float:
+    """When a running job is expected to release its GPUs: the time limit if it has one,
+    else its estimate; a job already past its estimate is expected to run half as long again
+    (long-running jobs tend to keep running)."""
+    if job.time_limit_s is not None:
+        return max(job.started_at + job.time_limit_s, now)
+    run_so_far = job.attained_gpu_s / max(job.gpus, 1)
+    total = expected_runtime(job, default_runtime_s)
+    remaining = max(total - run_so_far, 0.5 * run_so_far, 60.0)
+    return now + remaining
+
+
+class BackfillReservation:
+    name = "backfill"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        self.default_runtime_s = float(args.get("default_runtime_s", 3600.0))
+        self.use_estimates = bool(args.get("use_estimates", True))
+
+    def reserve(
+        self, job: PendingJob, model: str, ctx: CycleContext, holds: Mapping[str, list[GpuHold]]
+    ) -> Reservation | None:
+        free = ctx.state.free_total.get(model, 0)
+        need = job.gpus
+        releases: list[tuple[float, int]] = []
+        for running in ctx.snapshot.running:
+            gpus = sum(len(h.gpu_indices) for h in holds.get(running.id, ()) if h.model == model)
+            if gpus:
+                releases.append((running_end(running, ctx.now, self.default_runtime_s), gpus))
+        releases.sort()
+        at = ctx.now
+        for end, gpus in releases:
+            if free >= need:
+                break
+            free += gpus
+            at = end
+        if free < need:
+            return None
+        return Reservation(job.id, model, need, at, free - need)
+
+    def allows(self, job: PendingJob, model: str, reservation: Reservation, ctx: CycleContext) -> bool:
+        """Whether starting `job` now keeps the reservation's start; consumes spare GPUs."""
+        if model != reservation.model:
+            return True
+        bound = job.time_limit_s
+        if bound is None and self.use_estimates:
+            bound = expected_runtime(job, self.default_runtime_s)
+        if bound is not None and ctx.now + bound <= reservation.start_at:
+            return True
+        if job.gpus <= reservation.spare_gpus:
+            reservation.spare_gpus -= job.gpus
+            return True
+        return False

@@ -1,0 +1,238 @@
+"""Placement plugins: node filters, GPU choosers and scores.
+
+Gandiva's affinity order ranks where a job's GPUs may sit, best first: one NVLink group, one
+PCIe switch, one node, one rack, across racks. HiveD's buddy cells keep aligned 2/4/8-GPU
+blocks whole so that large jobs still find a block after many small ones came and went.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from scheduler.core.framework import SUCCESS, Code, CycleContext, Status
+from scheduler.core.state import GpuHold, NodeSlot
+from scheduler.core.types import PendingJob, ReasonCode
+
+# Affinity levels of one replica's GPUs, best first (Gandiva's order inside a node).
+SAME_NVLINK, SAME_PCIE_SWITCH, SAME_NUMA, SAME_NODE = 0, 1, 2, 3
+
+
+def node_resources_fit(job: PendingJob, node: NodeSlot) -> bool:
+    """CPU and memory of one replica fit the node (untracked resources always fit)."""
+    if node.cpu_free is not None and job.cpu_milli_per_replica > node.cpu_free:
+        return False
+    return not (node.memory_free is not None and job.memory_mib_per_replica > node.memory_free)
+
+
+class NodeResources:
+    name = "node_resources"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        pass
+
+    def filter(self, job: PendingJob, node: NodeSlot, model: str, ctx: CycleContext) -> Status:
+        if node_resources_fit(job, node):
+            return SUCCESS
+        return Status(
+            Code.UNSCHEDULABLE,
+            ReasonCode.NODE_RESOURCES,
+            f"GPUs free but CPU or memory short: replica needs {job.cpu_milli_per_replica} mCPU and "
+            f"{job.memory_mib_per_replica} MiB",
+        )
+
+
+def affinity_level(node: NodeSlot, gpus: Iterable[int]) -> int:
+    chosen = [node.gpus[i] for i in gpus]
+    if len({g.nvlink_group for g in chosen}) <= 1:
+        return SAME_NVLINK
+    if len({g.pcie_switch for g in chosen}) <= 1:
+        return SAME_PCIE_SWITCH
+    if len({g.numa_node for g in chosen}) <= 1:
+        return SAME_NUMA
+    return SAME_NODE
+
+
+def choose_by_topology(free: set[int], node: NodeSlot, count: int) -> tuple[int, ...] | None:
+    """Gandiva-style choice: the tightest domain that holds `count` free GPUs, and among
+    domains of one kind the one with the fewest free GPUs (best fit), so larger free domains
+    stay whole for larger jobs."""
+    if count > len(free):
+        return None
+    ordered = sorted(free)
+    if count == len(ordered):
+        return tuple(ordered)
+    for attr in ("nvlink_group", "pcie_switch", "numa_node"):
+        domains: dict[int, list[int]] = {}
+        for i in ordered:
+            domains.setdefault(getattr(node.gpus[i], attr), []).append(i)
+        fitting = [(len(members), key) for key, members in domains.items() if len(members) >= count]
+        if fitting:
+            _, key = min(fitting)
+            return tuple(domains[key][:count])
+    # Spans domains: fill from the fullest NVLink groups so the fewest groups are split.
+    groups: dict[int, list[int]] = {}
+    for i in ordered:
+        groups.setdefault(node.gpus[i].nvlink_group, []).append(i)
+    chosen: list[int] = []
+    for _, key in sorted((-len(m), k) for k, m in groups.items()):
+        chosen.extend(groups[key][: count - len(chosen)])
+        if len(chosen) == count:
+            break
+    return tuple(sorted(chosen))
+
+
+class TopologyChooser:
+    name = "topology"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        pass
+
+    def choose(self, free: set[int], node: NodeSlot, count: int) -> tuple[int, ...] | None:
+        return choose_by_topology(free, node, count)
+
+
+def _model_indices(node: NodeSlot, model: str) -> list[int]:
+    return sorted(i for i, g in node.gpus.items() if g.model == model)
+
+
+def largest_free_block(indices: list[int], free: set[int]) -> int:
+    """Size of the largest fully free aligned power-of-two block (buddy cell) of a node."""
+    n = len(indices)
+    size = 1
+    while size * 2 <= n:
+        size *= 2
+    while size >= 1:
+        for start in range(0, n - size + 1, size):
+            if all(indices[p] in free for p in range(start, start + size)):
+                return size
+        size //= 2
+    return 0
+
+
+def choose_buddy(free: set[int], node: NodeSlot, count: int, strict: bool) -> tuple[int, ...] | None:
+    """HiveD-style buddy allocation inside a node: take an aligned block of the next power of
+    two, preferring a block whose enclosing blocks are already split, so whole larger blocks
+    survive. Falls back to topology order when no aligned block is free (unless strict)."""
+    if count > len(free) or count <= 0:
+        return None
+    some = next(iter(free))
+    model = node.gpus[some].model
+    indices = _model_indices(node, model)
+    n = len(indices)
+    block = 1
+    while block < count:
+        block *= 2
+    if block <= n:
+        best: tuple[int, int] | None = None  # (largest free enclosing block, start)
+        for start in range(0, n - block + 1, block):
+            if not all(indices[p] in free for p in range(start, start + block)):
+                continue
+            enclosing = block
+            size = block * 2
+            while size <= n:
+                parent = (start // size) * size
+                if parent + size <= n and all(indices[p] in free for p in range(parent, parent + size)):
+                    enclosing = size
+                    size *= 2
+                else:
+                    break
+            if best is None or (enclosing, start) < best:
+                best = (enclosing, start)
+        if best is not None:
+            start = best[1]
+            return tuple(indices[p] for p in range(start, start + count))
+    if strict:
+        return None
+    return choose_by_topology(free, node, count)
+
+
+class BuddyChooser:
+    name = "buddy"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        self.strict = bool(args.get("strict", False))
+
+    def choose(self, free: set[int], node: NodeSlot, count: int) -> tuple[int, ...] | None:
+        return choose_buddy(free, node, count, self.strict)
+
+
+class BinPack:
+    """Prefer the node that is fullest after placement: keeps whole nodes free for gangs."""
+
+    name = "binpack"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        pass
+
+    def score(
+        self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
+    ) -> float:
+        total = sum(1 for g in node.gpus.values() if g.model == model) or 1
+        free_after = node.free_count(model) - len(gpus)
+        return 100.0 * (1.0 - free_after / total)
+
+
+class Spread:
+    """Prefer the emptiest node: fewer co-located jobs, less interference."""
+
+    name = "spread"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        pass
+
+    def score(
+        self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
+    ) -> float:
+        total = sum(1 for g in node.gpus.values() if g.model == model) or 1
+        free_after = node.free_count(model) - len(gpus)
+        return 100.0 * free_after / total
+
+
+class TopologyAffinity:
+    """Scores Gandiva's affinity order: inside the replica (NVLink > PCIe switch > NUMA >
+    node) and, for gangs, relative to the replicas already placed (same node > same rack >
+    across racks)."""
+
+    name = "topology"
+    _INTRA = {SAME_NVLINK: 100.0, SAME_PCIE_SWITCH: 75.0, SAME_NUMA: 60.0, SAME_NODE: 50.0}
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        pass
+
+    def score(
+        self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
+    ) -> float:
+        intra = self._INTRA[affinity_level(node, gpus)]
+        if not placed:
+            return intra
+        nodes = ctx.state.nodes
+        if all(h.node_idx == node.idx for h in placed):
+            inter = 100.0
+        elif all(nodes[h.node_idx].node.rack == node.node.rack for h in placed):
+            inter = 60.0
+        else:
+            inter = 0.0
+        return (intra + inter) / 2.0
+
+
+class BuddyCells:
+    """Scores the share of the node's largest free aligned block (HiveD cell) that survives
+    the placement: 100 when the replica goes into an already split block."""
+
+    name = "buddy_cells"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        pass
+
+    def score(
+        self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
+    ) -> float:
+        indices = _model_indices(node, model)
+        if not indices:
+            return 0.0
+        free = node.free.get(model, set())
+        before = largest_free_block(indices, free)
+        if before == 0:
+            return 0.0
+        return 100.0 * largest_free_block(indices, free - set(gpus)) / before

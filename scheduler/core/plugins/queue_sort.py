@@ -1,0 +1,218 @@
+"""Queue-sort plugins: which pending job gets the next chance at the GPUs.
+
+Keys are tuples of floats, concatenated in profile order, so a profile such as
+["priority", "las", "fifo"] means: priority class first, then LAS queue, then arrival.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from scheduler.core.framework import CycleContext
+from scheduler.core.types import PendingJob, RunningJob
+
+DEFAULT_RUNTIME_S = 3600.0
+
+
+def expected_runtime(job: PendingJob | RunningJob, default_s: float = DEFAULT_RUNTIME_S) -> float:
+    """Best runtime guess available at submission: the history-based estimate, else the time
+    limit, else a default. Never the true duration, which nobody knows in advance."""
+    if job.estimated_runtime_s is not None:
+        return job.estimated_runtime_s
+    if job.time_limit_s is not None:
+        return job.time_limit_s
+    return default_s
+
+
+class Fifo:
+    """First come, first served: by the time the job (last) entered the queue."""
+
+    name = "fifo"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        self.by_requeue = bool(args.get("by_requeue_time", False))
+
+    def prepare(self, ctx: CycleContext) -> None:
+        pass
+
+    def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
+        return (job.waiting_since if self.by_requeue else job.submitted_at,)
+
+
+class PriorityClass:
+    """Higher priority value first (production 1000 before dev 100)."""
+
+    name = "priority"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        pass
+
+    def prepare(self, ctx: CycleContext) -> None:
+        pass
+
+    def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
+        return (-float(job.priority),)
+
+    def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
+        return "priority" if preemptor.priority > victim.priority else None
+
+
+class DiscretizedLas:
+    """Tiresias' discretized two-dimensional least-attained-service (2D-LAS).
+
+    Service is attained GPU-time (GPUs x seconds, the "2D" of Tiresias) or plain run time.
+    Jobs fall into queue k when their service passed k thresholds; lower queues go first, so
+    short jobs finish quickly without anyone knowing durations in advance. Discretizing
+    (instead of continuous LAS) keeps jobs of similar service from preempting each other
+    back and forth. The starvation guard moves a job that has waited `starvation_factor`
+    times its own run time back to queue 0.
+
+    It is also a preemption plugin (a job in a lower queue may preempt one in a higher queue)
+    and a post-cycle plugin (asks for a cycle when a running job crosses a threshold, since
+    that is when a waiting job may start to outrank it).
+    """
+
+    name = "las"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        thresholds: Sequence[float] = args.get("thresholds", [3600.0 * 4])
+        self.thresholds = sorted(float(t) for t in thresholds)
+        self.service = str(args.get("service", "gpu_time"))
+        if self.service not in ("gpu_time", "time"):
+            raise ValueError(f"las: service must be gpu_time or time, not {self.service!r}")
+        self.starvation_factor = float(args.get("starvation_factor", 0.0))
+        self.starvation_min_wait_s = float(args.get("starvation_min_wait_s", 0.0))
+        self._pending: Sequence[PendingJob] = ()
+
+    def prepare(self, ctx: CycleContext) -> None:
+        self._pending = ctx.snapshot.pending
+
+    def service_of(self, attained_gpu_s: float, gpus: int) -> float:
+        if self.service == "gpu_time":
+            return attained_gpu_s
+        return attained_gpu_s / max(gpus, 1)
+
+    def level(self, service: float) -> int:
+        return bisect.bisect_right(self.thresholds, service)
+
+    def pending_level(self, job: PendingJob, now: float) -> int:
+        level = self.level(self.service_of(job.attained_gpu_s, job.gpus))
+        if level and self.starvation_factor > 0:
+            run_time = job.attained_gpu_s / max(job.gpus, 1)
+            waited = now - job.waiting_since
+            if waited >= max(self.starvation_factor * run_time, self.starvation_min_wait_s):
+                return 0
+        return level
+
+    def running_level(self, job: RunningJob) -> int:
+        return self.level(self.service_of(job.attained_gpu_s, job.gpus))
+
+    def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
+        return (float(self.pending_level(job, ctx.now)),)
+
+    def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
+        if preemptor.priority < victim.priority:
+            return None
+        if self.pending_level(preemptor, ctx.now) < self.running_level(victim):
+            return "las"
+        return None
+
+    def wake_at(self, ctx: CycleContext) -> float | None:
+        if not self._pending:
+            return None
+        earliest: float | None = None
+        for job in ctx.snapshot.running:
+            if job.stopping or not job.preemptible:
+                continue
+            service = self.service_of(job.attained_gpu_s, job.gpus)
+            i = bisect.bisect_right(self.thresholds, service)
+            if i >= len(self.thresholds):
+                continue
+            rate = float(job.gpus) if self.service == "gpu_time" else 1.0
+            if rate <= 0:
+                continue
+            at = ctx.now + (self.thresholds[i] - service) / rate
+            if earliest is None or at < earliest:
+                earliest = at
+        if self.starvation_factor > 0:
+            for pending in self._pending:
+                if pending.attained_gpu_s <= 0:
+                    continue
+                run_time = pending.attained_gpu_s / max(pending.gpus, 1)
+                wait = max(self.starvation_factor * run_time, self.starvation_min_wait_s)
+                at = pending.waiting_since + wait
+                if at > ctx.now and (earliest is None or at < earliest):
+                    earliest = at
+        return earliest
+
+
+class ShortestExpectedFirst:
+    """Shortest expected remaining work first, from history-based estimates (the portal or the
+    simulator fills `estimated_runtime_s` from the user's and VC's recent jobs)."""
+
+    name = "sef"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        self.default_runtime_s = float(args.get("default_runtime_s", DEFAULT_RUNTIME_S))
+        self.by_gpu_time = str(args.get("by", "time")) == "gpu_time"
+
+    def prepare(self, ctx: CycleContext) -> None:
+        pass
+
+    def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
+        run_so_far = job.attained_gpu_s / max(job.gpus, 1)
+        remaining = max(expected_runtime(job, self.default_runtime_s) - run_so_far, 0.0)
+        return (remaining * job.gpus if self.by_gpu_time else remaining,)
+
+
+class DominantResourceFairness:
+    """Dominant-resource fair share among the users of a VC (DRF, progressive filling).
+
+    A job's key is the dominant share its user would hold after this job and the user's
+    earlier queued jobs start, measured against the VC's share of the cluster. Users who
+    hold little go first; a user with many queued jobs interleaves with the others instead
+    of taking the VC's whole turn.
+    """
+
+    name = "drf"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        self._keys: dict[str, float] = {}
+
+    def prepare(self, ctx: CycleContext) -> None:
+        state = ctx.state
+        cluster_gpus = max(sum(state.capacity_total.values()), 1)
+        cluster_cpu = sum(n.cpu_milli for n in ctx.snapshot.nodes) or 0
+        cluster_mem = sum(n.memory_mib for n in ctx.snapshot.nodes) or 0
+        vc_fraction: dict[str, float] = {}
+        for name, rows in state.quotas.items():
+            guaranteed = sum(q.guaranteed for q in rows.values())
+            vc_fraction[name] = max(guaranteed / cluster_gpus, 1e-9) if guaranteed else 1.0
+        held: dict[tuple[str, str], list[float]] = {}
+        for job in ctx.snapshot.running:
+            usage = held.setdefault((job.vc, job.user), [0.0, 0.0, 0.0])
+            usage[0] += job.gpus
+            usage[1] += job.cpu_milli_per_replica * len(job.placement)
+            usage[2] += job.memory_mib_per_replica * len(job.placement)
+
+        def share(vc: str, usage: list[float]) -> float:
+            f = vc_fraction.get(vc, 1.0)
+            parts = [usage[0] / (f * cluster_gpus)]
+            if cluster_cpu:
+                parts.append(usage[1] / (f * cluster_cpu))
+            if cluster_mem:
+                parts.append(usage[2] / (f * cluster_mem))
+            return max(parts)
+
+        self._keys = {}
+        for job in sorted(ctx.snapshot.pending, key=lambda j: (j.submitted_at, j.id)):
+            usage = held.setdefault((job.vc, job.user), [0.0, 0.0, 0.0])
+            usage[0] += job.gpus
+            usage[1] += job.cpu_milli_per_replica * job.replicas
+            usage[2] += job.memory_mib_per_replica * job.replicas
+            self._keys[job.id] = share(job.vc, usage)
+
+    def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
+        return (self._keys.get(job.id, 0.0),)

@@ -1,0 +1,175 @@
+"""Scheduling profiles: which plugins run at which extension point, with what arguments.
+
+A profile is data (JSON) shared by the portal and the simulator, in the shape of a
+kube-scheduler configuration profile:
+
+    {"name": "default",
+     "plugins": {"queue_sort": ["priority", "las", "fifo"],
+                 "admission": ["vc_quota", "user_limit"],
+                 "filter": ["node_resources"],
+                 "gpu_chooser": "buddy",
+                 "score": [{"name": "topology", "weight": 2}, "binpack"],
+                 "backfill": null,
+                 "preemption": ["priority", "reclaim", "las"],
+                 "post_cycle": ["las"]},
+     "plugin_args": {"las": {"thresholds": [3600, 36000]}},
+     "cycle": {"grace_period_s": 30, "min_runtime_s": 0}}
+
+It is validated when loaded (unknown plugins, plugins at a point they do not implement, and
+unknown cycle settings fail fast), so a typo cannot surface mid-cycle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scheduler.core.framework import (
+    AdmissionPlugin,
+    BackfillPlugin,
+    FilterPlugin,
+    GpuChooserPlugin,
+    PostCyclePlugin,
+    PreemptionPlugin,
+    QueueSortPlugin,
+    ScorePlugin,
+)
+from scheduler.core.registry import build_plugin
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@dataclass(frozen=True, slots=True)
+class CycleSettings:
+    grace_period_s: float = 30.0  # time a preempted job gets to checkpoint and exit
+    min_runtime_s: float = 0.0  # never preempt a job that has run less than this
+    max_preemption_attempts: int = 8  # blocked jobs per cycle that may look for victims
+    max_victims: int = 64  # victims examined per preemption attempt
+    max_candidates: int = 16  # nodes scored per replica (kube's percentageOfNodesToScore)
+    candidate_order: str = "fullest"  # which free-count buckets are scanned first: fullest|emptiest
+    default_runtime_s: float = 3600.0  # runtime assumed for jobs without estimate or limit
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CycleSettings:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown cycle settings: {sorted(unknown)}")
+        settings = cls(**dict(data))
+        if settings.candidate_order not in ("fullest", "emptiest"):
+            raise ValueError("cycle.candidate_order must be 'fullest' or 'emptiest'")
+        return settings
+
+
+@dataclass(slots=True)
+class PluginSet:
+    """The plugin objects of one cycle, grouped by extension point."""
+
+    queue_sort: list[QueueSortPlugin]
+    admission: list[AdmissionPlugin]
+    filter: list[FilterPlugin]
+    gpu_chooser: GpuChooserPlugin
+    score: list[tuple[ScorePlugin, float]]
+    backfill: BackfillPlugin | None
+    preemption: list[PreemptionPlugin]
+    post_cycle: list[PostCyclePlugin]
+    by_name: dict[str, object]
+
+
+_POINTS: dict[str, type] = {
+    "queue_sort": QueueSortPlugin,
+    "admission": AdmissionPlugin,
+    "filter": FilterPlugin,
+    "gpu_chooser": GpuChooserPlugin,
+    "score": ScorePlugin,
+    "backfill": BackfillPlugin,
+    "preemption": PreemptionPlugin,
+    "post_cycle": PostCyclePlugin,
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    queue_sort: tuple[str, ...] = ("fifo",)
+    admission: tuple[str, ...] = ("vc_quota",)
+    filter: tuple[str, ...] = ("node_resources",)
+    gpu_chooser: str = "topology_chooser"
+    score: tuple[tuple[str, float], ...] = (("topology", 1.0), ("binpack", 1.0))
+    backfill: str | None = None
+    preemption: tuple[str, ...] = ()
+    post_cycle: tuple[str, ...] = ()
+    plugin_args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False, compare=False)
+    cycle: CycleSettings = field(default_factory=CycleSettings)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Profile:
+        unknown = set(data) - {"name", "description", "plugins", "plugin_args", "cycle"}
+        if unknown:
+            raise ValueError(f"unknown profile keys: {sorted(unknown)}")
+        plugins: Mapping[str, Any] = data.get("plugins", {})
+        unknown = set(plugins) - set(_POINTS)
+        if unknown:
+            raise ValueError(f"unknown extension points: {sorted(unknown)}")
+
+        def names(point: str, default: tuple[str, ...]) -> tuple[str, ...]:
+            value = plugins.get(point)
+            return default if value is None else tuple(str(v) for v in value)
+
+        scores: list[tuple[str, float]] = []
+        for entry in plugins.get("score", ["topology", "binpack"]):
+            if isinstance(entry, str):
+                scores.append((entry, 1.0))
+            else:
+                scores.append((str(entry["name"]), float(entry.get("weight", 1.0))))
+        profile = cls(
+            name=str(data.get("name", "unnamed")),
+            queue_sort=names("queue_sort", ("fifo",)),
+            admission=names("admission", ("vc_quota",)),
+            filter=names("filter", ("node_resources",)),
+            gpu_chooser=str(plugins.get("gpu_chooser", "topology_chooser")),
+            score=tuple(scores),
+            backfill=plugins.get("backfill"),
+            preemption=names("preemption", ()),
+            post_cycle=names("post_cycle", ()),
+            plugin_args={k: dict(v) for k, v in data.get("plugin_args", {}).items()},
+            cycle=CycleSettings.from_dict(data.get("cycle", {})),
+        )
+        profile.build()  # validate now, not in the middle of a cycle
+        return profile
+
+    def build(self) -> PluginSet:
+        """Fresh plugin objects for one cycle (plugins may keep per-cycle data in prepare)."""
+        by_name: dict[str, object] = {}
+
+        def get(name: str, point: str) -> Any:
+            if name not in by_name:
+                by_name[name] = build_plugin(name, self.plugin_args.get(name, {}))
+            plugin = by_name[name]
+            if not isinstance(plugin, _POINTS[point]):
+                raise ValueError(f"plugin {name!r} cannot run at extension point {point!r}")
+            return plugin
+
+        return PluginSet(
+            queue_sort=[get(n, "queue_sort") for n in self.queue_sort],
+            admission=[get(n, "admission") for n in self.admission],
+            filter=[get(n, "filter") for n in self.filter],
+            gpu_chooser=get(self.gpu_chooser, "gpu_chooser"),
+            score=[(get(n, "score"), w) for n, w in self.score],
+            backfill=get(self.backfill, "backfill") if self.backfill else None,
+            preemption=[get(n, "preemption") for n in self.preemption],
+            post_cycle=[get(n, "post_cycle") for n in self.post_cycle],
+            by_name=by_name,
+        )
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A shipped profile by name (fifo, tiresias, default, ...) or a JSON file path."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = PROFILES_DIR / f"{name_or_path}.json"
+    with path.open(encoding="utf-8") as f:
+        return Profile.from_dict(json.load(f))

@@ -1,0 +1,257 @@
+"""The per-cycle working copy of the cluster: free GPUs, indexes for fast fit, and quota usage.
+
+It is built from the immutable snapshot at the start of every cycle and thrown away at the
+end, so the snapshot itself is never touched. All changes go through `take` and `give`, which
+a `Statement` records so a gang's tentative placement can be undone exactly.
+
+Node eligibility is a fixed rule, not a plugin: only READY nodes receive new work and only
+healthy GPUs count as free. Letting a profile switch that off would let the core hand a job a
+broken GPU, which no policy wants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.core.types import (
+    ALL_MODELS,
+    ANY_MODEL,
+    Gpu,
+    Node,
+    NodeState,
+    Quota,
+    RunningJob,
+    Snapshot,
+    VirtualCluster,
+)
+
+
+@dataclass(slots=True)
+class NodeSlot:
+    """Mutable per-cycle view of one node. `idx` is its position in the snapshot, used as
+    the identity everywhere because ints iterate deterministically in sets."""
+
+    idx: int
+    node: Node
+    usable: bool
+    free: dict[str, set[int]]  # model -> free healthy GPU indices
+    gpus: dict[int, Gpu]
+    cpu_free: int | None  # None = not tracked
+    memory_free: int | None
+
+    def free_count(self, model: str) -> int:
+        free = self.free.get(model)
+        return len(free) if free else 0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHold:
+    """One replica's claim on one node: the unit a Statement takes and gives back."""
+
+    node_idx: int
+    model: str
+    gpu_indices: tuple[int, ...]
+    cpu_milli: int
+    memory_mib: int
+    vc: str
+    user: str
+
+
+@dataclass(slots=True)
+class ClusterState:
+    nodes: list[NodeSlot]
+    node_idx_by_name: dict[str, int]
+    # model -> buckets[k] = indexes of usable nodes with exactly k free GPUs of that model
+    buckets: dict[str, list[set[int]]]
+    free_total: dict[str, int]
+    capacity_total: dict[str, int]  # usable healthy GPUs per model, busy or not
+    quotas: dict[str, dict[str, Quota]]  # vc -> gpu model (or ALL_MODELS) -> quota
+    vcs: dict[str, VirtualCluster]
+    used: dict[str, dict[str, int]] = field(default_factory=dict)  # vc -> model -> GPUs held
+    user_used: dict[tuple[str, str], int] = field(default_factory=dict)  # (vc, user) -> GPUs
+
+    @property
+    def models(self) -> list[str]:
+        return sorted(self.capacity_total)
+
+    # -- quota usage -------------------------------------------------------------------
+
+    def vc_used(self, vc: str, model: str) -> int:
+        """GPUs the VC holds of `model`; ALL_MODELS or ANY_MODEL means all models."""
+        by_model = self.used.get(vc)
+        if not by_model:
+            return 0
+        if model in (ALL_MODELS, ANY_MODEL):
+            return sum(by_model.values())
+        return by_model.get(model, 0)
+
+    def quota_for(self, vc: str, model: str) -> tuple[int, int, int] | None:
+        """(guaranteed, borrow_limit, used) governing `vc` on `model`, or None if the VC has
+        no quota that covers it. A model-specific row wins over the ALL_MODELS row; a job
+        without a model is checked against the VC's totals."""
+        rows = self.quotas.get(vc)
+        if rows is None:
+            return None
+        if model == ANY_MODEL:
+            if not rows:
+                return None
+            return (
+                sum(q.guaranteed for q in rows.values()),
+                sum(q.borrow_limit for q in rows.values()),
+                self.vc_used(vc, ALL_MODELS),
+            )
+        row = rows.get(model)
+        if row is not None:
+            return row.guaranteed, row.borrow_limit, self.vc_used(vc, model)
+        row = rows.get(ALL_MODELS)
+        if row is not None:
+            return row.guaranteed, row.borrow_limit, self.vc_used(vc, ALL_MODELS)
+        return None
+
+    # -- GPU holds -----------------------------------------------------------------------
+
+    def take(self, hold: GpuHold) -> None:
+        """Claim the hold's GPUs and charge its VC and user. GPUs that are not free (an
+        unhealthy GPU a running job still holds) are charged but not removed twice."""
+        slot = self.nodes[hold.node_idx]
+        free = slot.free.setdefault(hold.model, set())
+        present = [i for i in hold.gpu_indices if i in free]
+        if slot.usable:
+            self._move_bucket(hold.model, hold.node_idx, len(free), len(free) - len(present))
+            self.free_total[hold.model] -= len(present)
+        free.difference_update(present)
+        if slot.cpu_free is not None:
+            slot.cpu_free -= hold.cpu_milli
+        if slot.memory_free is not None:
+            slot.memory_free -= hold.memory_mib
+        self._add_usage(hold, len(hold.gpu_indices))
+
+    def give(self, hold: GpuHold) -> None:
+        """Inverse of take. GPUs that are unhealthy stay out of the free set."""
+        slot = self.nodes[hold.node_idx]
+        free = slot.free.setdefault(hold.model, set())
+        returned = [i for i in hold.gpu_indices if i in slot.gpus and slot.gpus[i].healthy]
+        if slot.usable:
+            self._move_bucket(hold.model, hold.node_idx, len(free), len(free) + len(returned))
+            self.free_total[hold.model] = self.free_total.get(hold.model, 0) + len(returned)
+        free.update(returned)
+        if slot.cpu_free is not None:
+            slot.cpu_free += hold.cpu_milli
+        if slot.memory_free is not None:
+            slot.memory_free += hold.memory_mib
+        self._add_usage(hold, -len(hold.gpu_indices))
+
+    def _add_usage(self, hold: GpuHold, delta: int) -> None:
+        by_model = self.used.setdefault(hold.vc, {})
+        by_model[hold.model] = by_model.get(hold.model, 0) + delta
+        key = (hold.vc, hold.user)
+        self.user_used[key] = self.user_used.get(key, 0) + delta
+
+    def _move_bucket(self, model: str, node_idx: int, before: int, after: int) -> None:
+        buckets = self.buckets[model]
+        buckets[before].discard(node_idx)
+        buckets[after].add(node_idx)
+
+    # -- fit queries ---------------------------------------------------------------------
+
+    def replica_slots(self, model: str, gpus_per_replica: int) -> int:
+        """How many replicas of this size the free GPUs could hold, ignoring CPU/memory."""
+        buckets = self.buckets.get(model)
+        if not buckets or gpus_per_replica <= 0:
+            return 0
+        return sum(len(buckets[k]) * (k // gpus_per_replica) for k in range(gpus_per_replica, len(buckets)))
+
+    def nodes_with_free(self, model: str, gpus: int) -> int:
+        buckets = self.buckets.get(model)
+        if not buckets:
+            return 0
+        return sum(len(buckets[k]) for k in range(gpus, len(buckets)))
+
+    def max_node_gpus(self, model: str) -> int:
+        buckets = self.buckets.get(model)
+        return len(buckets) - 1 if buckets else 0
+
+
+def hold_of_replica(state: ClusterState, job: RunningJob, replica_index: int) -> GpuHold | None:
+    """The GpuHold a running replica represents, or None if its node is not in the snapshot."""
+    replica = job.placement[replica_index]
+    node_idx = state.node_idx_by_name.get(replica.node)
+    if node_idx is None:
+        return None
+    slot = state.nodes[node_idx]
+    first = slot.gpus.get(replica.gpu_indices[0]) if replica.gpu_indices else None
+    model = first.model if first is not None else job.gpu_model
+    return GpuHold(
+        node_idx=node_idx,
+        model=model,
+        gpu_indices=tuple(i for i in replica.gpu_indices if i in slot.gpus),
+        cpu_milli=job.cpu_milli_per_replica,
+        memory_mib=job.memory_mib_per_replica,
+        vc=job.vc,
+        user=job.user,
+    )
+
+
+def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHold]]]:
+    """Working state with every running job's GPUs taken. Returns the holds per running job
+    so preemption can give them back tentatively."""
+    max_gpus: dict[str, int] = {}
+    slots: list[NodeSlot] = []
+    for idx, node in enumerate(snapshot.nodes):
+        usable = node.state == NodeState.READY
+        free: dict[str, set[int]] = {}
+        per_model: dict[str, int] = {}
+        for gpu in node.gpus:
+            per_model[gpu.model] = per_model.get(gpu.model, 0) + 1
+            if gpu.healthy:
+                free.setdefault(gpu.model, set()).add(gpu.index)
+        for model, count in per_model.items():
+            max_gpus[model] = max(max_gpus.get(model, 0), count)
+        slots.append(
+            NodeSlot(
+                idx=idx,
+                node=node,
+                usable=usable,
+                free=free,
+                gpus={g.index: g for g in node.gpus},
+                cpu_free=node.cpu_milli or None,
+                memory_free=node.memory_mib or None,
+            )
+        )
+    buckets: dict[str, list[set[int]]] = {m: [set() for _ in range(n + 1)] for m, n in max_gpus.items()}
+    free_total: dict[str, int] = dict.fromkeys(max_gpus, 0)
+    capacity: dict[str, int] = dict.fromkeys(max_gpus, 0)
+    for slot in slots:
+        if not slot.usable:
+            continue
+        for model, free in slot.free.items():
+            buckets[model][len(free)].add(slot.idx)
+            free_total[model] += len(free)
+            capacity[model] += len(free)
+    state = ClusterState(
+        nodes=slots,
+        node_idx_by_name={n.name: i for i, n in enumerate(snapshot.nodes)},
+        buckets=buckets,
+        free_total=free_total,
+        capacity_total=capacity,
+        quotas={vc.name: {q.gpu_model: q for q in vc.quotas} for vc in snapshot.vcs},
+        vcs={vc.name: vc for vc in snapshot.vcs},
+    )
+    holds: dict[str, list[GpuHold]] = {}
+    for job in snapshot.running:
+        job_holds: list[GpuHold] = []
+        for r in range(len(job.placement)):
+            hold = hold_of_replica(state, job, r)
+            if hold is None:
+                continue
+            state.take(hold)
+            job_holds.append(hold)
+        holds[job.id] = job_holds
+        if job.placement and not job_holds:
+            # Node gone from the snapshot: still charge the VC so quotas stay conservative.
+            n = job.gpus
+            by_model = state.used.setdefault(job.vc, {})
+            by_model[job.gpu_model] = by_model.get(job.gpu_model, 0) + n
+            key = (job.vc, job.user)
+            state.user_used[key] = state.user_used.get(key, 0) + n
+    return state, holds

@@ -1,0 +1,219 @@
+"""Snapshot and plan types: the whole contract between the scheduling core and its callers.
+
+The portal builds a `Snapshot` from database rows and applies the `Plan`; the simulator builds
+it from trace state. Every value here is a frozen dataclass so the core can share them freely
+and never has to defend against a caller (or a plugin) changing them mid-cycle.
+
+Conventions:
+- All times are float seconds on one clock chosen by the caller (the portal uses Unix epoch
+  seconds, the simulator seconds since the start of the trace). Durations are float seconds.
+- Memory is in MiB, CPU in milli-cores. A value of 0 for a node's CPU or memory means
+  "not tracked", so traces without CPU data still schedule.
+- A GPU model of "" on a job means "any model".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NewType
+
+JobId = NewType("JobId", str)
+NodeName = NewType("NodeName", str)
+VcName = NewType("VcName", str)
+UserName = NewType("UserName", str)
+
+ANY_MODEL = ""  # a job's gpu_model when it accepts any GPU model
+ALL_MODELS = "*"  # a quota row's gpu_model when it covers every model
+
+
+class NodeState(StrEnum):
+    """Why a node may or may not receive new work. Only READY nodes get new placements;
+    running work on CORDONED or DRAINING nodes keeps running, work on NOT_READY nodes is the
+    portal's business (it marks the job lost), the core only stops placing there."""
+
+    READY = "ready"
+    NOT_READY = "not-ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU and where it sits in the node's topology (used for affinity scoring)."""
+
+    index: int
+    model: str
+    uuid: str = ""
+    memory_mib: int = 0
+    nvlink_group: int = 0  # GPUs with the same value share an NVLink/NVSwitch domain
+    pcie_switch: int = 0
+    numa_node: int = 0
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: NodeName
+    gpus: tuple[Gpu, ...]
+    rack: str = ""
+    state: NodeState = NodeState.READY
+    cpu_milli: int = 0  # 0 = not tracked
+    memory_mib: int = 0  # 0 = not tracked
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A VC's share of one GPU model. `guaranteed` GPUs are always reclaimable for the VC;
+    up to `borrow_limit` more may be borrowed from idle capacity, preemptibly."""
+
+    gpu_model: str  # a model name, or ALL_MODELS
+    guaranteed: int
+    borrow_limit: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualCluster:
+    name: VcName
+    quotas: tuple[Quota, ...]
+    tenant: str = ""
+    # Name of a queue-sort plugin that orders this VC's jobs among themselves ("" = the
+    # profile's order). The VC keeps the queue positions the profile gave its jobs.
+    queueing_policy: str = ""
+    max_gpus_per_user: int | None = None  # per-user limit inside the VC; None = no limit
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaPlacement:
+    """The GPUs one replica (one container / one process group) holds on one node."""
+
+    node: NodeName
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job that holds GPUs now (running, starting, or checkpointing before preemption)."""
+
+    id: JobId
+    vc: VcName
+    user: UserName
+    placement: tuple[ReplicaPlacement, ...]
+    started_at: float  # start of the current attempt
+    gpu_model: str = ANY_MODEL
+    priority: int = 0
+    preemptible: bool = True
+    attained_gpu_s: float = 0.0  # GPU-seconds of service over all attempts, as of `now`
+    last_checkpoint_at: float | None = None
+    time_limit_s: float | None = None  # wall time per attempt; None = no limit
+    checkpointable: bool = True
+    estimated_runtime_s: float | None = None  # history-based estimate of the whole run
+    cpu_milli_per_replica: int = 0
+    memory_mib_per_replica: int = 0
+    submitted_at: float = 0.0
+    # Already told to stop (preempted or cancelled) and releasing its GPUs within the grace
+    # period. The core counts those GPUs as soon free and never preempts the job again.
+    stopping: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(r.gpu_indices) for r in self.placement)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """A job waiting for GPUs: new, or requeued after preemption (then `attained_gpu_s` > 0)."""
+
+    id: JobId
+    vc: VcName
+    user: UserName
+    replicas: int
+    gpus_per_replica: int
+    submitted_at: float
+    gpu_model: str = ANY_MODEL
+    cpu_milli_per_replica: int = 0
+    memory_mib_per_replica: int = 0
+    time_limit_s: float | None = None
+    priority: int = 0
+    preemptible: bool = True
+    estimated_runtime_s: float | None = None  # from history (same user / VC); never the truth
+    attained_gpu_s: float = 0.0
+    queued_at: float | None = None  # when it last became pending; None = submitted_at
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+    @property
+    def waiting_since(self) -> float:
+        return self.submitted_at if self.queued_at is None else self.queued_at
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one cycle may look at. The core never mutates it."""
+
+    nodes: tuple[Node, ...]
+    vcs: tuple[VirtualCluster, ...]
+    running: tuple[RunningJob, ...]
+    pending: tuple[PendingJob, ...]
+
+
+class ReasonCode(StrEnum):
+    """Why a pending job did not start this cycle. Stable strings: the portal stores them."""
+
+    STARTED = "started"
+    WAITING_FOR_PREEMPTION = "waiting-for-preemption"  # victims are releasing GPUs for it
+    VC_QUOTA = "vc-quota"
+    USER_LIMIT = "user-limit"
+    UNKNOWN_VC = "unknown-vc"
+    INSUFFICIENT_GPUS = "insufficient-gpus"
+    FRAGMENTATION = "fragmentation"
+    GANG_NODES = "gang-nodes"
+    NODE_RESOURCES = "node-resources"  # GPUs free but CPU or memory short
+    NO_MATCHING_GPU = "no-matching-gpu"  # no usable node has this model / this many GPUs
+    HELD_FOR_RESERVATION = "held-for-reservation"
+    QUEUED_BEHIND = "queued-behind"  # placement possible only by passing higher-ranked work
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start this job now on exactly these GPUs. `borrowed_gpus` of them exceed the VC's
+    guarantee, so the job may be reclaimed by the owning VCs."""
+
+    job_id: JobId
+    placement: tuple[ReplicaPlacement, ...]
+    borrowed_gpus: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Stop this running job: signal it to checkpoint, stop it after `grace_period_s`, requeue."""
+
+    job_id: JobId
+    reason: str  # e.g. "priority", "reclaim", "las"
+    message: str
+    grace_period_s: float
+    for_job: JobId  # the pending job the GPUs are freed for
+
+
+@dataclass(frozen=True, slots=True)
+class PendingStatus:
+    job_id: JobId
+    reason: ReasonCode
+    message: str
+    estimated_start: float | None  # None = cannot be estimated (e.g. wider than the cluster)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The decision of one cycle. `pending` has one entry for every pending job that was not
+    started; `wake_at` is the earliest time the policy wants another cycle even if nothing
+    else happens (e.g. a running job crosses a LAS threshold)."""
+
+    starts: tuple[Start, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    pending: tuple[PendingStatus, ...] = ()
+    reservation: JobId | None = None
+    wake_at: float | None = None
+    notes: tuple[str, ...] = field(default=())

@@ -1,0 +1,89 @@
+"""Command line of the simulator (a stable contract: benchmarks and docs call it).
+
+    python -m scheduler.sim --trace PATH --format itp|philly|openb --cluster NxG
+        [--topology FILE] --profile NAME|FILE [--vc-quotas FILE]
+        [--preempt-overhead SECONDS] [--vc NAME] [--time-limit SECONDS] --json
+
+Prints one JSON object (the last line of output) with the figures of `metrics.summarize`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from scheduler.core import load_profile
+from scheduler.sim.cluster import load_topology, parse_cluster_spec, uniform_cluster
+from scheduler.sim.engine import Simulator
+from scheduler.sim.metrics import summarize
+from scheduler.sim.trace import FORMATS, load_trace
+
+
+def load_vc_quotas(path: str | Path) -> dict[str, tuple[int, int]]:
+    """CSV `vc,guaranteed,borrow_limit` (one row per VC; GPUs of any model)."""
+    quotas: dict[str, tuple[int, int]] = {}
+    with Path(path).open(newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            quotas[row["vc"].strip()] = (int(row["guaranteed"]), int(row["borrow_limit"]))
+    return quotas
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scheduler.sim", description=__doc__.split("\n")[0])
+    parser.add_argument("--trace", required=True, help="trace CSV file")
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--cluster", help="NxG: N nodes of G GPUs (default topology)")
+    parser.add_argument("--topology", help="topology JSON file (instead of --cluster)")
+    parser.add_argument(
+        "--profile", required=True, help="profile name (fifo, tiresias, default) or JSON file"
+    )
+    parser.add_argument("--vc-quotas", help="CSV vc,guaranteed,borrow_limit")
+    parser.add_argument(
+        "--preempt-overhead",
+        type=float,
+        default=30.0,
+        help="seconds a preempted job holds its GPUs while it checkpoints (default 30)",
+    )
+    parser.add_argument("--vc", help="replay only this VC's jobs")
+    parser.add_argument("--time-limit", type=float, help="time limit given to every job (seconds)")
+    parser.add_argument("--max-jobs", type=int, help="replay only the first N jobs")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    args = parser.parse_args(argv)
+
+    if args.topology:
+        nodes = load_topology(args.topology)
+    elif args.cluster:
+        nodes = uniform_cluster(*parse_cluster_spec(args.cluster))
+    else:
+        parser.error("give --cluster NxG or --topology FILE")
+    trace = load_trace(args.trace, args.format)
+    jobs = list(trace.jobs)
+    if args.vc:
+        jobs = [j for j in jobs if j.vc == args.vc]
+    if args.max_jobs:
+        jobs = jobs[: args.max_jobs]
+    quotas = load_vc_quotas(args.vc_quotas) if args.vc_quotas else None
+    started = time.perf_counter()
+    result = Simulator(
+        nodes,
+        load_profile(args.profile),
+        jobs,
+        vc_quotas=quotas,
+        preempt_overhead_s=args.preempt_overhead,
+        time_limit_s=args.time_limit,
+    ).run()
+    summary = summarize(result)
+    summary["skipped_rows"] = trace.skipped
+    summary["profile"] = args.profile
+    summary["wall_s"] = round(time.perf_counter() - started, 2)
+    sys.stdout.write(json.dumps(summary, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
