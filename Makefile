@@ -1,0 +1,39 @@
+# Two commands do all set-up on a fresh machine:
+#   make up     run the demo cluster (private PostgreSQL and Redis under var/)
+#   make test   run the whole test suite (private PostgreSQL and Redis on free ports)
+
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: up test lint format system-packages clean
+
+$(STAMP): requirements.txt
+	@PY=$$(scripts/find-python.sh) || exit 1; \
+	if [ ! -x $(VPY) ] || ! $(VPY) -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then \
+		rm -rf $(VENV); echo "Creating $(VENV) with $$PY"; "$$PY" -m venv $(VENV); fi
+	$(VPY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@touch $(STAMP)
+
+system-packages:
+	@bash scripts/system-packages.sh up
+
+up: system-packages $(STAMP)
+	$(VPY) -m portal.devstack up
+
+test: $(STAMP)
+	@bash scripts/system-packages.sh test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VPY) -m portal.devstack test
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
+
+from portal.accounts.models import ApiToken, AuditEntry, Membership, Tenant
+from portal.accounts.services import revoke_api_token
+from portal.lib.admin import AuditedModelAdmin
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Tenant)
+class TenantAdmin(AuditedModelAdmin):
+    list_display = ["name", "display_name", "created_at"]
+    search_fields = ["name", "display_name"]
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(AuditedModelAdmin):
+    list_display = ["user", "tenant", "role"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "tenant__name"]
+    autocomplete_fields = ["user", "tenant"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(AuditedModelAdmin):
+    """Tokens are created by their users (the secret is shown to them once); admins only revoke."""
+
+    list_display = ["name", "user", "prefix", "created_at", "expires_at", "last_used_at", "revoked_at"]
+    list_filter = ["revoked_at"]
+    search_fields = ["name", "user__username", "prefix"]
+    readonly_fields = ["user", "name", "prefix", "created_at", "expires_at", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request: Any, queryset: Any) -> None:
+        for token in queryset:
+            revoke_api_token(token, request.user)
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin):
+    """Read-only: the audit log is appended to by the services, never edited."""
+
+    list_display = ["created_at", "actor", "action", "object_type", "object_repr", "tenant"]
+    list_filter = ["action", "object_type", "tenant"]
+    search_fields = ["object_repr", "detail", "actor__username"]
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
+# Users and groups are managed here too, so their changes are audited like everything else.
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class AuditedUserAdmin(AuditedModelAdmin, UserAdmin):
+    pass
+
+
+@admin.register(Group)
+class AuditedGroupAdmin(AuditedModelAdmin, GroupAdmin):
+    pass

@@ -1,0 +1,9 @@
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from portal.accounts.api import views
+
+router = SimpleRouter()
+router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
+
+urlpatterns = [path("me/", views.MeView.as_view(), name="me"), *router.urls]

@@ -1,0 +1,19 @@
+from django.db import models
+
+
+class NodeState(models.TextChoices):
+    """Ready nodes take new work; cordoned take none; draining take none and their jobs move away."""
+
+    READY = "ready", "Ready"
+    NOT_READY = "not-ready", "Not ready"
+    CORDONED = "cordoned", "Cordoned"
+    DRAINING = "draining", "Draining"
+
+
+class QueueingPolicy(models.TextChoices):
+    """How a virtual cluster orders its own pending jobs."""
+
+    FIFO = "fifo", "First in, first out"
+    PRIORITY = "priority", "Priority class, then submit time"
+    LAS = "las", "Least attained GPU service (Tiresias)"
+    SHORTEST_FIRST = "shortest", "Shortest expected first"

@@ -1,0 +1,165 @@
+"""The cluster: virtual clusters with quotas, flavors, priority classes, nodes and their GPUs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.db import models
+
+from portal.accounts.models import Tenant
+from portal.cluster.choices import NodeState, QueueingPolicy
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+
+class VirtualClusterQuerySet(models.QuerySet["VirtualCluster"]):
+    def for_user(self, user: AbstractBaseUser | AnonymousUser) -> VirtualClusterQuerySet:
+        """Virtual clusters of the user's tenants; cluster admins (staff) see all."""
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_staff:
+            return self.all()
+        return self.filter(tenant__memberships__user=user).distinct()
+
+
+class VirtualCluster(models.Model):
+    """A tenant's queue with quotas per GPU model. Names are unique across the cluster.
+
+    `allowed_mounts` lists the host paths an admin lets this VC's jobs mount, as
+    [{"name": "datasets", "host_path": "/srv/datasets", "writable": false}]; a job refers to them
+    by name and never names a host path itself.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="virtual_clusters")
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+    queueing_policy = models.CharField(
+        max_length=16, choices=QueueingPolicy.choices, default=QueueingPolicy.FIFO
+    )
+    max_gpus_per_user = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Per-user limit inside this VC; empty means no limit."
+    )
+    allowed_mounts = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = VirtualClusterQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "virtual cluster"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Quota(models.Model):
+    """GPUs of one model a VC is guaranteed, and how many more it may borrow while others idle.
+
+    Guaranteed GPUs are reclaimable for the VC within a grace period; borrowed GPUs are used
+    preemptibly. A VC never holds more than guaranteed + borrow_limit of a model.
+    """
+
+    virtual_cluster = models.ForeignKey(VirtualCluster, on_delete=models.CASCADE, related_name="quotas")
+    gpu_model = models.CharField(max_length=32)
+    guaranteed = models.PositiveIntegerField(default=0)
+    borrow_limit = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["virtual_cluster", "gpu_model"], name="one_quota_per_vc_and_model"
+            )
+        ]
+        ordering = ["virtual_cluster__name", "gpu_model"]
+
+    def __str__(self) -> str:
+        return f"{self.virtual_cluster} {self.gpu_model}: {self.guaranteed} + {self.borrow_limit}"
+
+    @property
+    def max_gpus(self) -> int:
+        return self.guaranteed + self.borrow_limit
+
+
+class Flavor(models.Model):
+    """A named per-replica bundle of resources with a run-time limit, e.g. m-A100."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    gpu_model = models.CharField(max_length=32)
+    gpus = models.PositiveIntegerField()
+    cpu = models.PositiveIntegerField()
+    memory_gb = models.PositiveIntegerField()
+    max_runtime_hours = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["gpu_model", "gpus"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PriorityClass(models.Model):
+    """A named priority. Higher values go first and may preempt lower, preemptible ones."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    value = models.IntegerField()
+    preemptible = models.BooleanField(default=True)
+    is_default = models.BooleanField(default=False, help_text="Used when a job names no priority.")
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-value"]
+        verbose_name_plural = "priority classes"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"], condition=models.Q(is_default=True), name="one_default_priority_class"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.value})"
+
+
+class Node(models.Model):
+    """A GPU host run by one agent. The agent authenticates with a per-node token, stored hashed."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    rack = models.CharField(max_length=64, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.NOT_READY)
+    state_reason = models.CharField(max_length=200, blank=True)
+    cpu = models.PositiveIntegerField(default=0)
+    memory_gb = models.PositiveIntegerField(default=0)
+    token_hash = models.CharField(max_length=64, blank=True, editable=False)
+    agent_version = models.CharField(max_length=64, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Gpu(models.Model):
+    """One GPU with the topology the scheduler scores placements by (Gandiva's affinity order)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64, unique=True)
+    model = models.CharField(max_length=32, db_index=True)
+    memory_mb = models.PositiveIntegerField()
+    nvlink_group = models.PositiveSmallIntegerField(default=0)
+    pcie_switch = models.PositiveSmallIntegerField(default=0)
+    numa_node = models.PositiveSmallIntegerField(default=0)
+    healthy = models.BooleanField(default=True)
+    health_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="one_gpu_per_node_index")]
+        verbose_name = "GPU"
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.index} ({self.model})"

@@ -1,0 +1,450 @@
+"""Private PostgreSQL and Redis for `make up`, `make test` and the benchmarks, plus a small supervisor.
+
+Runs before Django is configured, so it imports nothing from Django. Usage:
+
+    python -m portal.devstack up            # demo cluster on var/, until Ctrl-C
+    python -m portal.devstack test [ARGS]   # pytest against services on free ports in a temp dir
+
+When DATABASE_URL or REDIS_URL is already set, that service is used as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+PG_USER_CANDIDATES = ("postgres", "gpuportal-pg")
+
+
+def log(message: str) -> None:
+    print(f"[devstack] {message}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.3):
+        return True
+    return False
+
+
+def wait_until(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def postgres_bin() -> Path:
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if candidates:
+        return candidates[-1].parent
+    found = shutil.which("initdb") or shutil.which("pg_ctl")
+    if found:
+        return Path(found).parent
+    raise RuntimeError("PostgreSQL server binaries not found; install postgresql (run `make up` as root).")
+
+
+def pg_os_user() -> str | None:
+    """PostgreSQL refuses to run as root: use the postgres user, or create a system user for it."""
+    if os.geteuid() != 0:
+        return None
+    for name in PG_USER_CANDIDATES:
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_USER_CANDIDATES[1]],
+        check=True,
+    )
+    return PG_USER_CANDIDATES[1]
+
+
+def _as_pg(cmd: list[str], user: str | None) -> list[str]:
+    return ["runuser", "-u", user, "--", *cmd] if user else cmd
+
+
+@dataclass
+class Services:
+    """The running private services and the environment that points at them."""
+
+    run_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    _stops: list = field(default_factory=list)
+
+    def stop(self) -> None:
+        for stop in reversed(self._stops):
+            with contextlib.suppress(Exception):
+                stop()
+        self._stops.clear()
+
+
+def start_postgres(services: Services, port: int, keep: bool) -> None:
+    pgbin = postgres_bin()
+    data = services.run_dir / "pg"
+    user = pg_os_user()
+    services.run_dir.mkdir(parents=True, exist_ok=True)
+    if user:
+        os.chmod(services.run_dir, 0o755)
+        shutil.chown(services.run_dir, user)
+    if not (data / "PG_VERSION").exists():
+        subprocess.run(
+            _as_pg(
+                [
+                    str(pgbin / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C.UTF-8",
+                ],
+                user,
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    if not port_open(port):
+        options = f"-k {services.run_dir} -h 127.0.0.1 -p {port}"
+        if not keep:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        subprocess.run(
+            _as_pg(
+                [
+                    str(pgbin / "pg_ctl"),
+                    "-D",
+                    str(data),
+                    "-l",
+                    str(data / "server.log"),
+                    "-w",
+                    "-t",
+                    "60",
+                    "-o",
+                    options,
+                    "start",
+                ],
+                user,
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    wait_until(lambda: port_open(port), 30, "PostgreSQL")
+
+    def stop() -> None:
+        subprocess.run(
+            _as_pg([str(pgbin / "pg_ctl"), "-D", str(data), "stop", "-m", "fast"], user),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    services._stops.append(stop)
+    services.env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:{port}/gpuportal"
+
+
+def create_database(database_url: str) -> None:
+    """Creates the database named in the URL if it does not exist yet."""
+    import psycopg
+
+    from portal.lib.env import parse_database_url
+
+    cfg = parse_database_url(database_url)
+    conninfo = f"host={cfg['HOST']} port={cfg['PORT']} user={cfg['USER']} dbname=postgres"
+    if cfg["PASSWORD"]:
+        conninfo += f" password={cfg['PASSWORD']}"
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [cfg["NAME"]]).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{cfg["NAME"]}"')
+
+
+def redis_server_bin() -> str:
+    found = shutil.which("redis-server")
+    if not found:
+        raise RuntimeError("redis-server not found; install redis-server (run `make up` as root).")
+    return found
+
+
+def start_redis(services: Services, port: int) -> None:
+    if not port_open(port):
+        subprocess.run(
+            [
+                redis_server_bin(),
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--daemonize",
+                "yes",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(services.run_dir),
+                "--pidfile",
+                str(services.run_dir / "redis.pid"),
+                "--logfile",
+                str(services.run_dir / "redis.log"),
+            ],
+            check=True,
+        )
+    wait_until(lambda: port_open(port), 10, "Redis")
+
+    def stop() -> None:
+        subprocess.run(
+            ["redis-cli", "-p", str(port), "shutdown", "nosave"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    services._stops.append(stop)
+    services.env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+
+
+@contextlib.contextmanager
+def private_services(
+    run_dir: Path | None = None, pg_port: int | None = None, redis_port: int | None = None, keep: bool = False
+) -> Iterator[Services]:
+    """Starts PostgreSQL and Redis unless DATABASE_URL / REDIS_URL point elsewhere; stops them after.
+
+    With keep=True (make up) the data directory survives and the servers keep running after exit,
+    so a second `make up` finds them; otherwise everything lives in a temporary directory.
+    """
+    temp = None
+    if run_dir is None:
+        temp = tempfile.mkdtemp(prefix="gpuportal-")
+        run_dir = Path(temp)
+    services = Services(run_dir=run_dir.resolve())
+    try:
+        if os.environ.get("DATABASE_URL"):
+            services.env["DATABASE_URL"] = os.environ["DATABASE_URL"]
+        else:
+            start_postgres(services, pg_port or free_port(), keep)
+        if os.environ.get("REDIS_URL"):
+            services.env["REDIS_URL"] = os.environ["REDIS_URL"]
+        else:
+            start_redis(services, redis_port or free_port())
+        create_database(services.env["DATABASE_URL"])
+        yield services
+    finally:
+        services.stop()
+        if temp:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+class Supervisor:
+    """Runs several long-lived processes, prefixes their output, and stops them all together."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, cmd: list[str]) -> None:
+        proc = subprocess.Popen(
+            cmd,
+            env=self.env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append((name, proc))
+        threading.Thread(target=self._pump, args=(name, proc), daemon=True).start()
+
+    @staticmethod
+    def _pump(name: str, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(f"{name:>8} | {line.decode(errors='replace')}")
+            sys.stdout.flush()
+
+    def wait(self) -> int:
+        """Blocks until Ctrl-C or until one process exits; returns that process's code."""
+        try:
+            while True:
+                for name, proc in self.procs:
+                    code = proc.poll()
+                    if code is not None:
+                        log(f"{name} exited with {code}; stopping the rest")
+                        return code or 1
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            log("stopping")
+            return 0
+
+    def stop(self) -> None:
+        for _, proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for _, proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+
+def manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run([str(VENV_BIN / "python"), "manage.py", *args], env=env, cwd=REPO, check=True)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    run_dir = REPO / "var"
+    with private_services(run_dir, pg_port=args.pg_port, redis_port=args.redis_port, keep=True) as services:
+        services._stops.clear()  # make up leaves PostgreSQL and Redis running for the next start
+        env = {**os.environ, **services.env, "DEBUG": os.environ.get("DEBUG", "true")}
+        env.setdefault("AGENT_STATE_ROOT", str(run_dir / "agents"))
+        manage(env, "migrate", "--no-input", "-v", "0")
+        manage(env, "collectstatic", "--no-input", "-v", "0")
+        manage(env, "seed_demo", "--agent-token-dir", str(run_dir / "agents"))
+        supervisor = Supervisor(env)
+        supervisor.start(
+            "web",
+            [
+                str(VENV_BIN / "uvicorn"),
+                "portal.asgi:application",
+                "--host",
+                args.host,
+                "--port",
+                str(args.port),
+                "--lifespan",
+                "off",
+            ],
+        )
+        supervisor.start(
+            "worker",
+            [
+                str(VENV_BIN / "celery"),
+                "-A",
+                "portal",
+                "worker",
+                "-l",
+                "info",
+                "--concurrency",
+                "2",
+                "-n",
+                f"worker-{args.port}@%h",
+            ],
+        )
+        supervisor.start(
+            "beat",
+            [
+                str(VENV_BIN / "celery"),
+                "-A",
+                "portal",
+                "beat",
+                "-l",
+                "info",
+                "-s",
+                str(run_dir / "celerybeat-schedule"),
+            ],
+        )
+        for name, cmd in demo_agent_commands(env, args.port, run_dir / "agents"):
+            supervisor.start(name, cmd)
+        wait_until(lambda: port_open(args.port), 30, "the web server")
+        url = f"http://{args.host}:{args.port}/"
+        print(DEMO_BANNER.format(url=url), flush=True)
+        code = supervisor.wait()
+        supervisor.stop()
+        return code
+
+
+def demo_agent_commands(env: dict[str, str], port: int, token_dir: Path) -> list[tuple[str, list[str]]]:
+    """One simulated agent per demo node whose token file seed_demo wrote (empty until agents exist)."""
+    if not (REPO / "agents" / "__main__.py").exists():
+        return []
+    commands = []
+    for token_file in sorted(token_dir.glob("*.token")):
+        node = token_file.stem
+        simulate = "dgx-a100" if "a100" in node else "dgx1-v100"
+        commands.append(
+            (
+                node,
+                [
+                    str(VENV_BIN / "python"),
+                    "-m",
+                    "agents",
+                    "--portal",
+                    f"http://127.0.0.1:{port}",
+                    "--token-file",
+                    str(token_file),
+                    "--runtime",
+                    "process",
+                    "--simulate",
+                    simulate,
+                    "--node-name",
+                    node,
+                    "--state-dir",
+                    str(token_dir / node),
+                ],
+            )
+        )
+    return commands
+
+
+DEMO_BANNER = """
+============================================================
+ GPU Portal is running at {url}
+   admin:        {url}admin/      API docs: {url}api/v1/docs/
+ Demo sign-ins (password = user name + "-pass"):
+   cluster admin:  admin
+   tenant vision:  vision-admin, alice, bob
+   tenant speech:  speech-admin, carol, dave
+ Press Ctrl-C to stop.
+============================================================
+"""
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    with private_services() as services:
+        # Development settings (no TLS redirect, a throw-away key); pytest-django still runs with DEBUG off.
+        env = {**os.environ, **services.env, "DEBUG": "true"}
+        log(f"PostgreSQL and Redis for this run: {services.env['DATABASE_URL']} {services.env['REDIS_URL']}")
+        code = subprocess.run(
+            [str(VENV_BIN / "python"), "-m", "pytest", *args.pytest_args], env=env, cwd=REPO
+        ).returncode
+        return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m portal.devstack")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="run the demo cluster")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    up.add_argument("--pg-port", type=int, default=55432)
+    up.add_argument("--redis-port", type=int, default=56379)
+    test = sub.add_parser("test", help="run pytest on private services")
+    test.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return cmd_up(args)
+    return cmd_test(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+
+from portal.jobs.choices import TERMINAL_STATES
+from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent
+from portal.jobs.services import cancel_job
+from portal.lib.admin import AuditedModelAdmin
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    readonly_fields = ["created_at", "from_state", "to_state", "actor_label", "reason"]
+    fields = readonly_fields
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(AuditedModelAdmin):
+    """Jobs change state only through the services; here they are read and cancelled."""
+
+    list_display = ["id", "name", "tenant", "virtual_cluster", "owner", "state", "total_gpus", "submitted_at"]
+    list_filter = ["state", "tenant", "virtual_cluster"]
+    search_fields = ["name", "owner__username"]
+    inlines = [JobEventInline]
+    actions = ["cancel"]
+
+    def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
+        return [f.name for f in Job._meta.fields]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    @admin.action(description="Cancel selected jobs")
+    def cancel(self, request: Any, queryset: Any) -> None:
+        for job in queryset.exclude(state__in=TERMINAL_STATES):
+            cancel_job(job, request.user, reason="cancelled by a cluster admin")
+
+
+@admin.register(JobAttempt)
+class JobAttemptAdmin(admin.ModelAdmin):
+    list_display = ["job", "number", "state", "started_at", "ended_at", "exit_code"]
+    list_filter = ["state"]
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Allocation)
+class AllocationAdmin(admin.ModelAdmin):
+    list_display = ["attempt", "node", "gpu", "replica", "created_at", "released_at"]
+    list_filter = ["node"]
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False

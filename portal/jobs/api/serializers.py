@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name")
+    gpu_index = serializers.IntegerField(source="gpu.index")
+    gpu_uuid = serializers.CharField(source="gpu.uuid")
+
+    class Meta:
+        model = Allocation
+        fields = ["replica", "node", "gpu_index", "gpu_uuid", "created_at", "released_at"]
+
+
+class JobAttemptSerializer(serializers.ModelSerializer):
+    allocations = AllocationSerializer(many=True)
+
+    class Meta:
+        model = JobAttempt
+        fields = [
+            "number",
+            "state",
+            "resume",
+            "created_at",
+            "started_at",
+            "ended_at",
+            "exit_code",
+            "end_reason",
+            "allocations",
+        ]
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["id", "created_at", "from_state", "to_state", "actor_label", "reason", "data"]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.name")
+    vc = serializers.CharField(source="virtual_cluster.name")
+    owner = serializers.CharField(source="owner.username")
+    priority_class = serializers.CharField(source="priority_class.name")
+    total_gpus = serializers.IntegerField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "tenant",
+            "vc",
+            "owner",
+            "state",
+            "priority_class",
+            "priority",
+            "preemptible",
+            "gpu_model",
+            "gpus_per_replica",
+            "replicas",
+            "total_gpus",
+            "cpu_per_replica",
+            "memory_gb_per_replica",
+            "time_limit_s",
+            "pending_reason",
+            "pending_message",
+            "estimated_start_at",
+            "queue_position",
+            "retries_left",
+            "exit_code",
+            "end_reason",
+            "submitted_at",
+            "started_at",
+            "finished_at",
+        ]
+        brief_fields = ["id", "name", "vc", "owner", "state", "total_gpus", "pending_reason", "submitted_at"]
+
+
+class JobDetailSerializer(JobSerializer):
+    attempts = JobAttemptSerializer(many=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "spec", "attempts"]

@@ -1,0 +1,8 @@
+from rest_framework.routers import SimpleRouter
+
+from portal.jobs.api import views
+
+router = SimpleRouter()
+router.register("jobs", views.JobViewSet, basename="job")
+
+urlpatterns = router.urls

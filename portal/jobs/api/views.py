@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import PermissionDenied as DRFPermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from portal.jobs import services
+from portal.jobs.api.serializers import JobDetailSerializer, JobEventSerializer, JobSerializer
+from portal.jobs.filtersets import JobFilterSet
+from portal.jobs.models import Allocation, Job, JobAttempt
+from portal.jobs.spec import JobSpecSerializer
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Jobs of your tenants. POST a job spec (JSON or YAML) to submit."""
+
+    filterset_class = JobFilterSet
+
+    def get_queryset(self) -> Any:
+        qs = Job.objects.for_user(self.request.user).select_related(
+            "tenant", "virtual_cluster", "owner", "priority_class"
+        )
+        if self.action == "retrieve":
+            allocations = Allocation.objects.select_related("node", "gpu")
+            qs = qs.prefetch_related(
+                Prefetch(
+                    "attempts", JobAttempt.objects.prefetch_related(Prefetch("allocations", allocations))
+                )
+            )
+        return qs
+
+    def get_serializer_class(self) -> Any:
+        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+    @extend_schema(request=JobSpecSerializer, responses={201: JobDetailSerializer})
+    def create(self, request: Request) -> Response:
+        spec = JobSpecSerializer(data=request.data, context={"request": request})
+        spec.is_valid(raise_exception=True)
+        try:
+            job = services.submit_job(request.user, spec.validated_data)
+        except services.JobRejected as exc:
+            raise ValidationError({exc.field: [exc.message]}) from exc
+        except services.PermissionDenied as exc:
+            raise DRFPermissionDenied(str(exc)) from exc
+        job = self.get_queryset().get(pk=job.pk)
+        return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        if not Job.objects.manageable_by(request.user).filter(pk=job.pk).exists():
+            raise DRFPermissionDenied(
+                "You may cancel only your own jobs, or any job of a tenant you administer."
+            )
+        try:
+            services.cancel_job(job, request.user)
+        except services.InvalidTransition as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(responses=JobEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        page = self.paginate_queryset(job.events.all())
+        return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, Job.DoesNotExist):
+            exc = NotFound()
+        return super().handle_exception(exc)

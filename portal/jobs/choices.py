@@ -1,0 +1,104 @@
+"""Job and attempt states, with the allowed transitions in one table."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SCHEDULED = "scheduled", "Scheduled"
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    SUSPENDED = "suspended", "Suspended"
+    CHECKPOINTING = "checkpointing", "Checkpointing"
+    PREEMPTED = "preempted", "Preempted"
+    LOST = "lost", "Lost"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    TIMED_OUT = "timed-out", "Timed out"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMED_OUT})
+
+# States in which the job holds GPUs (its current attempt has live allocations).
+ACTIVE_STATES = frozenset(
+    {JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.SUSPENDED, JobState.CHECKPOINTING}
+)
+
+ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
+    JobState.PENDING: frozenset({JobState.SCHEDULED, JobState.CANCELLED, JobState.FAILED}),
+    JobState.SCHEDULED: frozenset(
+        {JobState.STARTING, JobState.RUNNING, JobState.PENDING, JobState.CANCELLED, JobState.LOST}
+    ),
+    JobState.STARTING: frozenset(
+        {JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST}
+    ),
+    JobState.RUNNING: frozenset(
+        {
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.TIMED_OUT,
+            JobState.SUSPENDED,
+            JobState.CHECKPOINTING,
+            JobState.PREEMPTED,
+            JobState.LOST,
+        }
+    ),
+    JobState.SUSPENDED: frozenset(
+        {JobState.RUNNING, JobState.CHECKPOINTING, JobState.CANCELLED, JobState.TIMED_OUT, JobState.LOST}
+    ),
+    JobState.CHECKPOINTING: frozenset(
+        {
+            JobState.PREEMPTED,
+            JobState.RUNNING,
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.TIMED_OUT,
+            JobState.LOST,
+        }
+    ),
+    JobState.PREEMPTED: frozenset({JobState.PENDING, JobState.CANCELLED}),
+    JobState.LOST: frozenset({JobState.PENDING, JobState.FAILED, JobState.CANCELLED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+    JobState.TIMED_OUT: frozenset(),
+}
+
+
+def can_transition(from_state: str, to_state: str) -> bool:
+    return to_state in ALLOWED_TRANSITIONS.get(from_state, frozenset())
+
+
+class AttemptState(models.TextChoices):
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    SUSPENDED = "suspended", "Suspended"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    STOPPED = "stopped", "Stopped"
+    LOST = "lost", "Lost"
+
+
+ATTEMPT_ENDED_STATES = frozenset(
+    {AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.STOPPED, AttemptState.LOST}
+)
+
+
+class PendingReason(models.TextChoices):
+    """Why a job waits, as a code a script can branch on; the message carries the numbers."""
+
+    NEW = "new", "Waiting for the scheduler"
+    QUOTA = "quota", "Virtual cluster quota"
+    USER_LIMIT = "user-limit", "Per-user limit"
+    RESOURCES = "resources", "Not enough free GPUs"
+    FRAGMENTATION = "fragmentation", "Free GPUs are fragmented"
+    GANG = "gang", "Gang cannot be placed whole"
+    RESERVATION = "reservation", "Held for a reservation"
+    PRIORITY = "priority", "Higher-priority jobs go first"
+    BACKOFF = "backoff", "Waiting to retry"
+    REQUEUED = "requeued", "Requeued after preemption or node loss"

@@ -1,0 +1,156 @@
+"""Jobs, their attempts, GPU allocations and the event log.
+
+Every state change goes through portal.jobs.services, which compares and sets the state and
+writes a JobEvent in the same transaction.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from portal.accounts.choices import Role
+from portal.accounts.models import Tenant
+from portal.cluster.models import Gpu, Node, PriorityClass, VirtualCluster
+from portal.jobs.choices import AttemptState, JobState, PendingReason
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def for_user(self, user: AbstractBaseUser | AnonymousUser) -> JobQuerySet:
+        """Jobs of the user's tenants (any role); cluster admins (staff) see all."""
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_staff:
+            return self.all()
+        return self.filter(tenant__memberships__user=user)
+
+    def manageable_by(self, user: AbstractBaseUser | AnonymousUser) -> JobQuerySet:
+        """Jobs the user may cancel: their own (unless a viewer), or all of a tenant they administer."""
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_staff:
+            return self.all()
+        return self.filter(
+            Q(tenant__memberships__user=user, tenant__memberships__role=Role.ADMIN)
+            | Q(owner=user, tenant__memberships__user=user, tenant__memberships__role=Role.MEMBER)
+        ).distinct()
+
+
+class Job(models.Model):
+    """A user's request to run a workload: a validated spec plus its scheduling state.
+
+    The resource fields are copied out of the spec at submission, so the scheduler reads columns,
+    not JSON. `version` increases with every transition for compare-and-set updates.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    virtual_cluster = models.ForeignKey(VirtualCluster, on_delete=models.PROTECT, related_name="jobs")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=100)
+    spec = models.JSONField()
+    priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="jobs")
+    priority = models.IntegerField()
+    preemptible = models.BooleanField(default=True)
+
+    gpu_model = models.CharField(max_length=32)
+    gpus_per_replica = models.PositiveIntegerField()
+    replicas = models.PositiveIntegerField(default=1)
+    cpu_per_replica = models.PositiveIntegerField()
+    memory_gb_per_replica = models.PositiveIntegerField()
+    time_limit_s = models.PositiveIntegerField()
+
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
+    version = models.PositiveIntegerField(default=0)
+    pending_reason = models.CharField(max_length=16, choices=PendingReason.choices, blank=True)
+    pending_message = models.CharField(max_length=500, blank=True)
+    estimated_start_at = models.DateTimeField(null=True, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    retries_left = models.PositiveIntegerField(default=0)
+    exit_code = models.IntegerField(null=True, blank=True)
+    end_reason = models.CharField(max_length=500, blank=True)
+
+    submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [models.Index(fields=["state", "virtual_cluster"])]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_replica * self.replicas
+
+
+class JobAttempt(models.Model):
+    """One run of a job on one placement. A requeued job gets a new attempt."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.STARTING)
+    resume = models.BooleanField(default=False, help_text="Starts from the job's last checkpoint.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    end_reason = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="one_attempt_number_per_job")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.number}"
+
+
+class Allocation(models.Model):
+    """An attempt's hold on one GPU. The database forbids two live allocations of one GPU."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    replica = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"], condition=Q(released_at__isnull=True), name="one_live_allocation_per_gpu"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.attempt} on {self.gpu}"
+
+
+class JobEvent(models.Model):
+    """One transition of a job (from, to, who, why), or a notable event without a transition."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_label = models.CharField(max_length=64, help_text="user name, 'scheduler', or an agent's node")
+    reason = models.CharField(max_length=500, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.from_state or '-'} -> {self.to_state or '-'}"

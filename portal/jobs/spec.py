@@ -1,0 +1,209 @@
+"""The job spec: what a user submits, as JSON or YAML (documented in docs/job-spec.md).
+
+This serializer checks the shape of each field and resolves names the caller may use (their
+VCs, flavors, priority classes). Whether the job can ever fit is a domain rule, checked by
+portal.jobs.services.submit_job.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from typing import Any
+
+from rest_framework import serializers
+
+from portal.cluster.models import Flavor, PriorityClass, VirtualCluster
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+RESERVED_ENV_PREFIXES = ("LD_", "NVIDIA_", "GPUPORTAL_")
+RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
+DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
+CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT")
+MAX_REPLICAS = 64
+
+
+def parse_duration(value: Any) -> int:
+    """Seconds from an int or a string like '36h', '1d12h', '90m', '600s'."""
+    if isinstance(value, bool):
+        raise serializers.ValidationError("Give a duration such as 3600, '90m', '36h' or '2d'.")
+    if isinstance(value, int):
+        seconds = value
+    elif isinstance(value, str) and value.strip():
+        match = DURATION_RE.match(value.strip())
+        if not match or not any(match.groups()):
+            raise serializers.ValidationError(
+                f"{value!r} is not a duration such as 3600, '90m', '36h' or '2d'."
+            )
+        d, h, m, s = (int(g) if g else 0 for g in match.groups())
+        seconds = ((d * 24 + h) * 60 + m) * 60 + s
+    else:
+        raise serializers.ValidationError("Give a duration such as 3600, '90m', '36h' or '2d'.")
+    if seconds <= 0:
+        raise serializers.ValidationError("The duration must be positive.")
+    return seconds
+
+
+class DurationField(serializers.Field):
+    def to_internal_value(self, data: Any) -> int:
+        return parse_duration(data)
+
+    def to_representation(self, value: int) -> int:
+        return value
+
+
+class CommandField(serializers.Field):
+    """A list of arguments, or one string run by the shell."""
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        if isinstance(data, str):
+            if not data.strip():
+                raise serializers.ValidationError("The command must not be empty.")
+            return ["sh", "-c", data]
+        if isinstance(data, list) and data and all(isinstance(a, str) for a in data):
+            if len(data) > 1000 or sum(len(a) for a in data) > 65536:
+                raise serializers.ValidationError("The command is too long (at most 64 KiB).")
+            return data
+        raise serializers.ValidationError("Give the command as a string or a non-empty list of strings.")
+
+    def to_representation(self, value: list[str]) -> list[str]:
+        return value
+
+
+class ResourcesSerializer(serializers.Serializer):
+    gpus = serializers.IntegerField(min_value=1, max_value=16)
+    gpu_model = serializers.CharField(max_length=32)
+    cpu = serializers.IntegerField(min_value=1, max_value=512)
+    memory_gb = serializers.IntegerField(min_value=1, max_value=4096)
+
+
+class MountSerializer(serializers.Serializer):
+    name = serializers.SlugField(help_text="A volume an admin allowed for the VC.")
+    path = serializers.CharField(max_length=255, help_text="Where it appears inside the job.")
+    read_only = serializers.BooleanField(default=True)
+
+    def validate_path(self, value: str) -> str:
+        if not value.startswith("/") or ".." in value.split("/"):
+            raise serializers.ValidationError("Give an absolute path without '..'.")
+        return value
+
+
+class RetriesSerializer(serializers.Serializer):
+    limit = serializers.IntegerField(min_value=0, max_value=10, default=0)
+    backoff_seconds = serializers.IntegerField(min_value=0, max_value=86400, default=60)
+    permanent_exit_codes = serializers.ListField(
+        child=serializers.IntegerField(min_value=0, max_value=255),
+        default=list,
+        max_length=64,
+        help_text="Exit codes that mean a retry cannot help; the job fails at once.",
+    )
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, int) and not isinstance(data, bool):
+            data = {"limit": data}
+        return super().to_internal_value(data)
+
+
+class CheckpointSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(default=False)
+    signal = serializers.ChoiceField(choices=CHECKPOINT_SIGNALS, default="SIGUSR1")
+    grace_seconds = serializers.IntegerField(min_value=1, max_value=3600, default=120)
+
+
+class JobSpecSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    vc = serializers.SlugField(help_text="The virtual cluster to queue in.")
+    flavor = serializers.SlugField(required=False, help_text="A flavor name; or give resources.")
+    resources = ResourcesSerializer(required=False, help_text="Per-replica resources, instead of a flavor.")
+    image = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+    command = CommandField()
+    env = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True), default=dict)
+    mounts = MountSerializer(many=True, required=False, default=list)
+    replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, default=1)
+    priority = serializers.SlugField(
+        required=False, help_text="A priority class; default: the cluster's default."
+    )
+    retries = RetriesSerializer(required=False)
+    checkpoint = CheckpointSerializer(required=False)
+    time_limit = DurationField(required=False, help_text="Seconds or '36h'; at most the flavor's limit.")
+
+    def validate_name(self, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise serializers.ValidationError(
+                "Use letters, digits, '.', '_' and '-', starting with a letter or digit."
+            )
+        return value
+
+    def validate_env(self, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 256:
+            raise serializers.ValidationError("At most 256 variables.")
+        for key in value:
+            if not ENV_NAME_RE.match(key):
+                raise serializers.ValidationError(f"{key!r} is not a valid variable name.")
+            if key in RESERVED_ENV_NAMES or key.startswith(RESERVED_ENV_PREFIXES):
+                raise serializers.ValidationError(f"{key} is reserved: the agent sets it.")
+        return value
+
+    def validate_vc(self, value: str) -> VirtualCluster:
+        user = self.context["request"].user
+        vc = VirtualCluster.objects.for_user(user).filter(name=value).select_related("tenant").first()
+        if vc is None:
+            # The same words whether the VC does not exist or belongs to another tenant.
+            raise serializers.ValidationError(f"No virtual cluster named {value!r} that you can submit to.")
+        return vc
+
+    def validate_flavor(self, value: str) -> Flavor:
+        flavor = Flavor.objects.filter(name=value).first()
+        if flavor is None:
+            names = ", ".join(Flavor.objects.values_list("name", flat=True))
+            raise serializers.ValidationError(f"No flavor named {value!r}. Flavors: {names}.")
+        return flavor
+
+    def validate_priority(self, value: str) -> PriorityClass:
+        pc = PriorityClass.objects.filter(name=value).first()
+        if pc is None:
+            names = ", ".join(PriorityClass.objects.values_list("name", flat=True))
+            raise serializers.ValidationError(f"No priority class named {value!r}. Classes: {names}.")
+        return pc
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors: dict[str, str] = {}
+        flavor: Flavor | None = attrs.get("flavor")
+        resources = attrs.get("resources")
+        if flavor is None and resources is None:
+            errors["flavor"] = "Give a flavor or explicit resources."
+        elif flavor is not None and resources is not None:
+            errors["resources"] = "Give a flavor or resources, not both."
+        if (
+            flavor is not None
+            and "time_limit" in attrs
+            and attrs["time_limit"] > flavor.max_runtime_hours * 3600
+        ):
+            errors["time_limit"] = (
+                f"{attrs['time_limit']} s is more than flavor {flavor.name} allows "
+                f"({flavor.max_runtime_hours} h)."
+            )
+        vc: VirtualCluster | None = attrs.get("vc")
+        if vc is not None:
+            allowed = {m.get("name"): m for m in vc.allowed_mounts or []}
+            for mount in attrs.get("mounts", []):
+                allowed_mount = allowed.get(mount["name"])
+                if allowed_mount is None:
+                    errors["mounts"] = f"Volume {mount['name']!r} is not allowed for VC {vc.name}."
+                elif not mount["read_only"] and not allowed_mount.get("writable", False):
+                    errors["mounts"] = f"Volume {mount['name']!r} may only be mounted read-only."
+        if "priority" not in attrs:
+            default = PriorityClass.objects.filter(is_default=True).first()
+            if default is None:
+                errors["priority"] = "Name a priority class: the cluster has no default."
+            attrs["priority"] = default
+        if errors:
+            raise serializers.ValidationError(errors)
+        attrs.setdefault("retries", RetriesSerializer().to_internal_value({}))
+        attrs.setdefault("checkpoint", CheckpointSerializer().to_internal_value({}))
+        return attrs
+
+
+def checkpoint_signal_number(name: str) -> int:
+    return int(getattr(signal, name))

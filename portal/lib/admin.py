@@ -1,0 +1,28 @@
+"""The base for every admin class: each add, change and delete writes an audit entry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+
+from portal.accounts.services import record_audit
+
+
+def tenant_of(obj: Any) -> Any:
+    return getattr(obj, "tenant", None) or getattr(getattr(obj, "virtual_cluster", None), "tenant", None)
+
+
+class AuditedModelAdmin(admin.ModelAdmin):
+    def log_addition(self, request: Any, obj: Any, message: Any) -> Any:
+        record_audit(request.user, "admin.add", obj, tenant=tenant_of(obj), detail=str(message))
+        return super().log_addition(request, obj, message)
+
+    def log_change(self, request: Any, obj: Any, message: Any) -> Any:
+        record_audit(request.user, "admin.change", obj, tenant=tenant_of(obj), detail=str(message))
+        return super().log_change(request, obj, message)
+
+    def log_deletions(self, request: Any, queryset: Any) -> Any:
+        for obj in queryset:
+            record_audit(request.user, "admin.delete", obj, tenant=tenant_of(obj))
+        return super().log_deletions(request, queryset)

@@ -1,0 +1,3 @@
+"""Websocket routes. Agents and browsers each get their own consumers."""
+
+websocket_urlpatterns: list = []

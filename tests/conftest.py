@@ -1,0 +1,166 @@
+"""Shared fixtures: the demo cast and, for integration tests, the live stack.
+
+The cast comes from the demo seed: tenant vision (vision-admin, alice, bob) and tenant speech
+(speech-admin, carol, dave); victor is a viewer in vision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Polls `check` until it returns something truthy; fails the test with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+        except Exception as exc:  # the thing polled may not be up yet
+            last_error = exc
+            result = None
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(
+        f"timed out after {timeout} s waiting for {what}" + (f": {last_error}" if last_error else "")
+    )
+
+
+@pytest.fixture
+def demo(db: Any) -> None:
+    from portal.demo import seed_demo
+
+    seed_demo()
+
+
+@pytest.fixture
+def users(demo: Any) -> dict[str, Any]:
+    from django.contrib.auth.models import User
+
+    from portal.accounts.choices import Role
+    from portal.accounts.models import Membership, Tenant
+
+    victor = User.objects.create_user("victor", password="victor-pass")
+    Membership.objects.create(user=victor, tenant=Tenant.objects.get(name="vision"), role=Role.VIEWER)
+    User.objects.create_user("nobody", password="nobody-pass")
+    return {u.username: u for u in User.objects.all()}
+
+
+@pytest.fixture
+def api_for(users: dict[str, Any]) -> Any:
+    """api_for("alice") -> a DRF APIClient signed in as alice; api_for(None) is anonymous."""
+    from rest_framework.test import APIClient
+
+    def make(username: str | None) -> APIClient:
+        client = APIClient()
+        if username is not None:
+            client.force_authenticate(users[username])
+        return client
+
+    return make
+
+
+SMALL_JOB = {"name": "train-resnet", "vc": "vision", "flavor": "s-A100", "command": "python train.py"}
+
+
+@pytest.fixture
+def small_job() -> dict[str, Any]:
+    return dict(SMALL_JOB)
+
+
+@pytest.fixture(scope="session")
+def live_stack(
+    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: Any
+) -> Iterator[dict[str, Any]]:
+    """A real ASGI server, Celery worker and beat on the test database and this run's Redis."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    database_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    logs = tmp_path_factory.mktemp("live-logs")
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url, "DEBUG": "true", "PYTHONUNBUFFERED": "1"}
+    commands = {
+        "web": [
+            str(VENV_BIN / "uvicorn"),
+            "portal.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--lifespan",
+            "off",
+        ],
+        "worker": [
+            str(VENV_BIN / "celery"),
+            "-A",
+            "portal",
+            "worker",
+            "-l",
+            "info",
+            "--concurrency",
+            "2",
+            "-n",
+            f"test-{port}@%h",
+        ],
+        "beat": [
+            str(VENV_BIN / "celery"),
+            "-A",
+            "portal",
+            "beat",
+            "-l",
+            "info",
+            "-s",
+            str(logs / "beat-schedule"),
+        ],
+    }
+    procs = {}
+    for name, cmd in commands.items():
+        with open(logs / f"{name}.log", "wb") as out:
+            procs[name] = subprocess.Popen(
+                cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+    from portal.celery import app
+
+    try:
+        wait_for(
+            lambda: socket.create_connection(("127.0.0.1", port), 0.5).close() or True, 30, "the ASGI server"
+        )
+        wait_for(lambda: app.control.inspect(timeout=0.5).ping(), 60, "the Celery worker")
+        yield {"http": f"http://127.0.0.1:{port}", "ws": f"ws://127.0.0.1:{port}", "logs": logs, "env": env}
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    """PBKDF2 costs a third of a second per user; the demo cast has nine."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,0 +1,201 @@
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from portal.accounts.models import AuditEntry
+from portal.jobs.models import Job, JobEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_queues_a_valid_job_as_pending_with_a_reason(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    response = api_for("alice").post("/api/v1/jobs/", small_job, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["state"] == "pending"
+    assert body["pending_reason"] == "new"
+    assert body["pending_message"]
+    assert body["gpu_model"] == "A100" and body["gpus_per_replica"] == 2 and body["total_gpus"] == 2
+    assert body["time_limit_s"] == 72 * 3600
+    assert body["priority_class"] == "training"
+    assert body["spec"]["command"] == ["sh", "-c", "python train.py"]
+    job = Job.objects.get(pk=body["id"])
+    assert job.tenant.name == "vision" and job.owner.username == "alice"
+    assert list(job.events.values_list("to_state", flat=True)) == ["pending"]
+    assert AuditEntry.objects.filter(action="job.submit", object_id=str(job.pk)).exists()
+
+
+def test_it_accepts_yaml(api_for) -> None:  # type: ignore[no-untyped-def]
+    spec = {
+        "name": "yaml-job",
+        "vc": "vision",
+        "resources": {"gpus": 4, "gpu_model": "V100", "cpu": 16, "memory_gb": 64},
+        "command": ["python", "train.py", "--epochs", "3"],
+        "env": {"WANDB_MODE": "offline"},
+        "replicas": 2,
+        "priority": "dev",
+        "retries": {"limit": 2, "permanent_exit_codes": [2]},
+        "checkpoint": {"enabled": True, "grace_seconds": 60},
+        "time_limit": "1d12h",
+    }
+    response = api_for("bob").post("/api/v1/jobs/", yaml.safe_dump(spec), content_type="application/yaml")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["replicas"], body["gpus_per_replica"], body["priority"]) == (2, 4, 100)
+    assert body["time_limit_s"] == 36 * 3600
+    assert body["retries_left"] == 2
+    assert body["spec"]["checkpoint"] == {"enabled": True, "signal": "SIGUSR1", "grace_seconds": 60}
+
+
+BAD_SPECS = [
+    ({"name": ""}, "name"),
+    ({"name": "bad name!"}, "name"),
+    ({"vc": "speech"}, "vc"),  # another tenant's VC reads as nonexistent
+    ({"vc": "no-such-vc"}, "vc"),
+    ({"flavor": "xl-H100"}, "flavor"),
+    ({"command": []}, "command"),
+    ({"command": 42}, "command"),
+    ({"replicas": 0}, "replicas"),
+    ({"replicas": 1000}, "replicas"),
+    ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env"),
+    ({"env": {"LD_PRELOAD": "/x.so"}}, "env"),
+    ({"env": {"1BAD": "x"}}, "env"),
+    ({"priority": "urgent"}, "priority"),
+    ({"time_limit": "forever"}, "time_limit"),
+    ({"time_limit": "100h"}, "time_limit"),  # s-A100 allows 72 h
+    ({"mounts": [{"name": "datasets", "path": "/data"}]}, "mounts"),  # not allowed for the VC
+    ({"mounts": [{"name": "datasets", "path": "relative"}]}, "mounts"),
+    ({"retries": {"limit": 50}}, "retries"),
+    ({"checkpoint": {"signal": "SIGKILL"}}, "checkpoint"),
+    ({"flavor": None, "resources": {"gpus": 0, "gpu_model": "A100", "cpu": 1, "memory_gb": 1}}, "resources"),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"), BAD_SPECS, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD_SPECS)]
+)
+def test_a_bad_field_gets_a_field_level_400_and_nothing_is_stored(api_for, small_job, change, field) -> None:  # type: ignore[no-untyped-def]
+    spec = {**small_job, **change}
+    spec = {k: v for k, v in spec.items() if v is not None}
+    response = api_for("alice").post("/api/v1/jobs/", spec, format="json")
+    assert response.status_code == 400
+    assert field in response.json(), response.json()
+    assert response.json()[field]  # a message, not an empty list
+    assert Job.objects.count() == 0
+    assert JobEvent.objects.count() == 0
+
+
+def test_flavor_and_resources_together_are_rejected(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    spec = {**small_job, "resources": {"gpus": 1, "gpu_model": "A100", "cpu": 1, "memory_gb": 1}}
+    response = api_for("alice").post("/api/v1/jobs/", spec, format="json")
+    assert response.status_code == 400 and "resources" in response.json()
+
+
+def test_malformed_yaml_is_a_400(api_for) -> None:  # type: ignore[no-untyped-def]
+    response = api_for("alice").post("/api/v1/jobs/", "name: [unclosed", content_type="application/yaml")
+    assert response.status_code == 400
+    assert "YAML" in response.json()["detail"]
+
+
+NEVER_FITS = [
+    # vision may hold at most 8 + 8 A100
+    ({"flavor": "l-A100", "replicas": 3}, "replicas", "may hold at most 16"),
+    # no node has 16 A100
+    ({"flavor": "f-A100"}, "resources", "largest node has 8"),
+    # 2 A100 nodes hold at most 2 replicas of 8
+    (
+        {"resources": {"gpus": 8, "gpu_model": "A100", "cpu": 8, "memory_gb": 8}, "replicas": 3},
+        "replicas",
+        "may hold",
+    ),
+    ({"resources": {"gpus": 1, "gpu_model": "H100", "cpu": 8, "memory_gb": 8}}, "vc", "no quota for H100"),
+    (
+        {"resources": {"gpus": 1, "gpu_model": "A100", "cpu": 500, "memory_gb": 8}},
+        "resources",
+        "largest node has 256",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "field", "words"), NEVER_FITS, ids=[w for _, _, w in NEVER_FITS])
+def test_a_job_that_can_never_fit_is_rejected_with_why(api_for, small_job, change, field, words) -> None:  # type: ignore[no-untyped-def]
+    spec = {**small_job, **change}
+    if "resources" in change:
+        spec.pop("flavor")
+    response = api_for("alice").post("/api/v1/jobs/", spec, format="json")
+    assert response.status_code == 400, response.json()
+    assert words in " ".join(response.json()[field])
+    assert Job.objects.count() == 0
+
+
+def test_a_gang_that_the_cluster_cannot_hold_names_the_shape(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    from portal.cluster.models import Quota
+
+    Quota.objects.filter(virtual_cluster__name="vision", gpu_model="A100").update(
+        guaranteed=16, borrow_limit=16
+    )
+    spec = {**small_job, "flavor": "l-A100", "replicas": 3}
+    response = api_for("alice").post("/api/v1/jobs/", spec, format="json")
+    assert response.status_code == 400
+    assert response.json()["replicas"] == [
+        "The gang needs 3 replicas of 8 A100; the cluster's nodes can hold at most 2 such replicas."
+    ]
+
+
+def test_viewers_cannot_submit(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    response = api_for("victor").post("/api/v1/jobs/", small_job, format="json")
+    assert response.status_code == 403
+    assert Job.objects.count() == 0
+
+
+def test_list_filters_and_pagination(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    alice, bob = api_for("alice"), api_for("bob")
+    for i in range(3):
+        assert alice.post("/api/v1/jobs/", {**small_job, "name": f"a{i}"}, format="json").status_code == 201
+    assert bob.post("/api/v1/jobs/", {**small_job, "name": "b0"}, format="json").status_code == 201
+    mine = alice.get("/api/v1/jobs/?owner=me").json()
+    assert mine["count"] == 3
+    everyone = alice.get("/api/v1/jobs/?limit=2").json()
+    assert everyone["count"] == 4 and len(everyone["results"]) == 2 and everyone["next"]
+    assert alice.get("/api/v1/jobs/?owner=bob").json()["count"] == 1
+    assert alice.get("/api/v1/jobs/?q=a1").json()["results"][0]["name"] == "a1"
+    assert alice.get("/api/v1/jobs/?state=running").json()["count"] == 0
+    assert alice.get("/api/v1/jobs/?state=pending&vc=vision").json()["count"] == 4
+    assert alice.get("/api/v1/jobs/?state=bogus").status_code == 400
+
+
+def test_cancel_and_events(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    alice = api_for("alice")
+    job_id = alice.post("/api/v1/jobs/", small_job, format="json").json()["id"]
+    # bob (same tenant, member) may read but not cancel alice's job; the tenant admin may
+    assert api_for("bob").post(f"/api/v1/jobs/{job_id}/cancel/").status_code == 403
+    response = alice.post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert response.status_code == 200 and response.json()["state"] == "cancelled"
+    assert alice.post(f"/api/v1/jobs/{job_id}/cancel/").status_code == 409
+    events = alice.get(f"/api/v1/jobs/{job_id}/events/").json()["results"]
+    assert [(e["from_state"], e["to_state"], e["actor_label"]) for e in events] == [
+        ("", "pending", "alice"),
+        ("pending", "cancelled", "alice"),
+    ]
+    other = alice.post("/api/v1/jobs/", small_job, format="json").json()["id"]
+    assert api_for("vision-admin").post(f"/api/v1/jobs/{other}/cancel/").status_code == 200
+
+
+def test_cancelling_a_running_job_frees_its_gpus(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    from django.db import transaction
+
+    from portal.cluster.models import Gpu
+    from portal.jobs.models import Allocation, JobAttempt
+    from portal.jobs.services import transition_job
+
+    job = Job.objects.get(pk=api_for("alice").post("/api/v1/jobs/", small_job, format="json").json()["id"])
+    attempt = JobAttempt.objects.create(job=job, number=1)
+    for gpu in Gpu.objects.filter(node__name="a100-node-1")[:2]:
+        Allocation.objects.create(attempt=attempt, gpu=gpu, node=gpu.node)
+    with transaction.atomic():
+        transition_job(job, "scheduled", label="scheduler")
+    assert api_for("alice").post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 200
+    assert not Allocation.objects.filter(attempt__job=job, released_at__isnull=True).exists()
+    attempt.refresh_from_db()
+    assert attempt.state == "stopped" and attempt.ended_at is not None
