@@ -27,7 +27,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from scheduler.core.estimate import estimate_starts
-from scheduler.core.framework import SUCCESS, Code, CycleContext, QueueSortPlugin, Status
+from scheduler.core.framework import (
+    SUCCESS,
+    Code,
+    CycleContext,
+    PreemptionHorizonPlugin,
+    QueueSortPlugin,
+    Status,
+)
 from scheduler.core.plugins.admission import borrowed_gpus, model_label
 from scheduler.core.profile import PluginSet, Profile
 from scheduler.core.registry import build_plugin
@@ -80,7 +87,10 @@ def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     # 7. Post-cycle hooks.
     wake_times = [t for t in (p.wake_at(ctx) for p in plugins.post_cycle) if t is not None and t > now]
     # 8. Reasons and estimated starts for everything that did not start.
-    estimates = estimate_starts(ctx, queue, run.started, run.waiting, holds, profile.cycle, run.released)
+    horizons = [p for p in plugins.preemption if isinstance(p, PreemptionHorizonPlugin)]
+    estimates = estimate_starts(
+        ctx, queue, run.started, run.waiting, holds, profile.cycle, run.released, horizons
+    )
     pending = tuple(
         PendingStatus(
             job.id,
@@ -192,9 +202,14 @@ class _CycleRun:
         failures: list[tuple[str, Status]] = []
         for model in models:
             status = self._admit(job, model)
-            if status.ok and self.reservation is not None and self.plugins.backfill is not None:
-                if not self.plugins.backfill.allows(job, model, self.reservation, self.ctx):
-                    status = self._held_status(job)
+            backfill = self.plugins.backfill
+            if (
+                status.ok
+                and self.reservation is not None
+                and backfill is not None
+                and not backfill.allows(job, model, self.reservation, self.ctx)
+            ):
+                status = self._held_status(job)
             if status.ok:
                 borrowed = borrowed_gpus(self.state, job.vc, self._quota_model(job, model), job.gpus)
                 statement = Statement(self.state)

@@ -17,12 +17,12 @@ import bisect
 import heapq
 from collections.abc import Mapping, Sequence
 
-from scheduler.core.framework import CycleContext
+from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
 from scheduler.core.plugins.backfill import running_end
 from scheduler.core.plugins.queue_sort import expected_runtime
 from scheduler.core.profile import CycleSettings
 from scheduler.core.state import GpuHold
-from scheduler.core.types import ANY_MODEL, PendingJob
+from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob
 
 
 def estimate_starts(
@@ -33,41 +33,46 @@ def estimate_starts(
     holds: Mapping[str, list[GpuHold]],
     settings: CycleSettings,
     released: set[str] | None = None,
+    horizons: Sequence[PreemptionHorizonPlugin] = (),
 ) -> dict[str, float | None]:
+    """Estimated start per pending job id (None when it cannot start on this cluster).
+
+    With preemption in the profile, a running job stops counting as an obstacle for a pending
+    job from the moment the job could preempt it (`yields_at`), e.g. when a LAS victim's
+    service crosses into a lower queue. Jobs with the same horizon key share one pass."""
     now, state = ctx.now, ctx.state
     default_s = settings.default_runtime_s
-    free = dict(state.free_total)
-    releases: list[tuple[float, int, str, int, str]] = []  # (time, seq, model, gpus, vc)
-    vc_releases: dict[str, list[tuple[float, int]]] = {}
-    seq = 0
-
-    def push(at: float, model: str, gpus: int, vc: str) -> None:
-        nonlocal seq
-        seq += 1
-        releases.append((at, seq, model, gpus, vc))
-        vc_releases.setdefault(vc, []).append((at, gpus))
-
     released = released or set()
+    free_now = dict(state.free_total)
+    vc_used_now = {vc: state.vc_used(vc, "*") for vc in state.quotas}
+    # Releases that do not depend on who is asking: jobs stopping, started or about to start
+    # in this cycle, and the bookings of jobs estimated earlier in the queue.
+    fixed: list[tuple[float, str, int, str]] = []
+    running: list[tuple[RunningJob, float]] = []
     for job in ctx.snapshot.running:
         if job.id in released:
             continue
-        end = now + settings.grace_period_s if job.stopping else running_end(job, now, default_s)
-        for hold in holds.get(job.id, ()):
-            push(end, hold.model, len(hold.gpu_indices), job.vc)
+        if job.stopping:
+            for hold in holds.get(job.id, ()):
+                fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), job.vc))
+        else:
+            running.append((job, running_end(job, now, default_s)))
     by_id = {job.id: job for job in queue}
     for job_id, model in started.items():
         job = by_id[job_id]
-        push(now + _remaining(job, default_s), model, job.gpus, job.vc)
+        fixed.append((now + _remaining(job, default_s), model, job.gpus, job.vc))
     for job_id, (at, model) in waiting.items():
         job = by_id[job_id]
-        push(at + _remaining(job, default_s), model, job.gpus, job.vc)
-    heapq.heapify(releases)
-    for entries in vc_releases.values():
-        entries.sort()
+        fixed.append((at + _remaining(job, default_s), model, job.gpus, job.vc))
 
-    vc_used = {vc: state.vc_used(vc, "*") for vc in state.quotas}
     estimates: dict[str, float | None] = {}
+    segment: tuple[tuple[float, ...], ...] | None = None
+    releases: list[tuple[float, int, str, int, str]] = []
+    vc_releases: dict[str, list[tuple[float, int]]] = {}
+    free: dict[str, int] = {}
+    vc_used: dict[str, int] = {}
     cursor = now
+    seq = 0
     for job in queue:
         if job.id in started:
             continue
@@ -83,6 +88,28 @@ def estimate_starts(
         ):
             estimates[job.id] = None
             continue
+        key = tuple(h.horizon_key(job, ctx) for h in horizons)
+        if key != segment:
+            # A new pass: release times of running jobs as seen by this kind of job.
+            segment = key
+            entries = [
+                (_release_for(job, r, end, ctx, horizons, settings), hold.model, len(hold.gpu_indices), r.vc)
+                for r, end in running
+                for hold in holds.get(r.id, ())
+            ]
+            entries.extend(fixed)
+            releases = []
+            vc_releases = {}
+            for at, rmodel, gpus, vc in entries:
+                seq += 1
+                releases.append((at, seq, rmodel, gpus, vc))
+                vc_releases.setdefault(vc, []).append((at, gpus))
+            heapq.heapify(releases)
+            for entries_of_vc in vc_releases.values():
+                entries_of_vc.sort()
+            free = dict(free_now)
+            vc_used = dict(vc_used_now)
+            cursor = now
         while free.get(model, 0) < need and releases:
             at, _, rmodel, gpus, vc = heapq.heappop(releases)
             cursor = max(cursor, at)
@@ -103,14 +130,41 @@ def estimate_starts(
                 start, _quota_time(vc_releases.get(job.vc, []), vc_used.get(job.vc, 0), need, limit, start)
             )
         estimates[job.id] = start
+        end = start + _remaining(job, default_s)
+        # Book the job in this pass and for every later pass (as held from now to its end,
+        # which errs late but keeps later jobs from double-counting its GPUs).
         free[model] -= need
+        free_now[model] = free_now.get(model, 0) - need
         if job.vc in vc_used:
             vc_used[job.vc] += need
-        end = start + _remaining(job, default_s)
+            vc_used_now[job.vc] = vc_used_now.get(job.vc, 0) + need
+        fixed.append((end, model, need, job.vc))
         seq += 1
         heapq.heappush(releases, (end, seq, model, need, job.vc))
         bisect.insort(vc_releases.setdefault(job.vc, []), (end, need))
     return estimates
+
+
+def _release_for(
+    job: PendingJob,
+    victim: RunningJob,
+    end: float,
+    ctx: CycleContext,
+    horizons: Sequence[PreemptionHorizonPlugin],
+    settings: CycleSettings,
+) -> float:
+    """When `victim`'s GPUs become available to `job`: its expected end, or earlier if the
+    job may preempt it (the same common rules as the cycle's victim search)."""
+    if not horizons or not victim.preemptible:
+        return end
+    if victim.vc != job.vc and ctx.borrowed_gpus.get(victim.id, 0) <= 0:
+        return end
+    best = end
+    for horizon in horizons:
+        at = horizon.yields_at(job, victim, ctx)
+        if at is not None:
+            best = min(best, max(at, victim.started_at + settings.min_runtime_s))
+    return best
 
 
 def _remaining(job: PendingJob, default_s: float) -> float:

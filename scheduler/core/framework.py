@@ -125,3 +125,14 @@ class BackfillPlugin(Protocol):
     ) -> Any: ...
 
     def allows(self, job: PendingJob, model: str, reservation: Any, ctx: CycleContext) -> bool: ...
+
+
+@runtime_checkable
+class PreemptionHorizonPlugin(Protocol):
+    """Optional companion of a preemption plugin, used only for estimated starts: from when on
+    would `job` be allowed to preempt `victim` (None = never)? Jobs with the same
+    `horizon_key` get the same answers, which lets the estimator share one forward pass."""
+
+    def horizon_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]: ...
+
+    def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None: ...

@@ -58,6 +58,12 @@ class PriorityClass:
     def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
         return "priority" if preemptor.priority > victim.priority else None
 
+    def horizon_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
+        return (float(job.priority),)
+
+    def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
+        return ctx.now if job.priority > victim.priority else None
+
 
 class DiscretizedLas:
     """Tiresias' discretized two-dimensional least-attained-service (2D-LAS).
@@ -118,6 +124,23 @@ class DiscretizedLas:
         if self.pending_level(preemptor, ctx.now) < self.running_level(victim):
             return "las"
         return None
+
+    def horizon_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
+        return (float(job.priority), float(self.pending_level(job, ctx.now)))
+
+    def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
+        """When the victim's service crosses into a queue behind the job's: now if it already
+        has, else when it reaches the job's queue threshold at its current rate."""
+        if job.priority < victim.priority:
+            return None
+        level = self.pending_level(job, ctx.now)
+        if level < self.running_level(victim):
+            return ctx.now
+        if level >= len(self.thresholds):
+            return None
+        rate = float(victim.gpus) if self.service == "gpu_time" else 1.0
+        service = self.service_of(victim.attained_gpu_s, victim.gpus)
+        return ctx.now + max(self.thresholds[level] - service, 0.0) / max(rate, 1e-9)
 
     def wake_at(self, ctx: CycleContext) -> float | None:
         if not self._pending:
