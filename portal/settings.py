@@ -143,8 +143,13 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ALWAYS_EAGER = False
 
+CELERY_BEAT_SCHEDULE = {
+    "check-node-heartbeats": {"task": "portal.cluster.tasks.check_node_heartbeats", "schedule": 10.0},
+}
+
 # Domain settings.
 API_TOKEN_DEFAULT_DAYS = env_int("API_TOKEN_DEFAULT_DAYS", 90)
+NODE_SILENT_AFTER_S = env_int("NODE_SILENT_AFTER_S", 30)
 
 LOGGING = {
     "version": 1,

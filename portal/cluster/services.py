@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import models, transaction
@@ -44,3 +45,15 @@ def set_node_state(node: Node, action: str, actor: Any, reason: str = "") -> Nod
     node.state, node.state_reason = state, reason or default_reason
     record_audit(actor, f"node.{action}", node, detail=reason)
     return node
+
+
+def mark_silent_nodes_not_ready(now: datetime, silent_after_s: int) -> list[str]:
+    """Ready nodes whose agent has not sent a heartbeat for `silent_after_s` become not-ready, so
+    the scheduler stops placing work there. Returns their names; running it again changes nothing."""
+    cutoff = now - timedelta(seconds=silent_after_s)
+    silent = Node.objects.filter(state=NodeState.READY).filter(
+        models.Q(last_heartbeat_at__lt=cutoff) | models.Q(last_heartbeat_at__isnull=True)
+    )
+    names = list(silent.values_list("name", flat=True))
+    silent.update(state=NodeState.NOT_READY, state_reason=f"no heartbeat for {silent_after_s} s")
+    return names

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from portal.accounts.models import AuditEntry
+from portal.cluster.models import Node, Quota
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client_(users) -> Client:  # type: ignore[no-untyped-def]
+    client = Client()
+    client.force_login(users["admin"])
+    return client
+
+
+ADMIN_PAGES = [
+    "/admin/accounts/tenant/",
+    "/admin/accounts/membership/",
+    "/admin/accounts/apitoken/",
+    "/admin/accounts/auditentry/",
+    "/admin/cluster/virtualcluster/",
+    "/admin/cluster/quota/",
+    "/admin/cluster/flavor/",
+    "/admin/cluster/priorityclass/",
+    "/admin/cluster/node/",
+    "/admin/cluster/gpu/",
+    "/admin/jobs/job/",
+    "/admin/auth/user/",
+]
+
+
+@pytest.mark.parametrize("url", ADMIN_PAGES)
+def test_cluster_admins_see_every_admin_page(admin_client_, url) -> None:  # type: ignore[no-untyped-def]
+    assert admin_client_.get(url).status_code == 200
+
+
+@pytest.mark.parametrize("username", ["vision-admin", "alice", "carol"])
+def test_tenant_users_are_kept_out_of_django_admin(users, username) -> None:  # type: ignore[no-untyped-def]
+    client = Client()
+    client.force_login(users[username])
+    response = client.get("/admin/jobs/job/")
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_quota_list_shows_use_against_guarantee_and_borrow_limit(admin_client_, api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    from portal.cluster.models import Gpu
+    from portal.jobs.models import Allocation, Job, JobAttempt
+
+    job = Job.objects.get(pk=api_for("alice").post("/api/v1/jobs/", small_job, format="json").json()["id"])
+    attempt = JobAttempt.objects.create(job=job, number=1)
+    for gpu in Gpu.objects.filter(node__name="a100-node-1")[:2]:
+        Allocation.objects.create(attempt=attempt, gpu=gpu, node=gpu.node)
+    page = admin_client_.get("/admin/cluster/quota/").content.decode()
+    assert "2 / 8 + 8" in page  # vision A100
+    assert "0 / 8 + 4" in page  # vision V100, speech V100
+    quota = Quota.objects.get(virtual_cluster__name="vision", gpu_model="A100")
+    assert "2 / 8 + 8" in admin_client_.get(f"/admin/cluster/quota/{quota.pk}/change/").content.decode()
+    vc = api_for("alice").get("/api/v1/virtual-clusters/vision/").json()
+    assert {q["gpu_model"]: q["in_use"] for q in vc["quotas"]} == {"A100": 2, "V100": 0}
+
+
+def test_every_admin_change_writes_an_audit_entry(admin_client_) -> None:  # type: ignore[no-untyped-def]
+    quota = Quota.objects.get(virtual_cluster__name="vision", gpu_model="A100")
+    response = admin_client_.post(
+        f"/admin/cluster/quota/{quota.pk}/change/",
+        {
+            "virtual_cluster": quota.virtual_cluster_id,
+            "gpu_model": "A100",
+            "guaranteed": 12,
+            "borrow_limit": 4,
+        },
+    )
+    assert response.status_code == 302
+    quota.refresh_from_db()
+    assert (quota.guaranteed, quota.borrow_limit) == (12, 4)
+    entry = AuditEntry.objects.get(action="admin.change", object_id=str(quota.pk))
+    assert entry.actor.username == "admin" and entry.tenant.name == "vision"
+    assert "Guaranteed" in entry.detail
+
+    response = admin_client_.post(
+        "/admin/cluster/flavor/add/",
+        {
+            "name": "xs-A100",
+            "gpu_model": "A100",
+            "gpus": 1,
+            "cpu": 8,
+            "memory_gb": 64,
+            "max_runtime_hours": 4,
+        },
+    )
+    assert response.status_code == 302
+    assert AuditEntry.objects.filter(action="admin.add", object_repr="xs-A100").exists()
+
+
+@pytest.mark.parametrize(("action", "state"), [("cordon", "cordoned"), ("drain", "draining")])
+def test_node_actions_change_state_and_are_audited(admin_client_, action, state) -> None:  # type: ignore[no-untyped-def]
+    node = Node.objects.get(name="v100-node-1")
+    response = admin_client_.post(
+        "/admin/cluster/node/", {"action": action, "_selected_action": [node.pk], "index": 0}
+    )
+    assert response.status_code == 302
+    node.refresh_from_db()
+    assert node.state == state
+    assert AuditEntry.objects.filter(action=f"node.{action}", object_id=str(node.pk)).exists()
+    admin_client_.post(
+        "/admin/cluster/node/", {"action": "uncordon", "_selected_action": [node.pk], "index": 0}
+    )
+    node.refresh_from_db()
+    assert node.state == "not-ready"  # no agent has said hello yet
+
+
+def test_the_audit_log_is_read_only(admin_client_) -> None:  # type: ignore[no-untyped-def]
+    entry = AuditEntry.objects.create(action="test")
+    assert admin_client_.get("/admin/accounts/auditentry/add/").status_code == 403
+    admin_client_.post(f"/admin/accounts/auditentry/{entry.pk}/change/", {"action": "edited"})
+    admin_client_.post(f"/admin/accounts/auditentry/{entry.pk}/delete/", {"post": "yes"})
+    entry.refresh_from_db()
+    assert entry.action == "test"

@@ -1,0 +1,152 @@
+"""Walks every API route and action as the job's owner, a member of the same tenant, a viewer,
+a user of another tenant and an anonymous caller. A new route fails this test until it is added."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+
+pytestmark = pytest.mark.django_db
+
+ROLES = [
+    "alice",
+    "bob",
+    "victor",
+    "carol",
+    None,
+]  # owner, same-tenant member, viewer, other tenant, anonymous
+
+# (method, route, {role: expected status}); {job}, {token}, {flavor}, {pc} are filled in per test.
+CASES: list[tuple[str, str, dict[str | None, int]]] = [
+    ("get", "/api/v1/jobs/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("post", "/api/v1/jobs/", {"alice": 201, "bob": 201, "victor": 403, "carol": 400, None: 401}),
+    ("get", "/api/v1/jobs/{job}/", {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401}),
+    ("get", "/api/v1/jobs/{job}/events/", {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401}),
+    (
+        "post",
+        "/api/v1/jobs/{job}/cancel/",
+        {"alice": 200, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
+    ("get", "/api/v1/virtual-clusters/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    (
+        "get",
+        "/api/v1/virtual-clusters/vision/",
+        {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401},
+    ),
+    ("get", "/api/v1/flavors/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("get", "/api/v1/flavors/{flavor}/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("get", "/api/v1/priority-classes/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    (
+        "get",
+        "/api/v1/priority-classes/{pc}/",
+        {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401},
+    ),
+    ("get", "/api/v1/nodes/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("get", "/api/v1/nodes/a100-node-1/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("get", "/api/v1/tokens/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("post", "/api/v1/tokens/", {"alice": 201, "bob": 201, "victor": 201, "carol": 201, None: 401}),
+    ("get", "/api/v1/tokens/{token}/", {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401}),
+    ("delete", "/api/v1/tokens/{token}/", {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401}),
+    ("get", "/api/v1/me/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("get", "/api/v1/schema/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 200}),
+    ("get", "/api/v1/docs/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 200}),
+]
+
+BODIES = {
+    "/api/v1/jobs/": {"name": "x", "vc": "vision", "flavor": "s-A100", "command": "true"},
+    "/api/v1/tokens/": {"name": "ci"},
+}
+
+
+@pytest.fixture
+def objects(api_for: Any, small_job: dict[str, Any]) -> dict[str, Any]:
+    from portal.cluster.models import Flavor, PriorityClass
+
+    job = api_for("alice").post("/api/v1/jobs/", small_job, format="json").json()["id"]
+    token = api_for("alice").post("/api/v1/tokens/", {"name": "laptop"}, format="json").json()["id"]
+    return {
+        "job": job,
+        "token": token,
+        "flavor": Flavor.objects.first().pk,
+        "pc": PriorityClass.objects.first().pk,
+    }
+
+
+def case_id(case: tuple[str, str, Any]) -> str:
+    return f"{case[0].upper()} {case[1]}"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r or "anonymous" for r in ROLES])
+@pytest.mark.parametrize(("method", "route", "expected"), CASES, ids=[case_id(c) for c in CASES])
+def test_every_route_answers_each_role_as_expected(api_for, objects, role, method, route, expected) -> None:  # type: ignore[no-untyped-def]
+    url = route.format(**objects)
+    response = getattr(api_for(role), method)(url, BODIES.get(route), format="json")
+    assert response.status_code == expected[role], (url, role, response.content[:300])
+
+
+def test_other_tenants_see_nothing_of_vision_in_lists(api_for, objects) -> None:  # type: ignore[no-untyped-def]
+    carol = api_for("carol")
+    assert carol.get("/api/v1/jobs/").json()["count"] == 0
+    assert [vc["name"] for vc in carol.get("/api/v1/virtual-clusters/").json()["results"]] == ["speech"]
+    assert carol.get(f"/api/v1/jobs/?q={objects['job']}").json()["count"] == 0
+    assert carol.get("/api/v1/tokens/").json()["count"] == 0
+    # A job id of another tenant answers exactly like an id that does not exist.
+    missing = carol.get("/api/v1/jobs/999999/")
+    foreign = carol.get(f"/api/v1/jobs/{objects['job']}/")
+    assert (missing.status_code, missing.json()) == (foreign.status_code, foreign.json())
+    # Submitting to another tenant's VC reads the same as a VC that does not exist.
+    spec = {"name": "x", "flavor": "s-A100", "command": "true"}
+    foreign_vc = carol.post("/api/v1/jobs/", {**spec, "vc": "vision"}, format="json").json()["vc"][0]
+    missing_vc = carol.post("/api/v1/jobs/", {**spec, "vc": "nope"}, format="json").json()["vc"][0]
+    assert foreign_vc.replace("'vision'", "X") == missing_vc.replace("'nope'", "X")
+
+
+def test_node_listing_shows_allocation_but_not_whose(api_for, objects) -> None:  # type: ignore[no-untyped-def]
+    node = api_for("carol").get("/api/v1/nodes/a100-node-1/").json()
+    assert set(node["gpus"][0]) >= {"uuid", "model", "allocated", "healthy"}
+    assert not any(key in node["gpus"][0] for key in ("job", "owner", "tenant"))
+
+
+def api_routes() -> set[str]:
+    """Every route under /api/v1/ as a pattern string, taken from the URL resolver."""
+    found: set[str] = set()
+
+    def walk(patterns: Any, prefix: str) -> None:
+        for p in patterns:
+            if isinstance(p, URLResolver):
+                walk(p.url_patterns, prefix + str(p.pattern))
+            elif isinstance(p, URLPattern):
+                found.add(prefix + str(p.pattern))
+
+    walk(get_resolver().url_patterns, "")
+    return {r for r in found if r.startswith("api/v1/") and "format" not in r}
+
+
+def test_the_table_covers_every_api_route() -> None:
+    import re
+
+    def normalise(route: str) -> str:
+        route = route.replace("^", "").replace("$", "")
+        return re.sub(r"\(\?P<[^>]+>[^)]*\)|<[^>]+>", "{}", route)
+
+    covered = {normalise(re.sub(r"\{[a-z]+\}|vision|a100-node-1", "{}", c[1].lstrip("/"))) for c in CASES}
+    missing = {normalise(r) for r in api_routes()} - covered
+    assert not missing, f"routes without an isolation case: {sorted(missing)}"
+
+
+def test_session_auth_requires_csrf(users) -> None:  # type: ignore[no-untyped-def]
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(users["alice"])
+    spec = {"name": "x", "vc": "vision", "flavor": "s-A100", "command": "true"}
+    assert client.post("/api/v1/jobs/", spec, content_type="application/json").status_code == 403
+    client.get("/api/v1/me/")  # any page; the CSRF cookie comes from get_token below
+    from django.middleware.csrf import _get_new_csrf_string
+
+    token = _get_new_csrf_string()
+    client.cookies["csrftoken"] = token
+    response = client.post("/api/v1/jobs/", spec, content_type="application/json", HTTP_X_CSRFTOKEN=token)
+    assert response.status_code == 201
