@@ -201,7 +201,9 @@ class _CycleRun:
             models = [job.gpu_model]
         failures: list[tuple[str, Status]] = []
         for model in models:
-            status = self._admit(job, model)
+            status = self._never_fits(job, model)
+            if status.ok:
+                status = self._admit(job, model)
             backfill = self.plugins.backfill
             if (
                 status.ok
@@ -284,19 +286,30 @@ class _CycleRun:
 
     # -- placement ---------------------------------------------------------------------
 
+    def _never_fits(self, job: PendingJob, model: str) -> Status:
+        """A job wider than every usable GPU of the model (or than any node) cannot start
+        whatever happens to quotas or other jobs; say so before anything else."""
+        state = self.state
+        capacity = state.capacity_total.get(model, 0)
+        if capacity >= job.gpus and state.max_node_gpus(model) >= job.gpus_per_replica:
+            return SUCCESS
+        label = model_label(model)
+        return Status(
+            Code.UNRESOLVABLE,
+            ReasonCode.NO_MATCHING_GPU,
+            f"needs {job.replicas}x{job.gpus_per_replica} {label}; the cluster has {capacity} usable "
+            f"{label}, at most {state.max_node_gpus(model)} per node",
+        )
+
     def _place(self, job: PendingJob, model: str, statement: Statement) -> Status:
         """Gang placement: every replica reserved through `statement`, or none (discarded)."""
         state = self.state
         per_replica, replicas, need = job.gpus_per_replica, job.replicas, job.gpus
         label = model_label(model)
         capacity = state.capacity_total.get(model, 0)
-        if capacity < need or state.max_node_gpus(model) < per_replica:
-            return Status(
-                Code.UNRESOLVABLE,
-                ReasonCode.NO_MATCHING_GPU,
-                f"needs {replicas}x{per_replica} {label}; the cluster has {capacity} usable {label}, "
-                f"at most {state.max_node_gpus(model)} per node",
-            )
+        never = self._never_fits(job, model)
+        if not never.ok:
+            return never
         free = state.free_total.get(model, 0)
         if free < need:
             return Status(

@@ -54,32 +54,37 @@ def affinity_level(node: NodeSlot, gpus: Iterable[int]) -> int:
 
 
 def choose_by_topology(free: set[int], node: NodeSlot, count: int) -> tuple[int, ...] | None:
-    """Gandiva-style choice: the tightest domain that holds `count` free GPUs, and among
-    domains of one kind the one with the fewest free GPUs (best fit), so larger free domains
-    stay whole for larger jobs."""
-    if count > len(free):
+    """Gandiva-style choice: the tightest domain that holds `count` free GPUs (NVLink group,
+    then PCIe switch, then NUMA node), refined inside it the same way; among domains of one
+    kind the one with the fewest free GPUs wins (best fit), so larger free domains stay whole
+    for larger jobs."""
+    if count > len(free) or count <= 0:
         return None
-    ordered = sorted(free)
-    if count == len(ordered):
-        return tuple(ordered)
-    for attr in ("nvlink_group", "pcie_switch", "numa_node"):
+    return _tightest(sorted(free), node, count, ("nvlink_group", "pcie_switch", "numa_node"))
+
+
+def _tightest(members: list[int], node: NodeSlot, count: int, attrs: tuple[str, ...]) -> tuple[int, ...]:
+    if count == len(members):
+        return tuple(members)
+    for depth, attr in enumerate(attrs):
         domains: dict[int, list[int]] = {}
-        for i in ordered:
+        for i in members:
             domains.setdefault(getattr(node.gpus[i], attr), []).append(i)
-        fitting = [(len(members), key) for key, members in domains.items() if len(members) >= count]
+        if len(domains) == 1:
+            continue  # every member shares this domain: look at a finer one
+        fitting = [(len(m), key) for key, m in domains.items() if len(m) >= count]
         if fitting:
             _, key = min(fitting)
-            return tuple(domains[key][:count])
-    # Spans domains: fill from the fullest NVLink groups so the fewest groups are split.
-    groups: dict[int, list[int]] = {}
-    for i in ordered:
-        groups.setdefault(node.gpus[i].nvlink_group, []).append(i)
-    chosen: list[int] = []
-    for _, key in sorted((-len(m), k) for k, m in groups.items()):
-        chosen.extend(groups[key][: count - len(chosen)])
-        if len(chosen) == count:
-            break
-    return tuple(sorted(chosen))
+            return _tightest(domains[key], node, count, attrs[depth + 1 :])
+        if depth == 0:
+            # Spans NVLink groups: fill from the fullest groups so the fewest are split.
+            chosen: list[int] = []
+            for _, k in sorted((-len(m), k) for k, m in domains.items()):
+                chosen.extend(domains[k][: count - len(chosen)])
+                if len(chosen) == count:
+                    break
+            return tuple(sorted(chosen))
+    return tuple(members[:count])
 
 
 class TopologyChooser:

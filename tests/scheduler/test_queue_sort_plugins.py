@@ -1,0 +1,139 @@
+"""Table tests for the queue-sort plugins, through the cycle's own ordering step."""
+
+from __future__ import annotations
+
+import pytest
+from sched_builders import Snap, profile
+
+from scheduler.core import decide
+from scheduler.core.cycle import order_queue
+from scheduler.core.framework import CycleContext
+from scheduler.core.state import build_state
+
+
+def queue_ids(snap: Snap, now: float = 1000.0, **plugins: object) -> list[str]:
+    p = profile(**plugins)
+    snapshot = snap.build()
+    state, _ = build_state(snapshot)
+    ctx = CycleContext(snapshot, now, state, {j.id: j for j in snapshot.running}, {})
+    built = p.build()
+    for plugin in built.by_name.values():
+        prepare = getattr(plugin, "prepare", None)
+        if prepare:
+            prepare(ctx)
+    return [j.id for j in order_queue(snapshot.pending, built, ctx, p)]
+
+
+CASES = [
+    pytest.param(
+        Snap().node("n0").pending("late", submitted_at=20).pending("early", submitted_at=10),
+        {"queue_sort": ["fifo"]},
+        ["early", "late"],
+        id="fifo-by-submission",
+    ),
+    pytest.param(
+        Snap()
+        .node("n0")
+        .pending("dev", submitted_at=1, priority=100)
+        .pending("prod", submitted_at=5, priority=1000),
+        {"queue_sort": ["priority", "fifo"]},
+        ["prod", "dev"],
+        id="priority-class-before-arrival",
+    ),
+    pytest.param(
+        Snap()
+        .node("n0")
+        .pending("served", submitted_at=1, attained_gpu_s=7200)
+        .pending("fresh", submitted_at=5)
+        .pending("a-little", submitted_at=2, attained_gpu_s=100),
+        {"queue_sort": ["las", "fifo"], "plugin_args": {"las": {"thresholds": [3600]}}},
+        ["a-little", "fresh", "served"],
+        id="las-queue-0-before-queue-1-fifo-inside",
+    ),
+    pytest.param(
+        Snap()
+        .node("n0")
+        .pending("wide", gpus_=8, submitted_at=1, attained_gpu_s=8 * 600)
+        .pending("narrow", gpus_=1, submitted_at=2, attained_gpu_s=600),
+        {
+            "queue_sort": ["las", "fifo"],
+            "plugin_args": {"las": {"thresholds": [1000], "service": "gpu_time"}},
+        },
+        ["narrow", "wide"],
+        id="las-2d-counts-gpu-time",
+    ),
+    pytest.param(
+        Snap()
+        .node("n0")
+        .pending("wide", gpus_=8, submitted_at=1, attained_gpu_s=8 * 600)
+        .pending("narrow", gpus_=1, submitted_at=2, attained_gpu_s=600),
+        {"queue_sort": ["las", "fifo"], "plugin_args": {"las": {"thresholds": [1000], "service": "time"}}},
+        ["wide", "narrow"],
+        id="las-time-ignores-width",
+    ),
+    pytest.param(
+        Snap()
+        .node("n0")
+        .pending("starved", submitted_at=0, attained_gpu_s=100, queued_at=0)
+        .pending("fresh", submitted_at=900),
+        {
+            "queue_sort": ["las", "fifo"],
+            "plugin_args": {"las": {"thresholds": [50], "starvation_factor": 5}},
+        },
+        ["starved", "fresh"],
+        id="las-starvation-guard-promotes",
+    ),
+    pytest.param(
+        Snap()
+        .node("n0")
+        .pending("long", submitted_at=1, estimated_runtime_s=9000)
+        .pending("short", submitted_at=2, estimated_runtime_s=60)
+        .pending("unknown", submitted_at=0),
+        {"queue_sort": ["sef", "fifo"], "plugin_args": {"sef": {"default_runtime_s": 3600}}},
+        ["short", "unknown", "long"],
+        id="sef-uses-estimates-then-default",
+    ),
+    pytest.param(
+        Snap()
+        .node("n0")
+        .running("r", [("n0", (0, 1, 2, 3))], user="alice")
+        .pending("alice-2", submitted_at=1, user="alice")
+        .pending("bob-1", submitted_at=2, user="bob")
+        .pending("bob-2", submitted_at=3, user="bob"),
+        {"queue_sort": ["drf", "fifo"]},
+        ["bob-1", "bob-2", "alice-2"],
+        id="drf-user-with-less-goes-first",
+    ),
+]
+
+
+@pytest.mark.parametrize(("snap", "plugins", "expected"), CASES)
+def test_queue_order(snap: Snap, plugins: dict[str, object], expected: list[str]) -> None:
+    assert queue_ids(snap, **plugins) == expected
+
+
+def test_vc_queueing_policy_reorders_only_inside_its_own_slots() -> None:
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .vc("fifo-team", 8)
+        .vc("sef-team", 8, queueing_policy="sef")
+        .pending("s-long", vc="sef-team", submitted_at=1, estimated_runtime_s=5000)
+        .pending("f-1", vc="fifo-team", submitted_at=2)
+        .pending("s-short", vc="sef-team", submitted_at=3, estimated_runtime_s=10)
+        .pending("f-2", vc="fifo-team", submitted_at=4)
+    )
+    assert queue_ids(snap, queue_sort=["fifo"]) == ["s-short", "f-1", "s-long", "f-2"]
+
+
+def test_las_asks_for_a_cycle_when_a_running_job_crosses_a_threshold() -> None:
+    snap = (
+        Snap()
+        .node("n0", 2)
+        .running("r", [("n0", (0, 1))], attained_gpu_s=1000)
+        .pending("p", gpus_=2, submitted_at=0)
+    )
+    p = profile(queue_sort=["las"], post_cycle=["las"], plugin_args={"las": {"thresholds": [3000]}})
+    plan = decide(snap.build(), p, now=100.0)
+    # 2000 GPU-seconds to go at 2 GPUs: 1000 s from now.
+    assert plan.wake_at == pytest.approx(1100.0)
