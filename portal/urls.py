@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from portal.lib.views import healthz
+
 api_v1 = [
     path("", include("portal.accounts.api.urls")),
     path("", include("portal.cluster.api.urls")),
@@ -14,4 +16,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("api-auth/", include("rest_framework.urls")),
+    path("healthz", healthz, name="healthz"),
 ]

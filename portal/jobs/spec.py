@@ -11,6 +11,7 @@ import re
 import signal
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.cluster.models import Flavor, PriorityClass, VirtualCluster
@@ -45,6 +46,7 @@ def parse_duration(value: Any) -> int:
     return seconds
 
 
+@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "example": "36h"}]})
 class DurationField(serializers.Field):
     def to_internal_value(self, data: Any) -> int:
         return parse_duration(data)
@@ -53,6 +55,9 @@ class DurationField(serializers.Field):
         return value
 
 
+@extend_schema_field(
+    {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
+)
 class CommandField(serializers.Field):
     """A list of arguments, or one string run by the shell."""
 

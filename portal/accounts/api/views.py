@@ -19,6 +19,7 @@ class ApiTokenViewSet(
     """Your own API tokens. DELETE revokes a token (it stays listed as revoked)."""
 
     serializer_class = ApiTokenSerializer
+    queryset = ApiToken.objects.none()  # for the schema; requests use get_queryset
 
     def get_queryset(self) -> Any:
         return ApiToken.objects.filter(user=self.request.user)

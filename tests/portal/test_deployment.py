@@ -1,0 +1,124 @@
+"""The deployment artefacts: production settings, the compose file, the environment list, the layout."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_check_deploy_is_clean_with_production_settings() -> None:
+    env = {
+        **os.environ,
+        "DEBUG": "false",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "ALLOWED_HOSTS": "portal.example.org",
+        "CSRF_TRUSTED_ORIGINS": "https://portal.example.org",
+    }
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_production_settings_refuse_to_start_without_a_secret_key() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG"}}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "SECRET_KEY is required" in result.stderr
+
+
+def test_every_setting_read_from_the_environment_is_in_env_example() -> None:
+    sources = (REPO / "portal" / "settings.py").read_text()
+    names = set(re.findall(r'env_(?:str|bool|int|list)\("([A-Z_]+)"', sources))
+    listed = set(re.findall(r"^([A-Z_]+)=", (REPO / ".env.example").read_text(), re.M))
+    assert names, "no settings found: the pattern is stale"
+    assert names - listed == set(), f"missing from .env.example: {sorted(names - listed)}"
+
+
+def compose() -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+def test_compose_has_every_service_with_health_checks() -> None:
+    services = compose()["services"]
+    assert {"postgres", "redis", "web", "worker", "beat", "agent"} <= set(services)
+    for name in ("postgres", "redis", "web", "worker", "agent"):
+        assert "healthcheck" in services[name], name
+    assert services["agent"]["runtime"] == "nvidia"
+    assert "privileged" not in services["agent"]
+    for name in ("web", "worker", "beat"):
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert {"postgres-data", "redis-data"} <= set(compose()["volumes"])
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed")
+def test_docker_compose_validates_the_file(tmp_path: Path) -> None:
+    shutil.copy(REPO / "docker-compose.yml", tmp_path)
+    shutil.copy(REPO / ".env.example", tmp_path / ".env")
+    result = subprocess.run(
+        ["docker-compose", "-f", "docker-compose.yml", "config", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DOCKER_HOST": "unix:///nonexistent"},
+    )
+    assert result.returncode == 0, result.stderr
+    broken = compose()
+    broken["services"]["web"]["ports"] = "8000:8000"  # must be a list
+    (tmp_path / "docker-compose.yml").write_text(yaml.safe_dump(broken))
+    result = subprocess.run(
+        ["docker-compose", "-f", "docker-compose.yml", "config", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DOCKER_HOST": "unix:///nonexistent"},
+    )
+    assert result.returncode != 0
+
+
+def test_the_layout_is_as_designed() -> None:
+    for path in [
+        "manage.py",
+        "portal",
+        "scheduler",
+        "agents",
+        "frontend",
+        "docker-compose.yml",
+        "tests",
+        "requirements.txt",
+        "Makefile",
+        "README.md",
+        ".ci/run",
+        "docs",
+        "pyproject.toml",
+    ]:
+        assert (REPO / path).exists(), path
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            assert "==" in line, f"unpinned requirement: {line}"
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+@pytest.mark.django_db
+def test_healthz_reports_database_and_redis(client) -> None:  # type: ignore[no-untyped-def]
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "database": "ok", "redis": "ok"}
