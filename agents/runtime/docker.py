@@ -1,0 +1,272 @@
+"""DockerRuntime: each attempt is one container, configured from a fixed template.
+
+Nothing in the attempt can widen the template: the container is never privileged, drops
+every capability except :data:`SAFE_CAPABILITIES`, runs with no-new-privileges, never
+shares the host's network, pid or ipc namespace, mounts only what the host policy
+allows, and sees exactly the GPUs allocated to it (an NVIDIA device request by uuid).
+Container labels carry the job and attempt ids: they are how a restarted agent finds
+its containers again.
+
+The Docker SDK is synchronous; every call runs in a worker thread. Log streams use
+their own daemon threads, because they live as long as the container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import docker
+import docker.errors
+from docker.types import DeviceRequest
+from docker.types import Mount as DockerMount
+
+from agents.protocol import AttemptState, DesiredAttempt, RuntimeInfo
+from agents.runtime import (
+    LogLine,
+    LogStream,
+    ObservedAttempt,
+    RuntimeFailure,
+    UnknownAttemptError,
+    split_long_line,
+)
+from agents.runtime.policy import HostPolicy, LaunchPlan, prepare
+
+LABEL_MANAGED = "gpuportal.managed"
+LABEL_ATTEMPT = "gpuportal.attempt-id"
+LABEL_JOB = "gpuportal.job-id"
+LABEL_GPUS = "gpuportal.gpu-uuids"
+CHECKPOINT_TARGET = "/gpuportal/checkpoint"
+POLL_S = 0.1
+
+# What an ordinary training job may need, and nothing that reaches beyond its container:
+# no NET_RAW, MKNOD, SYS_CHROOT, SETFCAP, SETPCAP or AUDIT_WRITE from Docker's default set.
+SAFE_CAPABILITIES = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "NET_BIND_SERVICE",
+)
+FORBIDDEN_NETWORK_MODES = ("host",)
+
+_STATES = {
+    "created": AttemptState.STARTING,
+    "running": AttemptState.RUNNING,
+    "restarting": AttemptState.RUNNING,
+    "paused": AttemptState.SUSPENDED,
+    "removing": AttemptState.EXITED,
+    "exited": AttemptState.EXITED,
+    "dead": AttemptState.EXITED,
+}
+
+
+def device_requests(gpu_uuids: list[str]) -> list[DeviceRequest]:
+    """Exactly the allocated GPUs, by uuid (indices can be renumbered; uuids cannot)."""
+    if not gpu_uuids:
+        return []
+    return [DeviceRequest(driver="nvidia", device_ids=list(gpu_uuids), capabilities=[["gpu"]])]
+
+
+def container_config(
+    plan: LaunchPlan,
+    network_mode: str = "none",
+    request_gpus: bool = True,
+    capabilities: tuple[str, ...] = SAFE_CAPABILITIES,
+    user: str | None = None,
+) -> dict[str, Any]:
+    """The keyword arguments for ``containers.create``: the fixed template filled from the plan."""
+    if network_mode in FORBIDDEN_NETWORK_MODES or network_mode.startswith("container:"):
+        raise ValueError(f"network mode {network_mode!r} is not allowed for job containers")
+    attempt = plan.attempt
+    mounts = [
+        DockerMount(target=mount.target, source=str(mount.source), type="bind", read_only=mount.read_only)
+        for mount in plan.mounts
+    ]
+    if plan.checkpoint_dir is not None:
+        mounts.append(
+            DockerMount(
+                target=CHECKPOINT_TARGET, source=str(plan.checkpoint_dir), type="bind", read_only=False
+            )
+        )
+    memory_bytes = attempt.resources.memory_mib * 1024 * 1024
+    config: dict[str, Any] = {
+        "image": attempt.image,
+        "command": list(attempt.command),
+        "name": f"gpuportal-{attempt.attempt_id}",
+        "labels": {
+            LABEL_MANAGED: "true",
+            LABEL_ATTEMPT: attempt.attempt_id,
+            LABEL_JOB: attempt.job_id,
+            LABEL_GPUS: ",".join(gpu.uuid for gpu in attempt.gpus),
+        },
+        "environment": dict(plan.env),
+        "network_mode": network_mode,
+        "ipc_mode": "private",
+        "privileged": False,
+        "cap_drop": ["ALL"],
+        "cap_add": list(capabilities),
+        "security_opt": ["no-new-privileges:true"],
+        "nano_cpus": int(attempt.resources.cpus * 1e9),
+        "mem_limit": memory_bytes,
+        "memswap_limit": memory_bytes,  # no swap beyond the memory limit
+        "pids_limit": attempt.resources.pids,
+        "mounts": mounts,
+        "device_requests": device_requests([gpu.uuid for gpu in attempt.gpus]) if request_gpus else [],
+        "stdin_open": False,
+        "tty": False,
+    }
+    if user is not None:
+        config["user"] = user
+    return config
+
+
+class DockerRuntime:
+    kind: Literal["docker"] = "docker"
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        policy: HostPolicy,
+        network_mode: str = "none",
+        request_gpus: bool = True,
+        user: str | None = None,
+    ) -> None:
+        """``request_gpus=False`` is for engines without the NVIDIA runtime (tests, CI)."""
+        if network_mode in FORBIDDEN_NETWORK_MODES:
+            raise ValueError(f"network mode {network_mode!r} is not allowed for job containers")
+        self.client = client
+        self.policy = policy
+        self.network_mode = network_mode
+        self.request_gpus = request_gpus
+        self.user = user
+
+    async def info(self) -> RuntimeInfo:
+        version = await asyncio.to_thread(self.client.version)
+        components = {item.get("Name"): item.get("Version") for item in version.get("Components", [])}
+        return RuntimeInfo(kind="docker", version=version.get("Version"), runc_version=components.get("runc"))
+
+    async def start(self, attempt: DesiredAttempt) -> None:
+        plan = prepare(attempt, self.policy, checkpoint_target=CHECKPOINT_TARGET)
+        config = container_config(plan, self.network_mode, self.request_gpus, user=self.user)
+        try:
+            container = await asyncio.to_thread(self.client.containers.create, **config)
+        except docker.errors.APIError as error:
+            raise RuntimeFailure(f"cannot create the container: {error.explanation or error}") from error
+        try:
+            await asyncio.to_thread(container.start)
+        except docker.errors.APIError as error:
+            await asyncio.to_thread(container.remove, force=True)
+            raise RuntimeFailure(f"cannot start the container: {error.explanation or error}") from error
+
+    async def list_attempts(self) -> list[ObservedAttempt]:
+        containers = await asyncio.to_thread(
+            self.client.containers.list, all=True, filters={"label": f"{LABEL_MANAGED}=true"}
+        )
+        return [_observe(container.attrs) for container in containers]
+
+    async def signal(self, attempt_id: str, signal_name: str) -> None:
+        container = await self._container(attempt_id)
+        await asyncio.to_thread(container.kill, signal=signal_name)
+
+    async def suspend(self, attempt_id: str) -> None:
+        container = await self._container(attempt_id)
+        await asyncio.to_thread(container.pause)
+
+    async def resume(self, attempt_id: str) -> None:
+        container = await self._container(attempt_id)
+        await asyncio.to_thread(container.unpause)
+
+    async def stop(self, attempt_id: str, grace_s: float) -> int | None:
+        """Docker's stop: the stop signal (SIGTERM), SIGKILL after the grace period."""
+        container = await self._container(attempt_id)
+        if container.status == "paused":
+            await asyncio.to_thread(container.unpause)  # a frozen container cannot handle SIGTERM
+        if _observe(container.attrs).state.is_live:
+            await asyncio.to_thread(container.stop, timeout=math.ceil(grace_s))
+        return await self.wait(attempt_id)
+
+    async def wait(self, attempt_id: str) -> int | None:
+        # Polled rather than a blocking wait, so no worker thread is held for the container's life.
+        while True:
+            container = await self._container(attempt_id)
+            observed = _observe(container.attrs)
+            if not observed.state.is_live:
+                return observed.exit_code
+            await asyncio.sleep(POLL_S)
+
+    async def logs(self, attempt_id: str, stream: LogStream, from_seq: int = 0) -> AsyncIterator[LogLine]:
+        container = await self._container(attempt_id)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        source = container.logs(
+            stream=True, follow=True, stdout=stream == "stdout", stderr=stream == "stderr"
+        )
+
+        def pump() -> None:
+            try:
+                for chunk in source:
+                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
+            except Exception:
+                pass
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        threading.Thread(target=pump, name=f"logs-{attempt_id}-{stream}", daemon=True).start()
+        seq = 0
+        pending = b""
+        try:
+            while (chunk := await queue.get()) is not None:
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                for raw in complete:
+                    for piece in split_long_line(raw.decode("utf-8", "replace")):
+                        if seq >= from_seq:
+                            yield LogLine(stream, seq, piece)
+                        seq += 1
+            if pending:
+                for piece in split_long_line(pending.decode("utf-8", "replace")):
+                    if seq >= from_seq:
+                        yield LogLine(stream, seq, piece)
+                    seq += 1
+        finally:
+            source.close()
+
+    async def remove(self, attempt_id: str) -> None:
+        try:
+            container = await self._container(attempt_id)
+        except UnknownAttemptError:
+            return
+        if _observe(container.attrs).state.is_live:
+            raise RuntimeFailure(f"attempt {attempt_id} is still running; stop it first")
+        await asyncio.to_thread(container.remove, force=True)
+
+    async def _container(self, attempt_id: str) -> Any:
+        containers = await asyncio.to_thread(
+            self.client.containers.list,
+            all=True,
+            filters={"label": [f"{LABEL_MANAGED}=true", f"{LABEL_ATTEMPT}={attempt_id}"]},
+        )
+        if not containers:
+            raise UnknownAttemptError(f"no container for attempt {attempt_id}")
+        return containers[0]
+
+
+def _observe(attrs: dict[str, Any]) -> ObservedAttempt:
+    labels = attrs["Config"]["Labels"]
+    state = attrs["State"]
+    observed_state = _STATES.get(state["Status"], AttemptState.RUNNING)
+    gpus = tuple(uuid for uuid in labels.get(LABEL_GPUS, "").split(",") if uuid)
+    return ObservedAttempt(
+        attempt_id=labels[LABEL_ATTEMPT],
+        job_id=labels[LABEL_JOB],
+        state=observed_state,
+        exit_code=state.get("ExitCode") if observed_state == AttemptState.EXITED else None,
+        gpu_uuids=gpus,
+    )

@@ -1,0 +1,321 @@
+"""DockerRuntime: the container template (pure) and the lifecycle against a real Docker engine.
+
+The engine is started by this module (``dockerd`` with no bridge and no iptables, in a
+temporary data root) and stopped at teardown. The image is built locally from the
+busybox-static binary; nothing is pulled. Containers run with network "none". Where the
+engine cannot start, the engine tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import docker
+import docker.errors
+import pytest
+from agent_builders import collect_logs, eventually, make_attempt
+
+from agents.protocol import AttemptState, GpuRef, Mount
+from agents.runtime import RuntimeFailure
+from agents.runtime.docker import (
+    CHECKPOINT_TARGET,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    SAFE_CAPABILITIES,
+    DockerRuntime,
+    container_config,
+    device_requests,
+)
+from agents.runtime.policy import HostPolicy, PolicyError, VolumeRoot, prepare
+
+T = TypeVar("T")
+IMAGE = "gpuportal-test/busybox:1"
+BUSYBOX = Path("/bin/busybox")
+BUSYBOX_APPLETS = ("sh", "echo", "sleep", "cat", "env", "ls", "id", "touch", "test")
+
+
+# -- the template, without an engine ---------------------------------------------
+
+
+def test_device_requests_name_exactly_the_allocated_uuids() -> None:
+    (request,) = device_requests(["GPU-aaaa", "GPU-bbbb"])
+    assert request["Driver"] == "nvidia"
+    assert request["DeviceIDs"] == ["GPU-aaaa", "GPU-bbbb"]
+    assert request["Capabilities"] == [["gpu"]]
+    assert request["Count"] == 0  # never "all"
+    assert device_requests([]) == []
+
+
+def test_container_config_is_the_fixed_template(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    policy = HostPolicy(volume_roots=(VolumeRoot(data),), checkpoint_roots=(tmp_path / "ckpt",))
+    attempt = make_attempt(
+        gpus=[GpuRef(uuid="GPU-x", index=4)],
+        mounts=[Mount(source=str(data), target="/data")],
+        checkpoint_dir=str(tmp_path / "ckpt" / "job-1"),
+    )
+    config = container_config(prepare(attempt, policy, checkpoint_target=CHECKPOINT_TARGET))
+    assert config["privileged"] is False
+    assert config["cap_drop"] == ["ALL"] and config["cap_add"] == list(SAFE_CAPABILITIES)
+    assert config["security_opt"] == ["no-new-privileges:true"]
+    assert config["network_mode"] == "none" and config["ipc_mode"] == "private"
+    assert "pid_mode" not in config
+    assert config["device_requests"][0]["DeviceIDs"] == ["GPU-x"]
+    assert config["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-x"
+    assert config["environment"]["GPUPORTAL_CHECKPOINT_DIR"] == CHECKPOINT_TARGET
+    assert (config["nano_cpus"], config["mem_limit"], config["pids_limit"]) == (10**9, 256 * 2**20, 128)
+    assert [(m["Target"], m["ReadOnly"]) for m in config["mounts"]] == [
+        ("/data", True),
+        (CHECKPOINT_TARGET, False),
+    ]
+    for mode in ("host", "container:other"):
+        with pytest.raises(ValueError, match="not allowed"):
+            container_config(prepare(attempt, policy), network_mode=mode)
+
+
+def test_an_attempt_without_gpus_sees_none() -> None:
+    config = container_config(prepare(make_attempt(gpus=[]), HostPolicy()))
+    assert config["device_requests"] == []
+    assert config["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert config["environment"]["CUDA_VISIBLE_DEVICES"] == ""
+
+
+# -- a real engine -------------------------------------------------------------------
+
+
+def _why_no_engine() -> str | None:
+    if shutil.which("dockerd") is None:
+        return "dockerd is not installed (Debian package docker.io)"
+    if os.geteuid() != 0:
+        return "dockerd needs root"
+    if not BUSYBOX.exists():
+        return "no static busybox to build the test image from (Debian package busybox-static)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[docker.DockerClient]:
+    reason = _why_no_engine()
+    if reason:
+        pytest.skip(reason)
+    # A short path: unix socket paths are limited to about 100 bytes.
+    root = Path(tempfile.mkdtemp(prefix="gp-dockerd-", dir="/tmp"))
+    socket = root / "docker.sock"
+    log = open(root / "dockerd.log", "wb")  # noqa: SIM115 - closed at teardown
+    daemon = subprocess.Popen(
+        [
+            "dockerd",
+            "--bridge=none",
+            "--iptables=false",
+            "--ip6tables=false",
+            f"--data-root={root / 'data'}",
+            f"--exec-root={root / 'exec'}",
+            f"--host=unix://{socket}",
+            f"--pidfile={root / 'docker.pid'}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    client = None
+    try:
+        client = _connect(f"unix://{socket}", daemon)
+        if client is None:
+            tail = (root / "dockerd.log").read_text()[-600:]
+            pytest.skip(f"dockerd did not start; log tail: {tail}")
+        client.api.import_image_from_data(_busybox_rootfs(), repository=IMAGE.split(":")[0], tag="1")
+        yield client
+    finally:
+        if client is not None:
+            for container in client.containers.list(all=True):
+                container.remove(force=True)
+            client.close()
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _connect(base_url: str, daemon: subprocess.Popen[bytes]) -> docker.DockerClient | None:
+    """Wait for the engine to answer (it usually takes well under a second)."""
+    for _ in range(300):
+        if daemon.poll() is not None:
+            return None
+        try:
+            client = docker.DockerClient(base_url=base_url, timeout=60)
+            client.ping()
+            return client
+        except docker.errors.DockerException:
+            time.sleep(0.1)
+    return None
+
+
+def _busybox_rootfs() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(BUSYBOX, arcname="bin/busybox")
+        for applet in BUSYBOX_APPLETS:
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type = tarfile.SYMTYPE
+            link.linkname = "busybox"
+            archive.addfile(link)
+        for directory in ("tmp", "data", "proc", "sys", "dev", "etc"):
+            info = tarfile.TarInfo(directory)
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o1777 if directory == "tmp" else 0o755
+            archive.addfile(info)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> HostPolicy:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "input.txt").write_text("dataset\n")
+    return HostPolicy(volume_roots=(VolumeRoot(tmp_path / "data"),), checkpoint_roots=(tmp_path / "ckpt",))
+
+
+def _attempt(attempt_id: str, script: str, **fields):
+    return make_attempt(attempt_id, image=IMAGE, command=["sh", "-c", script], **fields)
+
+
+@pytest.mark.asyncio
+async def test_the_container_runs_with_the_template_applied(
+    engine, policy: HostPolicy, tmp_path: Path
+) -> None:
+    runtime = DockerRuntime(engine, policy, request_gpus=False)  # this engine has no NVIDIA runtime
+    attempt = _attempt(
+        "dk-template",
+        "cat /data/input.txt; env | sort; touch /data/x 2>&1 || echo read-only; echo done >&2; exit 4",
+        mounts=[Mount(source=str(tmp_path / "data"), target="/data")],
+        checkpoint_dir=str(tmp_path / "ckpt" / "job-1"),
+        env={"EPOCHS": "3"},
+    )
+    await runtime.start(attempt)
+    assert await bounded(runtime.wait("dk-template")) == 4
+    stdout = [text for _, text in await collect_logs(runtime, "dk-template", "stdout")]
+    assert stdout[0] == "dataset"
+    assert "GPUPORTAL_ATTEMPT_ID=dk-template" in stdout and "EPOCHS=3" in stdout
+    assert f"GPUPORTAL_CHECKPOINT_DIR={CHECKPOINT_TARGET}" in stdout
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-sim-0" in stdout
+    assert stdout[-1] == "read-only" or "Read-only file system" in stdout[-1]
+    assert await collect_logs(runtime, "dk-template", "stderr") == [(0, "done")]
+
+    inspected = engine.api.inspect_container("gpuportal-dk-template")
+    host = inspected["HostConfig"]
+    assert host["Privileged"] is False
+    assert host["CapDrop"] == ["ALL"] and sorted(host["CapAdd"]) == sorted(SAFE_CAPABILITIES)
+    assert host["SecurityOpt"] == ["no-new-privileges:true"]
+    assert host["NetworkMode"] == "none" and host["PidMode"] == "" and host["IpcMode"] == "private"
+    assert (host["NanoCpus"], host["Memory"], host["MemorySwap"], host["PidsLimit"]) == (
+        10**9,
+        256 * 2**20,
+        256 * 2**20,
+        128,
+    )
+    mounts = {mount["Destination"]: mount["RW"] for mount in inspected["Mounts"]}
+    assert mounts == {"/data": False, CHECKPOINT_TARGET: True}
+    labels = inspected["Config"]["Labels"]
+    assert (labels[LABEL_ATTEMPT], labels[LABEL_JOB]) == ("dk-template", "job-1")
+    (observed,) = [item for item in await runtime.list_attempts() if item.attempt_id == "dk-template"]
+    assert (observed.state, observed.exit_code, observed.gpu_uuids) == (
+        AttemptState.EXITED,
+        4,
+        ("GPU-sim-0",),
+    )
+    await runtime.remove("dk-template")
+    assert not [item for item in await runtime.list_attempts() if item.attempt_id == "dk-template"]
+
+
+@pytest.mark.asyncio
+async def test_policy_violations_create_no_container(engine, policy: HostPolicy) -> None:
+    runtime = DockerRuntime(engine, policy, request_gpus=False)
+    with pytest.raises(PolicyError, match="outside the volumes"):
+        await runtime.start(_attempt("dk-bad", "true", mounts=[Mount(source="/var/run", target="/x")]))
+    with pytest.raises(PolicyError, match="reserved"):
+        await runtime.start(_attempt("dk-bad", "true", env={"LD_PRELOAD": "/x.so"}))
+    assert not engine.containers.list(all=True, filters={"name": "gpuportal-dk-bad"})
+
+
+@pytest.mark.asyncio
+async def test_a_missing_command_is_a_start_failure(engine, policy: HostPolicy) -> None:
+    runtime = DockerRuntime(engine, policy, request_gpus=False)
+    with pytest.raises(RuntimeFailure, match="cannot start"):
+        await runtime.start(make_attempt("dk-nocmd", image=IMAGE, command=["/no/such/binary"]))
+    assert not engine.containers.list(all=True, filters={"name": "gpuportal-dk-nocmd"})
+
+
+@pytest.mark.asyncio
+async def test_pause_resume_stop_and_reattach(engine, policy: HostPolicy) -> None:
+    runtime = DockerRuntime(engine, policy, request_gpus=False)
+    # The shell is PID 1 in its container: it only reacts to signals it traps.
+    script = "trap 'echo bye; exit 0' TERM; trap 'exit 3' USR1; echo ready; while true; do sleep 0.05; done"
+    await runtime.start(_attempt("dk-life", script))
+
+    async def state() -> AttemptState:
+        (item,) = [item for item in await runtime.list_attempts() if item.attempt_id == "dk-life"]
+        return item.state
+
+    await eventually(lambda: _logs_start_with(runtime, "dk-life", "ready"))
+    await runtime.suspend("dk-life")
+    assert await state() == AttemptState.SUSPENDED
+    await runtime.resume("dk-life")
+    assert await state() == AttemptState.RUNNING
+    await runtime.signal("dk-life", "SIGUSR1")
+    assert await bounded(runtime.wait("dk-life")) == 3
+
+    # A new runtime instance (a restarted agent) finds a running container by its labels.
+    await runtime.start(_attempt("dk-again", script))
+    restarted = DockerRuntime(engine, policy, request_gpus=False)
+    found = {item.attempt_id: item.state for item in await restarted.list_attempts()}
+    assert found["dk-again"] in (AttemptState.STARTING, AttemptState.RUNNING)
+    await eventually(lambda: _logs_start_with(restarted, "dk-again", "ready"))
+    await restarted.suspend("dk-again")
+    assert (
+        await bounded(restarted.stop("dk-again", grace_s=10)) == 0
+    )  # unpaused, then SIGTERM handled by the trap
+    assert await collect_logs(restarted, "dk-again", "stdout") == [(0, "ready"), (1, "bye")]
+
+
+@pytest.mark.asyncio
+async def test_stop_kills_a_container_that_ignores_sigterm(engine, policy: HostPolicy) -> None:
+    runtime = DockerRuntime(engine, policy, request_gpus=False)
+    await runtime.start(_attempt("dk-stubborn", "trap '' TERM; echo ready; while true; do sleep 0.05; done"))
+    await eventually(lambda: _logs_start_with(runtime, "dk-stubborn", "ready"))
+    assert await bounded(runtime.stop("dk-stubborn", grace_s=1)) == 137
+
+
+@pytest.mark.asyncio
+async def test_info_reports_engine_and_runc_versions(engine, policy: HostPolicy) -> None:
+    info = await DockerRuntime(engine, policy).info()
+    assert info.kind == "docker" and info.version and info.runc_version
+
+
+async def bounded(awaitable: Awaitable[T]) -> T:
+    """Fail instead of hanging when a container never ends (the bound is not a timing assertion)."""
+    return await asyncio.wait_for(awaitable, timeout=60)
+
+
+async def _logs_start_with(runtime: DockerRuntime, attempt_id: str, first: str) -> bool:
+    stream = runtime.logs(attempt_id, "stdout")
+    try:
+        line = await anext(stream)
+    except StopAsyncIteration:
+        return False
+    finally:
+        await stream.aclose()
+    return line.text == first
