@@ -19,7 +19,6 @@ import tempfile
 import time
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import docker
 import docker.errors
@@ -39,7 +38,6 @@ from agents.runtime.docker import (
 )
 from agents.runtime.policy import HostPolicy, PolicyError, VolumeRoot, prepare
 
-T = TypeVar("T")
 IMAGE = "gpuportal-test/busybox:1"
 BUSYBOX = Path("/bin/busybox")
 BUSYBOX_APPLETS = ("sh", "echo", "sleep", "cat", "env", "ls", "id", "touch", "test")
@@ -305,7 +303,7 @@ async def test_info_reports_engine_and_runc_versions(engine, policy: HostPolicy)
     assert info.kind == "docker" and info.version and info.runc_version
 
 
-async def bounded(awaitable: Awaitable[T]) -> T:
+async def bounded[T](awaitable: Awaitable[T]) -> T:
     """Fail instead of hanging when a container never ends (the bound is not a timing assertion)."""
     return await asyncio.wait_for(awaitable, timeout=60)
 
