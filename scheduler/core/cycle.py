@@ -186,6 +186,11 @@ class _CycleRun:
         self.reservation_job: str | None = None
         self.preemption_attempts = 0
         self.released: set[str] = set()  # running jobs whose GPUs this cycle handed on
+        self._victim_base: list[tuple[tuple[float, ...], RunningJob]] | None = None
+        # Preemption searches that found nothing, by what decides eligibility; a later job
+        # with the same key and at least as many GPUs cannot do better.
+        self._failed_preemptions: dict[tuple[Any, ...], int] = {}
+        self._horizons = [p for p in plugins.preemption if isinstance(p, PreemptionHorizonPlugin)]
         self._rack_nodes: dict[str, list[int]] | None = None
 
     # -- step 4 ------------------------------------------------------------------------
@@ -230,8 +235,12 @@ class _CycleRun:
         ):
             self.preemption_attempts += 1
             for candidate_model in models:
+                key = self._preemption_key(job, candidate_model, failure)
+                if job.gpus >= self._failed_preemptions.get(key, job.gpus + 1):
+                    continue
                 if self._try_preempt(job, candidate_model, failure):
                     return
+                self._failed_preemptions[key] = min(job.gpus, self._failed_preemptions.get(key, job.gpus))
         # 6. Reservation for the first job blocked by capacity.
         if (
             failure.reason in _CAPACITY_REASONS
@@ -417,17 +426,38 @@ class _CycleRun:
 
     # -- step 5: preemption ------------------------------------------------------------
 
+    def _preemption_key(self, job: PendingJob, model: str, failure: Status) -> tuple[Any, ...]:
+        horizon = tuple(h.horizon_key(job, self.ctx) for h in self._horizons)
+        user = job.user if failure.reason is ReasonCode.USER_LIMIT else ""
+        return (job.priority, horizon, model, job.vc, user, failure.reason)
+
+    def _victim_candidates(self) -> list[tuple[tuple[float, ...], RunningJob]]:
+        """Running jobs that could be victims of anyone, cheapest loss first (per cycle)."""
+        if self._victim_base is None:
+            now = self.ctx.now
+            base = []
+            for victim in self.ctx.snapshot.running:
+                if not self.holds.get(victim.id):
+                    continue
+                if victim.stopping:
+                    base.append(((-1.0,), victim))
+                elif victim.preemptible and now - victim.started_at >= self.settings.min_runtime_s:
+                    base.append((self._loss(victim), victim))
+            base.sort(key=lambda v: (v[0], v[1].id))
+            self._victim_base = base
+        return self._victim_base
+
     def _victims(self, job: PendingJob, model: str, failure: Status) -> list[tuple[RunningJob, str | None]]:
         """Running jobs whose GPUs may go to `job`, cheapest loss first. Jobs already stopping
         cost nothing and come first. Rules for every plugin: whole gangs only, preemptible,
         past the minimum runtime, and of the same VC or borrowing (a guarantee is never
         taken for someone else's work)."""
-        ctx, now = self.ctx, self.ctx.now
+        ctx = self.ctx
         same_vc_only = failure.reason in _QUOTA_REASONS
         same_user_only = failure.reason is ReasonCode.USER_LIMIT
-        victims: list[tuple[tuple[float, ...], RunningJob, str | None]] = []
-        for victim in ctx.snapshot.running:
-            if victim.id in self.released or not self.holds.get(victim.id):
+        victims: list[tuple[RunningJob, str | None]] = []
+        for _, victim in self._victim_candidates():
+            if victim.id in self.released:
                 continue
             if same_vc_only and victim.vc != job.vc:
                 continue
@@ -436,21 +466,16 @@ class _CycleRun:
             if not any(h.model == model for h in self.holds[victim.id]):
                 continue
             if victim.stopping:
-                victims.append(((-1.0,), victim, None))
-                continue
-            if not victim.preemptible or now - victim.started_at < self.settings.min_runtime_s:
-                continue
-            if victim.vc != job.vc and ctx.borrowed_gpus.get(victim.id, 0) <= 0:
-                continue
-            reason = None
-            for plugin in self.plugins.preemption:
-                reason = plugin.may_preempt(job, victim, ctx)
-                if reason:
-                    break
-            if reason:
-                victims.append((self._loss(victim), victim, reason))
-        victims.sort(key=lambda v: (v[0], v[1].id))
-        return [(v, r) for _, v, r in victims[: self.settings.max_victims]]
+                victims.append((victim, None))
+            elif victim.vc == job.vc or ctx.borrowed_gpus.get(victim.id, 0) > 0:
+                for plugin in self.plugins.preemption:
+                    reason = plugin.may_preempt(job, victim, ctx)
+                    if reason:
+                        victims.append((victim, reason))
+                        break
+            if len(victims) >= self.settings.max_victims:
+                break
+        return victims
 
     def _loss(self, victim: RunningJob) -> tuple[float, ...]:
         """Work lost by preempting: GPU-seconds since the last checkpoint (since the start if

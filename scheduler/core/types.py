@@ -114,10 +114,11 @@ class RunningJob:
     # Already told to stop (preempted or cancelled) and releasing its GPUs within the grace
     # period. The core counts those GPUs as soon free and never preempts the job again.
     stopping: bool = False
+    gpus: int = field(init=False, compare=False, repr=False)  # derived from placement
 
-    @property
-    def gpus(self) -> int:
-        return sum(len(r.gpu_indices) for r in self.placement)
+    def __post_init__(self) -> None:
+        # Computed once: the cycle asks for it many times per job.
+        object.__setattr__(self, "gpus", sum(len(r.gpu_indices) for r in self.placement))
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,9 +91,14 @@ class DiscretizedLas:
         self.starvation_factor = float(args.get("starvation_factor", 0.0))
         self.starvation_min_wait_s = float(args.get("starvation_min_wait_s", 0.0))
         self._pending: Sequence[PendingJob] = ()
+        self._running_levels: dict[str, int] = {}
+        self._pending_levels: dict[str, tuple[float, int]] = {}
 
     def prepare(self, ctx: CycleContext) -> None:
         self._pending = ctx.snapshot.pending
+        self._running_levels = {
+            job.id: self.level(self.service_of(job.attained_gpu_s, job.gpus)) for job in ctx.snapshot.running
+        }
 
     def service_of(self, attained_gpu_s: float, gpus: int) -> float:
         if self.service == "gpu_time":
@@ -104,6 +109,14 @@ class DiscretizedLas:
         return bisect.bisect_right(self.thresholds, service)
 
     def pending_level(self, job: PendingJob, now: float) -> int:
+        cached = self._pending_levels.get(job.id)
+        if cached is not None and cached[0] == now:
+            return cached[1]
+        level = self._pending_level(job, now)
+        self._pending_levels[job.id] = (now, level)
+        return level
+
+    def _pending_level(self, job: PendingJob, now: float) -> int:
         level = self.level(self.service_of(job.attained_gpu_s, job.gpus))
         if level and self.starvation_factor > 0:
             run_time = job.attained_gpu_s / max(job.gpus, 1)
@@ -113,7 +126,10 @@ class DiscretizedLas:
         return level
 
     def running_level(self, job: RunningJob) -> int:
-        return self.level(self.service_of(job.attained_gpu_s, job.gpus))
+        level = self._running_levels.get(job.id)
+        if level is None:
+            level = self.level(self.service_of(job.attained_gpu_s, job.gpus))
+        return level
 
     def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
         return (float(self.pending_level(job, ctx.now)),)
