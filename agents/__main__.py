@@ -1,0 +1,87 @@
+"""``python -m agents --portal URL --token-file FILE [...]``: run the node agent.
+
+Stopping the agent (SIGTERM, SIGINT) never stops the attempts: they keep running and
+the next agent on the same state directory reattaches to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+from agents.agent import Agent
+from agents.config import AgentConfig, is_loopback_url, parse_args
+from agents.devices import DeviceBackend
+from agents.runtime import Runtime
+from agents.runtime.policy import HostPolicy
+from agents.versions import detect_toolkit_version
+
+log = logging.getLogger("agents")
+
+
+def build_backend(config: AgentConfig) -> DeviceBackend:
+    if config.simulate:
+        from agents.devices.simulated import SimulatedBackend, load_description
+
+        return SimulatedBackend(load_description(config.simulate), config.node_name, seed=config.seed)
+    from agents.devices.nvml import NvmlBackend
+
+    memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    return NvmlBackend(config.node_name, cpu_count=os.cpu_count() or 1, memory_total_mib=memory_mib)
+
+
+def build_runtime(config: AgentConfig) -> Runtime:
+    policy = HostPolicy(
+        volume_roots=config.volume_roots,
+        checkpoint_roots=config.checkpoint_roots,
+        forbidden_sources=(config.state_dir,),
+    )
+    if config.runtime == "process":
+        from agents.runtime.process import ProcessRuntime
+
+        return ProcessRuntime(config.state_dir, policy)
+    import docker
+
+    from agents.runtime.docker import DockerRuntime
+
+    client = docker.DockerClient(base_url=config.docker_host) if config.docker_host else docker.from_env()
+    return DockerRuntime(client, policy, network_mode=config.network_mode, request_gpus=config.request_gpus)
+
+
+async def main_async(config: AgentConfig) -> None:
+    backend = build_backend(config)
+    runtime = build_runtime(config)
+    real_gpus_in_containers = config.runtime == "docker" and config.request_gpus and not config.simulate
+    agent = Agent(
+        config,
+        backend,
+        runtime,
+        toolkit_version=detect_toolkit_version() if config.runtime == "docker" else None,
+        check_toolkit=real_gpus_in_containers,
+    )
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel if task else lambda: None)
+    try:
+        await agent.run()
+    except asyncio.CancelledError:
+        log.info("agent stopped; attempts keep running")
+    finally:
+        backend.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not is_loopback_url(config.portal_url) and config.portal_url.startswith("ws://"):
+        log.warning("the node token travels unencrypted to %s; use https:// in production", config.portal_url)
+    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    asyncio.run(main_async(config))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,583 @@
+"""The agent: one websocket session at a time to the portal, attempts that outlive sessions.
+
+Running work never depends on the connection: attempts keep running, their logs keep
+being collected and their status keeps being tracked while the portal is unreachable.
+Every (re)connect starts with a hello that lists everything on the node, and every
+desired set is reconciled in full, so a lost message costs a resync, never a job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import websockets
+import websockets.exceptions
+
+from agents import AGENT_VERSION
+from agents.checkpoint import BadMarkerError, marker_identity, wait_for_new_marker
+from agents.config import AgentConfig
+from agents.devices import DeviceBackend, GpuLoad
+from agents.devices.health import HealthTracker
+from agents.protocol import (
+    MAX_MESSAGE_BYTES,
+    AgentToPortal,
+    AttemptState,
+    AttemptStatus,
+    CheckpointDone,
+    CheckpointRequest,
+    DesiredAttempt,
+    DesiredSet,
+    ExitReason,
+    Heartbeat,
+    Hello,
+    PortalRequest,
+    ProtocolError,
+    ReportedAttempt,
+    RequestAck,
+    RequestReject,
+    ResumeRequest,
+    RuntimeInfo,
+    SignalRequest,
+    StopRequest,
+    SuspendRequest,
+    TelemetryBatch,
+    UnsupportedVersionError,
+    Welcome,
+    decode_from_portal,
+    encode,
+    utc_now,
+)
+from agents.reconcile import LocalAttempt, Remove, Report, Resume, Start, Stop, Suspend, Watch, reconcile
+from agents.runtime import LOG_STREAMS, LogLine, ObservedAttempt, Runtime, RuntimeFailure, chunk_lines
+from agents.runtime.policy import PolicyError
+from agents.store import AttemptRecord, AttemptStore
+from agents.versions import drain_reasons
+
+log = logging.getLogger("agents")
+
+OUTBOX_LIMIT = 20_000  # messages kept while disconnected; the oldest go first
+WELCOME_TIMEOUT_S = 30.0
+REMEMBERED_REQUESTS = 1000
+
+
+class Backoff:
+    """Exponential backoff with equal jitter: half the delay is fixed, half is random."""
+
+    def __init__(self, initial_s: float, maximum_s: float, rng: random.Random) -> None:
+        self.initial_s = initial_s
+        self.maximum_s = maximum_s
+        self.rng = rng
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.maximum_s, self.initial_s * 2**self.failures)
+        self.failures += 1
+        return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        backend: DeviceBackend,
+        runtime: Runtime,
+        toolkit_version: str | None = None,
+        check_toolkit: bool = False,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.runtime = runtime
+        self.toolkit_version = toolkit_version
+        self.check_toolkit = check_toolkit
+        self.store = AttemptStore(config.state_dir)
+        self.health = HealthTracker()
+        self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s, random.Random(config.seed))
+        self.outbox: deque[AgentToPortal] = deque(maxlen=OUTBOX_LIMIT)
+        self.outbox_ready = asyncio.Event()
+        self.connected = False
+        self.started_at = time.monotonic()
+        self.heartbeat_interval_s = config.heartbeat_interval_s
+        self.telemetry_interval_s = config.telemetry_interval_s
+        self.dropped_samples = 0
+        self.last_revision = -1
+        self.latest_desired: DesiredSet | None = None
+        self.reconcile_lock = asyncio.Lock()
+        self.refresh_lock = asyncio.Lock()
+        self.log_pumps: dict[str, asyncio.Task[None]] = {}
+        self.log_buffers: dict[str, list[LogLine]] = {}
+        self.answers: OrderedDict[UUID, RequestAck | RequestReject | None] = OrderedDict()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.starting: set[str] = set()  # attempts between record and runtime.start
+        self.sessions = 0  # completed handshakes, for tests and logs
+
+    # ------------------------------------------------------------------ main loop
+
+    async def run(self) -> None:
+        """Run until cancelled.
+
+        1. Look at the node once: attempts from the runtime, reconciled with the records.
+        2. Start the lifetime loops: monitor (status, logs) and telemetry.
+        3. Connect to the portal; on success run one session (see ``_session``).
+        4. When the connection fails or drops, wait (exponential backoff with jitter)
+           and go back to 3. Attempts keep running throughout.
+        """
+        # 1.
+        await self.refresh()
+        # 2.
+        lifetime = [asyncio.create_task(self._monitor_loop()), asyncio.create_task(self._telemetry_loop())]
+        try:
+            while True:
+                # 3.
+                try:
+                    async with websockets.connect(
+                        self.config.portal_url,
+                        additional_headers={"Authorization": f"Bearer {self.config.token}"},
+                        max_size=MAX_MESSAGE_BYTES,
+                        open_timeout=10,
+                        ping_interval=20,
+                        ping_timeout=20,
+                    ) as connection:
+                        await self._session(connection)
+                except (
+                    OSError,
+                    TimeoutError,
+                    websockets.exceptions.WebSocketException,
+                    ProtocolError,
+                ) as error:
+                    log.warning("portal connection lost or refused: %s", error)
+                finally:
+                    self.connected = False
+                # 4.
+                delay = self.backoff.next_delay()
+                log.info("reconnecting in %.1fs", delay)
+                await asyncio.sleep(delay)
+        finally:
+            for task in [*lifetime, *self.tasks, *self.log_pumps.values()]:
+                task.cancel()
+            await asyncio.gather(*lifetime, *self.tasks, *self.log_pumps.values(), return_exceptions=True)
+
+    async def _session(self, connection: Any) -> None:
+        """One connection.
+
+        1. Send hello: inventory, topology, health, every attempt on the node, drain reason.
+        2. Wait for welcome; take the intervals it sets.
+        3. Start the per-session loops: sender (outbox) and heartbeat.
+        4. Handle messages until the connection closes: a desired set is reconciled in
+           full (latest revision wins), requests run as tasks and are answered once.
+        """
+        # 1.
+        await self.refresh()
+        await connection.send(encode(await self.hello()))
+        # 2.
+        first = decode_from_portal(await asyncio.wait_for(connection.recv(), WELCOME_TIMEOUT_S))
+        if not isinstance(first, Welcome):
+            raise ProtocolError(f"expected welcome, got {first.type!r}")
+        self.heartbeat_interval_s = first.heartbeat_interval_s or self.config.heartbeat_interval_s
+        self.telemetry_interval_s = first.telemetry_interval_s or self.config.telemetry_interval_s
+        self.connected = True
+        self.backoff.reset()
+        self.sessions += 1
+        log.info("connected to the portal as node %s", first.node_id)
+        # 3.
+        loops = [asyncio.create_task(self._sender(connection)), asyncio.create_task(self._heartbeat_loop())]
+        try:
+            # 4.
+            async for text in connection:
+                try:
+                    message = decode_from_portal(text)
+                except UnsupportedVersionError:
+                    raise
+                except ProtocolError as error:
+                    log.error("ignoring a bad message from the portal: %s", error)
+                    continue
+                if isinstance(message, DesiredSet):
+                    self._spawn(self.apply_desired(message))
+                elif isinstance(message, Welcome):
+                    continue
+                else:
+                    self._spawn(self.handle_request(message))
+        finally:
+            self.connected = False
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _sender(self, connection: Any) -> None:
+        while True:
+            await self.outbox_ready.wait()
+            while self.outbox:
+                await connection.send(encode(self.outbox[0]))
+                self.outbox.popleft()  # only after the send succeeded
+            self.outbox_ready.clear()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            live = [record.attempt_id for record in self.store.all() if record.state.is_live]
+            self.send(Heartbeat(attempt_ids=live, uptime_s=round(time.monotonic() - self.started_at, 3)))
+            await asyncio.sleep(self.heartbeat_interval_s)
+
+    async def _telemetry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.telemetry_interval_s)
+            samples = [
+                self.health.assess(sample) for sample in self.backend.sample(self.gpu_load(), utc_now())
+            ]
+            if self.connected:
+                self.send(TelemetryBatch(samples=samples, dropped_samples=self.dropped_samples))
+                self.dropped_samples = 0
+            else:
+                self.dropped_samples += len(samples)
+
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.monitor_interval_s)
+            await self.refresh()
+            self.flush_logs()
+
+    def send(self, message: AgentToPortal) -> None:
+        self.outbox.append(message)
+        self.outbox_ready.set()
+
+    def _spawn(self, awaitable: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(awaitable)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent task failed", exc_info=task.exception())
+
+    # ------------------------------------------------------------------ hello
+
+    async def hello(self) -> Hello:
+        info: RuntimeInfo = await self.runtime.info()
+        if self.toolkit_version is not None:
+            info = info.model_copy(update={"nvidia_container_toolkit_version": self.toolkit_version})
+        reasons = drain_reasons(info, self.config.minimum_versions, self.check_toolkit)
+        gpus = [
+            gpu.model_copy(update={"healthy": False, "health_reason": reason})
+            if (reason := self.health.reason(gpu.uuid))
+            else gpu
+            for gpu in self.backend.inventory()
+        ]
+        return Hello(
+            node_name=self.config.node_name,
+            agent_version=AGENT_VERSION,
+            host=self.backend.host_info(),
+            runtime=info,
+            gpus=gpus,
+            attempts=[
+                ReportedAttempt(
+                    attempt_id=record.attempt_id,
+                    job_id=record.job_id,
+                    state=record.state,
+                    generation=record.generation,
+                    gpu_uuids=record.gpu_uuids,
+                    exit_code=record.exit_code,
+                    reason=record.reason,
+                )
+                for record in self.store.all()
+            ],
+            drain_reason="; ".join(reasons) or None,
+        )
+
+    # ------------------------------------------------------------------ status
+
+    async def refresh(self) -> None:
+        """Fold what the runtime shows into the records; report every change once."""
+        async with self.refresh_lock:
+            observed = {item.attempt_id: item for item in await self.runtime.list_attempts()}
+            records = {record.attempt_id: record for record in self.store.all()}
+            for attempt_id, item in observed.items():
+                if attempt_id not in records:  # a container whose record was lost with the state dir
+                    records[attempt_id] = AttemptRecord(
+                        attempt_id=attempt_id, job_id=item.job_id, state=AttemptState.STARTING, generation=0
+                    )
+                    self.store.put(records[attempt_id])
+            for record in records.values():
+                self._fold(record, observed.get(record.attempt_id))
+
+    def _fold(self, record: AttemptRecord, observed: ObservedAttempt | None) -> None:
+        if record.state.is_terminal:
+            return
+        exit_code, reason, message = None, None, ""
+        if observed is None:
+            if record.state == AttemptState.STARTING and record.attempt_id in self.starting:
+                return  # the runtime has not created it yet
+            state, reason, message = (
+                AttemptState.VANISHED,
+                ExitReason.VANISHED,
+                "no process or container found",
+            )
+        elif observed.state.is_terminal:
+            state, exit_code = observed.state, observed.exit_code
+            if observed.state == AttemptState.VANISHED:
+                reason, message = ExitReason.VANISHED, "ended without an exit code"
+            elif record.stop_reason is not None:
+                reason = record.stop_reason
+            else:
+                reason = ExitReason.SUCCEEDED if exit_code == 0 else ExitReason.FAILED
+        elif record.state in (AttemptState.STOPPING, AttemptState.CHECKPOINTING):
+            return  # the agent's own operation in progress outranks what the runtime shows
+        else:
+            state = observed.state
+        if state != record.state:
+            self._set_state(record, state, exit_code=exit_code, reason=reason, message=message)
+
+    def _set_state(
+        self,
+        record: AttemptRecord,
+        state: AttemptState,
+        exit_code: int | None = None,
+        reason: ExitReason | None = None,
+        message: str = "",
+        stop_reason: ExitReason | None = None,
+    ) -> None:
+        record.state = state
+        record.generation += 1
+        record.exit_code = exit_code
+        record.reason = reason
+        record.message = message
+        if stop_reason is not None:
+            record.stop_reason = stop_reason
+        self.store.put(record)
+        self.send(self._status(record))
+
+    def _status(self, record: AttemptRecord) -> AttemptStatus:
+        return AttemptStatus(
+            attempt_id=record.attempt_id,
+            job_id=record.job_id,
+            state=record.state,
+            generation=record.generation,
+            time=utc_now(),
+            exit_code=record.exit_code,
+            reason=record.reason,
+            message=record.message[:4096],
+        )
+
+    def gpu_load(self) -> dict[str, list[GpuLoad]]:
+        load: dict[str, list[GpuLoad]] = {}
+        for record in self.store.all():
+            if record.state.is_live and record.spec is not None:
+                busy = record.state != AttemptState.SUSPENDED
+                memory = record.spec.resources.gpu_memory_mib
+                for uuid in record.gpu_uuids:
+                    load.setdefault(uuid, []).append(GpuLoad(record.attempt_id, busy, memory))
+        return load
+
+    # ------------------------------------------------------------------ logs
+
+    def ensure_log_pump(self, attempt_id: str) -> None:
+        """Stream an attempt's logs once per agent life (from line 0: chunks are idempotent)."""
+        if attempt_id not in self.log_pumps:
+            self.log_pumps[attempt_id] = asyncio.create_task(self._pump_logs(attempt_id))
+
+    async def _pump_logs(self, attempt_id: str) -> None:
+        async def pump(stream: Any) -> None:
+            async for line in self.runtime.logs(attempt_id, stream):
+                self.log_buffers.setdefault(attempt_id, []).append(line)
+
+        results = await asyncio.gather(*(pump(stream) for stream in LOG_STREAMS), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, RuntimeFailure):
+                log.warning("log stream of %s ended: %s", attempt_id, result)
+        self.flush_logs()
+
+    def flush_logs(self) -> None:
+        buffers, self.log_buffers = self.log_buffers, {}
+        for attempt_id, lines in buffers.items():
+            ordered = sorted(lines, key=lambda line: (line.stream, line.seq))
+            for chunk in chunk_lines(attempt_id, ordered):
+                self.send(chunk)
+
+    # ------------------------------------------------------------------ desired set
+
+    async def apply_desired(self, desired: DesiredSet) -> None:
+        """Converge to a desired set: stops first (GPUs freed), then everything else in order."""
+        if desired.revision < self.last_revision:
+            log.info("ignoring desired set revision %d (applied %d)", desired.revision, self.last_revision)
+            return
+        self.last_revision = desired.revision
+        async with self.reconcile_lock:
+            await self.refresh()
+            local = [LocalAttempt(r.attempt_id, r.state, r.grace_s) for r in self.store.all()]
+            actions = reconcile(desired.attempts, local)
+            stops = [action for action in actions if isinstance(action, Stop)]
+            await asyncio.gather(
+                *(self.stop_attempt(s.attempt_id, s.grace_s, ExitReason.STOPPED) for s in stops)
+            )
+            for action in actions:
+                if isinstance(action, Start):
+                    await self.start_attempt(action.attempt)
+                elif isinstance(action, Suspend | Resume):
+                    await self._quietly(
+                        self._suspend_or_resume(action.attempt_id, isinstance(action, Suspend))
+                    )
+                elif isinstance(action, Watch):
+                    self.ensure_log_pump(action.attempt_id)
+                elif isinstance(action, Report):
+                    record = self.store.get(action.attempt_id)
+                    if record is not None:
+                        self.send(self._status(record))  # same generation: a harmless duplicate
+                elif isinstance(action, Remove):
+                    await self.remove_attempt(action.attempt_id)
+            await self.refresh()
+
+    async def start_attempt(self, attempt: DesiredAttempt) -> None:
+        record = AttemptRecord(
+            attempt_id=attempt.attempt_id, job_id=attempt.job_id, spec=attempt, state=AttemptState.STARTING
+        )
+        self.store.put(record)
+        self.send(self._status(record))
+        self.starting.add(attempt.attempt_id)
+        try:
+            await self.runtime.start(attempt)
+        except (PolicyError, RuntimeFailure) as error:
+            log.warning("attempt %s did not start: %s", attempt.attempt_id, error)
+            self._set_state(record, AttemptState.EXITED, reason=ExitReason.START_FAILED, message=str(error))
+            return
+        finally:
+            self.starting.discard(attempt.attempt_id)
+        self.ensure_log_pump(attempt.attempt_id)
+        await self.refresh()
+
+    async def stop_attempt(self, attempt_id: str, grace_s: float, reason: ExitReason) -> None:
+        record = self.store.get(attempt_id)
+        if record is None or record.state.is_terminal:
+            return
+        if record.state != AttemptState.STOPPING:
+            self._set_state(record, AttemptState.STOPPING, stop_reason=reason)
+        await self._quietly(self.runtime.stop(attempt_id, grace_s))
+        await self.refresh()
+
+    async def remove_attempt(self, attempt_id: str) -> None:
+        pump = self.log_pumps.pop(attempt_id, None)
+        if pump is not None:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+        self.log_buffers.pop(attempt_id, None)
+        await self._quietly(self.runtime.remove(attempt_id))
+        self.store.delete(attempt_id)
+
+    async def _suspend_or_resume(self, attempt_id: str, suspend: bool) -> None:
+        if suspend:
+            await self.runtime.suspend(attempt_id)
+        else:
+            await self.runtime.resume(attempt_id)
+        await self.refresh()
+
+    async def _quietly(self, awaitable: Awaitable[Any]) -> None:
+        """Runtime errors during reconcile are logged; the next reconcile tries again."""
+        try:
+            await awaitable
+        except RuntimeFailure as error:
+            log.warning("%s", error)
+
+    # ------------------------------------------------------------------ requests
+
+    async def handle_request(self, request: PortalRequest) -> None:
+        """Carry out a request once and answer it once; a repeated request id gets the same answer."""
+        if request.id in self.answers:
+            answer = self.answers[request.id]
+            if answer is not None:
+                self.send(answer)
+            return
+        self.answers[request.id] = None
+        while len(self.answers) > REMEMBERED_REQUESTS:
+            self.answers.popitem(last=False)
+        try:
+            answer = await self._carry_out(request)
+        except RuntimeFailure as error:
+            answer = RequestReject(request_id=request.id, attempt_id=request.attempt_id, reason=str(error))
+        self.answers[request.id] = answer
+        self.send(answer)
+
+    async def _carry_out(self, request: PortalRequest) -> RequestAck | RequestReject:
+        record = self.store.get(request.attempt_id)
+        if record is None or not record.state.is_live:
+            return RequestReject(
+                request_id=request.id,
+                attempt_id=request.attempt_id,
+                reason=f"attempt {request.attempt_id} is not running on this node",
+            )
+        needs_running = isinstance(request, SuspendRequest | ResumeRequest | CheckpointRequest)
+        if needs_running and record.state not in (AttemptState.RUNNING, AttemptState.SUSPENDED):
+            return RequestReject(
+                request_id=request.id,
+                attempt_id=request.attempt_id,
+                reason=f"attempt {request.attempt_id} is {record.state}",
+            )
+        if isinstance(request, SignalRequest):
+            await self.runtime.signal(request.attempt_id, request.signal)
+        elif isinstance(request, SuspendRequest | ResumeRequest):
+            await self._suspend_or_resume(request.attempt_id, isinstance(request, SuspendRequest))
+        elif isinstance(request, StopRequest):
+            grace = request.grace_period_s if request.grace_period_s is not None else record.grace_s
+            await self.stop_attempt(request.attempt_id, grace, ExitReason.STOPPED)
+        elif isinstance(request, CheckpointRequest):
+            return await self._checkpoint(request, record)
+        return RequestAck(request_id=request.id, attempt_id=request.attempt_id)
+
+    async def _checkpoint(
+        self, request: CheckpointRequest, record: AttemptRecord
+    ) -> RequestAck | RequestReject:
+        """Signal, wait for a new marker up to the grace period, stop, report checkpoint_done.
+
+        Without a marker in time the attempt is stopped all the same (the portal wants the
+        GPUs back) and the request is rejected: the job resumes from its last complete
+        checkpoint.
+        """
+        spec = record.spec
+        if spec is None or spec.checkpoint_dir is None:
+            return RequestReject(
+                request_id=request.id,
+                attempt_id=record.attempt_id,
+                reason="the attempt has no checkpoint directory",
+            )
+        grace = request.grace_period_s if request.grace_period_s is not None else spec.grace_period_s
+        directory = Path(spec.checkpoint_dir).resolve()
+        before = marker_identity(directory)
+        self._set_state(record, AttemptState.CHECKPOINTING, stop_reason=ExitReason.CHECKPOINTED)
+        await self.runtime.signal(record.attempt_id, spec.checkpoint_signal)
+        try:
+            found = await wait_for_new_marker(
+                directory, before, grace, self._still_running(record.attempt_id)
+            )
+            problem = None if found else f"no new checkpoint marker within {grace:g}s"
+        except BadMarkerError as error:
+            found, problem = None, str(error)
+        if found is not None:
+            self.send(
+                CheckpointDone(
+                    attempt_id=record.attempt_id,
+                    request_id=request.id,
+                    path=str(found.path),
+                    size_bytes=found.size_bytes,
+                    step=found.step,
+                    time=found.time,
+                )
+            )
+        reason = ExitReason.CHECKPOINTED if found is not None else ExitReason.STOPPED
+        await self.stop_attempt(record.attempt_id, grace, reason)
+        if problem is not None:
+            return RequestReject(request_id=request.id, attempt_id=record.attempt_id, reason=problem)
+        return RequestAck(request_id=request.id, attempt_id=record.attempt_id)
+
+    def _still_running(self, attempt_id: str) -> Callable[[], Awaitable[bool]]:
+        async def still_running() -> bool:
+            observed = [item for item in await self.runtime.list_attempts() if item.attempt_id == attempt_id]
+            return bool(observed) and observed[0].state.is_live
+
+        return still_running

@@ -1,0 +1,135 @@
+"""The agent's configuration, from the command line (``python -m agents --help``).
+
+The node token is read from a file, never from the command line or the environment,
+so it does not show up in process listings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from agents.runtime.policy import VolumeRoot
+from agents.versions import MinimumVersions
+
+AGENT_PATH = "/ws/agent/"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    portal_url: str  # the websocket URL, already ending in /ws/agent/
+    token: str
+    runtime: str = "process"
+    simulate: str | None = None
+    state_dir: Path = Path("/var/lib/gpuportal-agent")
+    node_name: str = field(default_factory=socket.gethostname)
+    telemetry_interval_s: float = 5.0
+    heartbeat_interval_s: float = 10.0
+    monitor_interval_s: float = 0.5
+    volume_roots: tuple[VolumeRoot, ...] = ()
+    checkpoint_roots: tuple[Path, ...] = ()
+    docker_host: str | None = None
+    network_mode: str = "none"
+    request_gpus: bool = True
+    minimum_versions: MinimumVersions = field(default_factory=MinimumVersions)
+    seed: int = 0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 60.0
+    log_level: str = "INFO"
+
+
+def agent_url(portal: str) -> str:
+    """``http(s)://host[:port]`` or ``ws(s)://...`` -> the agent websocket URL on that portal."""
+    parts = urlsplit(portal)
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
+    if scheme is None or not parts.netloc:
+        raise ValueError(f"portal URL {portal!r} must be http(s):// or ws(s):// with a host")
+    path = parts.path.rstrip("/")
+    if not path.endswith(AGENT_PATH.rstrip("/")):
+        path += AGENT_PATH.rstrip("/")
+    return urlunsplit((scheme, parts.netloc, path + "/", "", ""))
+
+
+def is_loopback_url(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_args(argv: list[str] | None = None) -> AgentConfig:
+    parser = argparse.ArgumentParser(prog="python -m agents", description="GPU Portal node agent")
+    parser.add_argument("--portal", required=True, help="portal base URL, e.g. https://portal.example.org")
+    parser.add_argument("--token-file", required=True, type=Path, help="file holding this node's token")
+    parser.add_argument("--runtime", choices=("docker", "process"), default="docker")
+    parser.add_argument(
+        "--simulate", metavar="dgx-a100|dgx1-v100|FILE", help="simulated GPUs instead of NVML"
+    )
+    parser.add_argument("--state-dir", type=Path, default=Path("/var/lib/gpuportal-agent"))
+    parser.add_argument("--node-name", default=socket.gethostname())
+    parser.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds, at least 1")
+    parser.add_argument("--heartbeat-interval", type=float, default=10.0, help="seconds, at least 1")
+    parser.add_argument(
+        "--volume-root",
+        action="append",
+        default=[],
+        metavar="PATH[:rw]",
+        help="host directory jobs may mount (read-only unless :rw); repeatable",
+    )
+    parser.add_argument(
+        "--checkpoint-root",
+        action="append",
+        default=[],
+        type=Path,
+        help="directory checkpoint dirs must lie in; repeatable (default: STATE_DIR/checkpoints)",
+    )
+    parser.add_argument("--docker-host", help="Docker endpoint (default: DOCKER_HOST or the local socket)")
+    parser.add_argument("--network-mode", default="none", help="network of job containers (never host)")
+    parser.add_argument(
+        "--no-gpu-request",
+        action="store_true",
+        help="do not ask Docker for NVIDIA devices (no NVIDIA runtime)",
+    )
+    parser.add_argument("--min-docker-version", default=MinimumVersions.docker)
+    parser.add_argument("--min-runc-version", default=MinimumVersions.runc)
+    parser.add_argument("--min-nvidia-toolkit-version", default=MinimumVersions.nvidia_container_toolkit)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the simulated telemetry")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    if args.telemetry_interval < 1 or args.heartbeat_interval < 1:
+        parser.error("intervals must be at least 1 second")
+    if args.network_mode == "host" or args.network_mode.startswith("container:"):
+        parser.error("job containers never share the host's or another container's network")
+    token = args.token_file.read_text().strip()
+    if not token:
+        parser.error(f"token file {args.token_file} is empty")
+    state_dir = args.state_dir.resolve()
+    return AgentConfig(
+        portal_url=agent_url(args.portal),
+        token=token,
+        runtime=args.runtime,
+        simulate=args.simulate,
+        state_dir=state_dir,
+        node_name=args.node_name,
+        telemetry_interval_s=args.telemetry_interval,
+        heartbeat_interval_s=args.heartbeat_interval,
+        volume_roots=tuple(VolumeRoot.parse(text) for text in args.volume_root),
+        checkpoint_roots=tuple(args.checkpoint_root) or (state_dir / "checkpoints",),
+        docker_host=args.docker_host,
+        network_mode=args.network_mode,
+        request_gpus=not args.no_gpu_request,
+        minimum_versions=MinimumVersions(
+            docker=args.min_docker_version or None,
+            runc=args.min_runc_version or None,
+            nvidia_container_toolkit=args.min_nvidia_toolkit_version or None,
+        ),
+        seed=args.seed,
+        log_level=args.log_level.upper(),
+    )

@@ -1,0 +1,107 @@
+"""Reconcile: the portal's desired set vs. what runs on the node -> the actions that converge them.
+
+A pure function, run on every desired set (so after every reconnect too). The rules:
+
+- desired, unknown here          -> Start (an attempt runs at most once: see below)
+- desired, live here             -> Watch (make sure logs stream), and Suspend or Resume
+                                    until the live state matches ``run_state``
+- desired, ended here            -> Report its terminal state again; never restart it,
+                                    the portal makes a new attempt if it wants another run
+- not desired, live here         -> Stop with the attempt's grace period (moved elsewhere,
+                                    cancelled or preempted); left alone while already
+                                    stopping or checkpointing, which end in a stop anyway
+- not desired, ended here        -> Report once more, then Remove (forget it)
+
+Stops come first in the returned list: the agent finishes them before it starts anything,
+so GPUs freed by a stop are free before an attempt that was given them starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agents.protocol import AttemptState, DesiredAttempt
+
+
+@dataclass(frozen=True)
+class LocalAttempt:
+    """What the agent knows about one attempt on its node."""
+
+    attempt_id: str
+    state: AttemptState
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class Start:
+    attempt: DesiredAttempt
+
+
+@dataclass(frozen=True)
+class Stop:
+    attempt_id: str
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class Suspend:
+    attempt_id: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    attempt_id: str
+
+
+@dataclass(frozen=True)
+class Watch:
+    attempt_id: str
+
+
+@dataclass(frozen=True)
+class Report:
+    attempt_id: str
+
+
+@dataclass(frozen=True)
+class Remove:
+    attempt_id: str
+
+
+Action = Start | Stop | Suspend | Resume | Watch | Report | Remove
+
+_PHASE = {Stop: 0, Suspend: 1, Resume: 2, Start: 3, Watch: 4, Report: 5, Remove: 6}
+_IN_PROGRESS = frozenset({AttemptState.STOPPING, AttemptState.CHECKPOINTING})
+
+
+def reconcile(desired: Sequence[DesiredAttempt], local: Sequence[LocalAttempt]) -> list[Action]:
+    """The actions, stops first, each phase in attempt-id order (deterministic)."""
+    actions: list[Action] = []
+    local_by_id = {item.attempt_id: item for item in local}
+    desired_ids = set()
+    for attempt in desired:
+        desired_ids.add(attempt.attempt_id)
+        here = local_by_id.get(attempt.attempt_id)
+        if here is None:
+            actions.append(Start(attempt))
+        elif here.state.is_terminal:
+            actions.append(Report(attempt.attempt_id))
+        else:
+            actions.append(Watch(attempt.attempt_id))
+            if attempt.run_state == "suspended" and here.state == AttemptState.RUNNING:
+                actions.append(Suspend(attempt.attempt_id))
+            elif attempt.run_state == "running" and here.state == AttemptState.SUSPENDED:
+                actions.append(Resume(attempt.attempt_id))
+    for here in local:
+        if here.attempt_id in desired_ids:
+            continue
+        if here.state.is_terminal:
+            actions += [Report(here.attempt_id), Remove(here.attempt_id)]
+        elif here.state not in _IN_PROGRESS:
+            actions.append(Stop(here.attempt_id, here.grace_s))
+    return sorted(actions, key=lambda action: (_PHASE[type(action)], _attempt_id(action)))
+
+
+def _attempt_id(action: Action) -> str:
+    return action.attempt.attempt_id if isinstance(action, Start) else action.attempt_id
