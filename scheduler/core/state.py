@@ -142,10 +142,22 @@ class ClusterState:
         self._add_usage(hold, -len(hold.gpu_indices))
 
     def _add_usage(self, hold: GpuHold, delta: int) -> None:
+        # Zero counts are removed so that an undone statement leaves the state equal to the
+        # one before, entry for entry.
         by_model = self.used.setdefault(hold.vc, {})
-        by_model[hold.model] = by_model.get(hold.model, 0) + delta
+        count = by_model.get(hold.model, 0) + delta
+        if count:
+            by_model[hold.model] = count
+        else:
+            by_model.pop(hold.model, None)
+            if not by_model:
+                del self.used[hold.vc]
         key = (hold.vc, hold.user)
-        self.user_used[key] = self.user_used.get(key, 0) + delta
+        count = self.user_used.get(key, 0) + delta
+        if count:
+            self.user_used[key] = count
+        else:
+            self.user_used.pop(key, None)
 
     def _move_bucket(self, model: str, node_idx: int, before: int, after: int) -> None:
         buckets = self.buckets[model]

@@ -1,0 +1,185 @@
+"""Property tests: random sequences of submit, finish, cancel, node failure, node return and
+quota change, applied the way the portal applies plans; invariants checked after every step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sched_builders import gpus
+
+from scheduler.core import (
+    JobId,
+    Node,
+    NodeName,
+    NodeState,
+    PendingJob,
+    Plan,
+    Profile,
+    Quota,
+    RunningJob,
+    Snapshot,
+    UserName,
+    VcName,
+    VirtualCluster,
+    decide,
+    load_profile,
+)
+
+VCS = ("vision", "speech", "nlp")
+NODE_COUNT = 4
+
+submit = st.tuples(
+    st.just("submit"),
+    st.sampled_from([1, 1, 2, 4, 8]),  # GPUs per replica
+    st.sampled_from([1, 1, 1, 2, 3]),  # replicas
+    st.sampled_from(VCS),
+    st.sampled_from([0, 100, 1000]),  # priority
+)
+finish = st.tuples(st.just("finish"), st.integers(0, 50))
+cancel = st.tuples(st.just("cancel"), st.integers(0, 50))
+node_down = st.tuples(st.just("node_down"), st.integers(0, NODE_COUNT - 1))
+node_up = st.tuples(st.just("node_up"), st.integers(0, NODE_COUNT - 1))
+cordon = st.tuples(st.just("cordon"), st.integers(0, NODE_COUNT - 1))
+quota = st.tuples(st.just("quota"), st.sampled_from(VCS), st.integers(0, 16), st.integers(0, 16))
+step = st.one_of(submit, submit, finish, cancel, node_down, node_up, cordon, quota)
+
+
+@dataclass
+class Portal:
+    """The part of the portal that applies plans, in memory."""
+
+    nodes: list[Node]
+    quotas: dict[str, tuple[int, int]]
+    now: float = 0.0
+    running: dict[str, RunningJob] = field(default_factory=dict)
+    pending: dict[str, PendingJob] = field(default_factory=dict)
+    next_id: int = 0
+
+    def snapshot(self) -> Snapshot:
+        vcs = tuple(
+            VirtualCluster(VcName(v), (Quota("*", g, b),)) for v, (g, b) in sorted(self.quotas.items())
+        )
+        return Snapshot(tuple(self.nodes), vcs, tuple(self.running.values()), tuple(self.pending.values()))
+
+    def apply(self, op: tuple[object, ...]) -> None:
+        kind = op[0]
+        if kind == "submit":
+            _, per, replicas, vc, priority = op
+            job_id = f"j{self.next_id}"
+            self.next_id += 1
+            self.pending[job_id] = PendingJob(
+                JobId(job_id),
+                VcName(str(vc)),
+                UserName("u"),
+                int(replicas),
+                int(per),  # type: ignore[call-overload]
+                submitted_at=self.now,
+                priority=int(priority),  # type: ignore[call-overload]
+            )
+        elif kind in ("finish", "cancel"):
+            pool = self.running if kind == "finish" else self.pending
+            if pool:
+                victim = sorted(pool)[int(op[1]) % len(pool)]  # type: ignore[call-overload]
+                del pool[victim]
+        elif kind in ("node_down", "node_up", "cordon"):
+            index = int(op[1])  # type: ignore[call-overload]
+            state = {
+                "node_down": NodeState.NOT_READY,
+                "node_up": NodeState.READY,
+                "cordon": NodeState.CORDONED,
+            }[kind]
+            node = self.nodes[index]
+            self.nodes[index] = replace(node, state=state)
+            if kind == "node_down":  # jobs on a lost node go back to the queue
+                for job in [
+                    j for j in self.running.values() if any(r.node == node.name for r in j.placement)
+                ]:
+                    self._requeue(job)
+        elif kind == "quota":
+            _, vc, guaranteed, borrow = op
+            self.quotas[str(vc)] = (int(guaranteed), int(borrow))  # type: ignore[call-overload]
+
+    def _requeue(self, job: RunningJob) -> None:
+        del self.running[job.id]
+        self.pending[job.id] = PendingJob(
+            job.id,
+            job.vc,
+            job.user,
+            len(job.placement),
+            len(job.placement[0].gpu_indices),
+            submitted_at=job.submitted_at,
+            priority=job.priority,
+            attained_gpu_s=job.attained_gpu_s,
+            queued_at=self.now,
+        )
+
+    def apply_plan(self, plan: Plan) -> None:
+        for preemption in plan.preemptions:
+            self._requeue(self.running[preemption.job_id])
+        for start in plan.starts:
+            job = self.pending.pop(start.job_id)
+            self.running[job.id] = RunningJob(
+                job.id,
+                job.vc,
+                job.user,
+                start.placement,
+                started_at=self.now,
+                priority=job.priority,
+                attained_gpu_s=job.attained_gpu_s,
+                submitted_at=job.submitted_at,
+            )
+
+
+def check_invariants(portal: Portal, before: Snapshot, plan: Plan) -> None:
+    pending_before = {j.id: j for j in before.pending}
+    nodes = {n.name: n for n in before.nodes}
+    # Gangs whole or absent, on usable GPUs only.
+    for start in plan.starts:
+        job = pending_before[start.job_id]
+        assert len(start.placement) == job.replicas
+        for replica in start.placement:
+            assert len(replica.gpu_indices) == job.gpus_per_replica
+            node = nodes[replica.node]
+            assert node.state == NodeState.READY
+            assert all(node.gpus[i].healthy for i in replica.gpu_indices)
+    # No GPU in two placements.
+    held: set[tuple[str, int]] = set()
+    for job in portal.running.values():
+        for replica in job.placement:
+            for index in replica.gpu_indices:
+                assert (replica.node, index) not in held, f"GPU {replica.node}/{index} given twice"
+                held.add((replica.node, index))
+    # A VC that started work is within guarantee + borrow limit afterwards.
+    started_vcs = {pending_before[s.job_id].vc for s in plan.starts}
+    for vc in started_vcs:
+        guaranteed, borrow = portal.quotas[vc]
+        used = sum(j.gpus for j in portal.running.values() if j.vc == vc)
+        assert used <= guaranteed + borrow, f"VC {vc} holds {used} > {guaranteed} + {borrow}"
+    # Every job still pending has a reason.
+    reasons = {p.job_id: p for p in plan.pending}
+    started = {s.job_id for s in plan.starts}
+    for job_id in pending_before:
+        if job_id not in started:
+            assert reasons[job_id].message and reasons[job_id].reason
+
+
+PROFILES = {name: load_profile(name) for name in ("fifo", "tiresias", "default")}
+
+
+@pytest.mark.parametrize("profile_name", sorted(PROFILES))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(step, min_size=1, max_size=40))
+def test_invariants_hold_after_every_step(profile_name: str, steps: list[tuple[object, ...]]) -> None:
+    profile: Profile = PROFILES[profile_name]
+    nodes = [Node(NodeName(f"n{i}"), gpus(8), rack=f"r{i // 2}") for i in range(NODE_COUNT)]
+    portal = Portal(nodes, {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
+    for op in steps:
+        portal.apply(op)
+        portal.now += 60.0
+        before = portal.snapshot()
+        plan = decide(before, profile, portal.now)
+        portal.apply_plan(plan)
+        check_invariants(portal, before, plan)

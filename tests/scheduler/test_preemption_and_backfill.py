@@ -1,0 +1,190 @@
+"""Table tests for preemption (priority, reclaim, LAS) and backfill behind a reservation."""
+
+from __future__ import annotations
+
+import pytest
+from sched_builders import Snap, profile
+
+from scheduler.core import ReasonCode, decide
+
+PREEMPT = profile(
+    queue_sort=["priority", "las", "fifo"],
+    admission=["vc_quota"],
+    preemption=["priority", "reclaim", "las"],
+    plugin_args={"las": {"thresholds": [3600]}},
+    cycle={"grace_period_s": 45, "min_runtime_s": 600},
+)
+
+
+def full_node() -> Snap:
+    return Snap().node("n0", 8)
+
+
+CASES = [
+    pytest.param(
+        full_node()
+        .running("dev", [("n0", tuple(range(8)))], priority=100, started_at=0)
+        .pending("prod", 8, priority=1000, submitted_at=5000),
+        {"dev"},
+        "priority",
+        id="higher-priority-preempts-lower",
+    ),
+    pytest.param(
+        full_node()
+        .running("prod", [("n0", tuple(range(8)))], priority=1000, started_at=0)
+        .pending("dev", 8, priority=100, submitted_at=5000),
+        set(),
+        None,
+        id="lower-priority-never-preempts-higher",
+    ),
+    pytest.param(
+        full_node()
+        .running("dev", [("n0", tuple(range(8)))], priority=100, started_at=4800)
+        .pending("prod", 8, priority=1000, submitted_at=5000),
+        set(),
+        None,
+        id="minimum-runtime-protects-a-young-job",
+    ),
+    pytest.param(
+        full_node()
+        .running("dev", [("n0", tuple(range(8)))], priority=100, preemptible=False)
+        .pending("prod", 8, priority=1000, submitted_at=5000),
+        set(),
+        None,
+        id="non-preemptible-is-never-a-victim",
+    ),
+    pytest.param(
+        full_node()
+        .running("old", [("n0", tuple(range(8)))], attained_gpu_s=8 * 4000)
+        .pending("new", 4, submitted_at=5000),
+        {"old"},
+        "las",
+        id="las-demotes-the-job-with-more-service",
+    ),
+    pytest.param(
+        full_node()
+        .running("young", [("n0", tuple(range(8)))], attained_gpu_s=1000)
+        .pending("new", 4, submitted_at=5000),
+        set(),
+        None,
+        id="las-same-queue-does-not-preempt",
+    ),
+    pytest.param(
+        full_node()
+        .running("cheap", [("n0", (0, 1, 2, 3))], priority=100, last_checkpoint_at=4900)
+        .running("costly", [("n0", (4, 5, 6, 7))], priority=100, last_checkpoint_at=1000)
+        .pending("prod", 4, priority=1000, submitted_at=5000),
+        {"cheap"},
+        "priority",
+        id="victim-loses-least-work-since-checkpoint",
+    ),
+    pytest.param(
+        Snap()
+        .node("n0", 8)
+        .node("n1", 8)
+        .running("gang", [("n0", (0, 1, 2, 3)), ("n1", (0, 1, 2, 3))], priority=100)
+        .running("fill0", [("n0", (4, 5, 6, 7))], priority=1000)
+        .running("fill1", [("n1", (4, 5, 6, 7))], priority=1000)
+        .pending("prod", 4, priority=1000, submitted_at=5000),
+        {"gang"},
+        "priority",
+        id="whole-gang-is-preempted",
+    ),
+]
+
+
+@pytest.mark.parametrize(("snap", "victims", "reason"), CASES)
+def test_preemption(snap: Snap, victims: set[str], reason: str | None) -> None:
+    plan = decide(snap.build(), PREEMPT, now=5000.0)
+    assert {p.job_id for p in plan.preemptions} == victims
+    if victims:
+        assert {p.reason for p in plan.preemptions} == {reason}
+        assert all(p.grace_period_s == 45 for p in plan.preemptions)
+        (waiting,) = plan.pending
+        assert waiting.reason is ReasonCode.WAITING_FOR_PREEMPTION
+        assert waiting.estimated_start == pytest.approx(5045.0)
+    assert not plan.starts
+
+
+def test_reclaim_takes_back_only_borrowed_work() -> None:
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .vc("vision", 4)
+        .vc("speech", 4, borrow=4)
+        .running("speech-own", [("n0", (0, 1, 2, 3))], vc="speech", started_at=0)
+        .running("speech-borrowed", [("n0", (4, 5, 6, 7))], vc="speech", started_at=100)
+        .pending("vision-job", 4, vc="vision", submitted_at=5000)
+    )
+    plan = decide(snap.build(), PREEMPT, now=5000.0)
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == [("speech-borrowed", "reclaim")]
+    assert "reclaims its guaranteed GPUs" in plan.preemptions[0].message
+
+
+def test_no_reclaim_beyond_the_guarantee() -> None:
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .vc("vision", 2, borrow=8)
+        .vc("speech", 4, borrow=4)
+        .running("speech-own", [("n0", (0, 1, 2, 3))], vc="speech", started_at=0)
+        .running("speech-borrowed", [("n0", (4, 5, 6, 7))], vc="speech", started_at=100)
+        .pending("vision-job", 4, vc="vision", submitted_at=5000)
+    )
+    plan = decide(snap.build(), PREEMPT, now=5000.0)
+    assert not plan.preemptions  # 4 GPUs would exceed vision's guarantee of 2: it may only borrow
+
+
+def test_stopping_jobs_are_counted_not_preempted_again() -> None:
+    snap = (
+        full_node()
+        .running("dev", [("n0", tuple(range(8)))], priority=100, stopping=True)
+        .pending("prod", 8, priority=1000, submitted_at=5000)
+    )
+    plan = decide(snap.build(), PREEMPT, now=5000.0)
+    assert not plan.preemptions
+    assert plan.pending[0].reason is ReasonCode.WAITING_FOR_PREEMPTION
+
+
+BACKFILL = profile(queue_sort=["fifo"], backfill="backfill")
+
+
+@pytest.mark.parametrize(
+    ("limit", "gpus", "starts"),
+    [
+        pytest.param(500.0, 2, True, id="short-job-ends-before-the-reservation"),
+        pytest.param(5000.0, 2, False, id="long-job-would-delay-the-reservation"),
+        pytest.param(5000.0, 1, True, id="long-job-fits-in-the-spare-gpus"),
+    ],
+)
+def test_backfill(limit: float, gpus: int, starts: bool) -> None:
+    # 9 GPUs, 3 free now; a 6-GPU job runs until its time limit at t=1000. The 8-GPU head job
+    # is reserved for t=1000, when 9 GPUs are free: 1 spare GPU for long jobs that start now.
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .running("r", [("n0", (0, 1, 2, 3, 4, 5))], time_limit_s=1000.0)
+        .node("n1", 1)
+        .pending("head", 8, submitted_at=1)
+        .pending("later", gpus, submitted_at=2, time_limit_s=limit)
+    )
+    plan = decide(snap.build(), BACKFILL, now=0.0)
+    assert plan.reservation == "head"
+    assert ("later" in {s.job_id for s in plan.starts}) is starts
+    if not starts:
+        later = next(p for p in plan.pending if p.job_id == "later")
+        assert later.reason is ReasonCode.HELD_FOR_RESERVATION
+        assert later.message.startswith("held for the reservation of job head")
+
+
+def test_without_backfill_plugin_later_jobs_start_greedily() -> None:
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .running("r", [("n0", (0, 1, 2, 3, 4, 5, 6))], time_limit_s=1000.0)
+        .pending("head", 8, submitted_at=1)
+        .pending("later", 1, submitted_at=2, time_limit_s=50000.0)
+    )
+    plan = decide(snap.build(), profile(queue_sort=["fifo"]), now=0.0)
+    assert [s.job_id for s in plan.starts] == ["later"]
+    assert plan.reservation is None
