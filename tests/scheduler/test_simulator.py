@@ -1,0 +1,151 @@
+"""Simulator: trace parsers, gang shapes, and golden figures on a tiny trace.
+
+The golden numbers are derived by hand in the comments (one node of 4 GPUs):
+  j1 (3 GPUs, 100 s) at t=0, j2 (2 GPUs, 50 s) at t=10, j3 (1 GPU, 30 s) at t=20,
+  j4 (8 GPUs) is wider than the cluster and dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scheduler.core import Profile, load_profile
+from scheduler.sim import Simulator, gang_shape, load_trace, summarize
+from scheduler.sim.__main__ import main
+from scheduler.sim.cluster import parse_cluster_spec, uniform_cluster
+
+DATA = Path(__file__).parent / "data"
+TINY = DATA / "tiny_itp.csv"
+
+
+def run(profile: Profile, overhead: float = 0.0) -> dict[str, object]:
+    trace = load_trace(TINY, "itp")
+    return summarize(Simulator(uniform_cluster(1, 4), profile, trace.jobs, preempt_overhead_s=overhead).run())
+
+
+def test_golden_fifo_with_backfill() -> None:
+    # t=10: j2 needs 2, 1 free: blocked, reserved for t=100 when 4 are free (2 spare).
+    # t=20: j3 (1 GPU, no estimate: 3600 s assumed) cannot finish before t=100 but fits in the
+    #       spare GPUs: backfilled, runs 20..50. t=100: j1 ends, j2 runs 100..150.
+    # JCT: j1 100, j2 140, j3 30. Busy GPU-time while a job waited (t=10..100):
+    # 3*10 + 4*30 + 3*50 = 300 of 4*90 = 360.
+    s = run(load_profile("fifo"))
+    assert s["jobs"] == 4 and s["jobs_completed"] == 3 and s["jobs_dropped"] == 1
+    assert s["avg_jct_s"] == pytest.approx(90.0)
+    assert (s["p50_jct_s"], s["p95_jct_s"], s["p99_jct_s"]) == (100.0, 140.0, 140.0)
+    assert s["avg_queue_s"] == pytest.approx(30.0)
+    assert s["makespan_s"] == 150.0
+    assert s["gpu_allocation"] == pytest.approx(300 / 360, abs=1e-4)
+    assert s["zero_wait_bound_s"] == pytest.approx(60.0)
+    assert s["preemptions"] == 0
+    assert s["jobs_waited"] == 1
+
+
+def test_golden_las_preempts_at_the_threshold() -> None:
+    # LAS with one threshold at 60 GPU-seconds, free preemption.
+    # t=10: j2 waits (j1 has 30 GPU-s, same queue); LAS asks for a cycle at t=20, when j1
+    #       reaches 60 GPU-s (3 GPUs). t=20: j1 is demoted and preempted; j2 (2 GPUs, 20..70)
+    #       and j3 (1 GPU, 20..50) start. j2 reaches 60 GPU-s at t=50: same queue as j1, no
+    #       preemption. t=70: j2 ends; j1 resumes with 80 s left and ends at t=150.
+    # JCT: j1 150, j2 60, j3 30.
+    profile = Profile.from_dict(
+        {
+            "name": "las-test",
+            "plugins": {"queue_sort": ["las", "fifo"], "preemption": ["las"], "post_cycle": ["las"]},
+            "plugin_args": {"las": {"thresholds": [60]}},
+        }
+    )
+    s = run(profile)
+    assert s["preemptions"] == 1
+    assert s["avg_jct_s"] == pytest.approx(80.0)
+    assert s["p50_jct_s"] == 60.0
+    assert s["makespan_s"] == 150.0
+
+
+def test_preemption_overhead_delays_the_release() -> None:
+    # With 30 s of checkpointing, j1's GPUs come free at t=50 instead of t=20: j2 runs 50..100,
+    # j3 still gets the idle GPU at t=20.
+    profile = Profile.from_dict(
+        {
+            "name": "las-test",
+            "plugins": {"queue_sort": ["las", "fifo"], "preemption": ["las"], "post_cycle": ["las"]},
+            "plugin_args": {"las": {"thresholds": [60]}},
+        }
+    )
+    free = run(profile, overhead=0.0)
+    costly = run(profile, overhead=30.0)
+    assert costly["avg_jct_s"] > free["avg_jct_s"]
+
+
+def test_cli_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--trace", str(TINY), "--format", "itp", "--cluster", "1x4", "--profile", "fifo", "--json"])
+    assert code == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    for key in (
+        "jobs",
+        "jobs_completed",
+        "jobs_dropped",
+        "avg_jct_s",
+        "p50_jct_s",
+        "p95_jct_s",
+        "p99_jct_s",
+        "avg_queue_s",
+        "makespan_s",
+        "gpu_allocation",
+        "preemptions",
+        "per_vc",
+        "estimate_within_2x",
+        "zero_wait_bound_s",
+        "wall_s",
+    ):
+        assert key in summary
+    assert summary["avg_jct_s"] == pytest.approx(90.0)
+
+
+def test_parsers_read_the_published_layouts(tmp_path: Path) -> None:
+    philly = tmp_path / "philly.csv"
+    philly.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-09-04 10:30:41,100.0,8,800.0,7f04ca\n"
+        "2017-09-04 10:31:41,50.0,1,50.0,6214e9\n"
+    )
+    jobs = load_trace(philly, "philly").jobs
+    assert [(j.submit, j.duration, j.gpus, j.vc) for j in jobs] == [
+        (0.0, 100.0, 8, "7f04ca"),
+        (60.0, 50.0, 1, "6214e9"),
+    ]
+
+    openb = tmp_path / "openb.csv"
+    openb.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+        "p0,12000,16384,1,460,,LS,Running,5,105,10\n"
+        "p1,6000,12288,0,0,,BE,Running,1,50,1\n"
+        "p2,6000,12288,2,1000,,BE,Pending,3,,\n"
+    )
+    trace = load_trace(openb, "openb")
+    assert [(j.id, j.submit, j.duration, j.gpus, j.cpu_milli) for j in trace.jobs] == [
+        ("p0", 5.0, 95.0, 1, 12000)
+    ]
+    assert trace.skipped == 2
+
+    itp = load_trace(TINY, "itp")
+    assert [j.gpus for j in itp.jobs] == [3, 2, 1, 8]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "node", "shape"),
+    [(4, 8, (1, 4)), (16, 8, (2, 8)), (16, 4, (4, 4)), (12, 8, (2, 6)), (64, 4, (16, 4))],
+    ids=["fits-a-node", "two-full-nodes", "four-small-nodes", "uneven-splits-evenly", "wide-gang"],
+)
+def test_gang_shape(gpus: int, node: int, shape: tuple[int, int]) -> None:
+    assert gang_shape(gpus, node) == shape
+
+
+@pytest.mark.parametrize("spec", ["32", "0x4", "4x", "axb"])
+def test_bad_cluster_spec(spec: str) -> None:
+    with pytest.raises(ValueError):
+        parse_cluster_spec(spec)
