@@ -35,7 +35,7 @@ from scheduler.core.framework import (
     QueueSortPlugin,
     Status,
 )
-from scheduler.core.plugins.admission import borrowed_gpus, model_label
+from scheduler.core.plugins.admission import model_label
 from scheduler.core.profile import PluginSet, Profile
 from scheduler.core.registry import build_plugin
 from scheduler.core.state import ClusterState, GpuHold, build_state
@@ -191,6 +191,7 @@ class _CycleRun:
         # with the same key and at least as many GPUs cannot do better.
         self._failed_preemptions: dict[tuple[Any, ...], int] = {}
         self._horizons = [p for p in plugins.preemption if isinstance(p, PreemptionHorizonPlugin)]
+        self._blocked_shapes: dict[tuple[str, int, int], tuple[int, Status]] = {}
         self._rack_nodes: dict[str, list[int]] | None = None
 
     # -- step 4 ------------------------------------------------------------------------
@@ -218,14 +219,18 @@ class _CycleRun:
             ):
                 status = self._held_status(job)
             if status.ok:
-                borrowed = borrowed_gpus(self.state, job.vc, self._quota_model(job, model), job.gpus)
+                status = self._quick_fit(job, model)
+            if status.ok:
                 statement = Statement(self.state)
                 status = self._place(job, model, statement)
                 if status.ok:
-                    self._start(job, statement, borrowed)
+                    self._start(job, statement, model)
                     return
+                if status.reason is not ReasonCode.NODE_RESOURCES:  # that one depends on the job
+                    shape = (model, job.gpus_per_replica, job.replicas)
+                    self._blocked_shapes[shape] = (self.state.version, status)
             failures.append((model, status))
-        model, failure = self._most_telling(failures)
+        model, failure = failures[0] if len(failures) == 1 else self._most_telling(failures)
         # 5. Preemption.
         if (
             failure.code is Code.UNSCHEDULABLE
@@ -283,15 +288,21 @@ class _CycleRun:
                 return status
         return SUCCESS
 
-    def _start(self, job: PendingJob, statement: Statement, borrowed: int) -> None:
-        statement_model = statement.reserved()[0].model
+    def _start(self, job: PendingJob, statement: Statement, model: str) -> None:
+        reserved = statement.reserved()
         placement = tuple(
-            ReplicaPlacement(self.state.nodes[h.node_idx].node.name, h.gpu_indices)
-            for h in statement.reserved()
+            ReplicaPlacement(self.state.nodes[h.node_idx].node.name, h.gpu_indices) for h in reserved
         )
         statement.commit()
+        # The reservation is already counted in the VC's usage: borrowed = what lies above
+        # the guarantee now minus what lay above it before.
+        quota = self.state.quota_for(job.vc, self._quota_model(job, model))
+        borrowed = job.gpus
+        if quota is not None:
+            guaranteed, _, used = quota
+            borrowed = max(0, used - guaranteed) - max(0, used - job.gpus - guaranteed)
         self.starts.append(Start(job.id, placement, borrowed))
-        self.started[job.id] = statement_model
+        self.started[job.id] = model
 
     # -- placement ---------------------------------------------------------------------
 
@@ -310,24 +321,40 @@ class _CycleRun:
             f"{label}, at most {state.max_node_gpus(model)} per node",
         )
 
+    def _quick_fit(self, job: PendingJob, model: str) -> Status:
+        """Counting checks that need no node scan: enough free GPUs of the model, and enough
+        nodes with room for each replica. A shape that failed since the last change of the
+        state fails again without looking."""
+        cached = self._blocked_shapes.get((model, job.gpus_per_replica, job.replicas))
+        if cached is not None and cached[0] == self.state.version:
+            return cached[1]
+        state = self.state
+        free = state.free_total.get(model, 0)
+        if free < job.gpus:
+            capacity = state.capacity_total.get(model, 0)
+            status = Status(
+                Code.UNSCHEDULABLE,
+                ReasonCode.INSUFFICIENT_GPUS,
+                f"needs {job.gpus} {model_label(model)}, {free} of {capacity} free",
+            )
+        elif state.replica_slots(model, job.gpus_per_replica) < job.replicas:
+            status = self._no_room(model, job.gpus_per_replica, job.replicas, free)
+        else:
+            return SUCCESS
+        self._blocked_shapes[(model, job.gpus_per_replica, job.replicas)] = (state.version, status)
+        return status
+
     def _place(self, job: PendingJob, model: str, statement: Statement) -> Status:
         """Gang placement: every replica reserved through `statement`, or none (discarded)."""
         state = self.state
-        per_replica, replicas, need = job.gpus_per_replica, job.replicas, job.gpus
-        label = model_label(model)
-        capacity = state.capacity_total.get(model, 0)
+        per_replica, replicas = job.gpus_per_replica, job.replicas
         never = self._never_fits(job, model)
         if not never.ok:
             return never
+        quick = self._quick_fit(job, model)
+        if not quick.ok:
+            return quick
         free = state.free_total.get(model, 0)
-        if free < need:
-            return Status(
-                Code.UNSCHEDULABLE,
-                ReasonCode.INSUFFICIENT_GPUS,
-                f"needs {need} {label}, {free} of {capacity} free",
-            )
-        if state.replica_slots(model, per_replica) < replicas:
-            return self._no_room(model, per_replica, replicas, free)
         placed: list[GpuHold] = []
         limit = self.settings.max_candidates * (4 if replicas > 1 else 1)
         for _ in range(replicas):
@@ -512,16 +539,24 @@ class _CycleRun:
         )
         if self.state.free_total.get(model, 0) + reclaimable < job.gpus:
             return False
-        # Grow the victim set cheapest first until the job fits ...
+        # Grow the victim set cheapest first until the job fits (releases accumulate in one
+        # statement; a placement is tried only once enough GPUs are free) ...
         chosen: list[tuple[RunningJob, str | None]] = []
-        fitted = None
+        growing = Statement(self.state)
+        fitted = False
         for candidate in candidates:
             chosen.append(candidate)
-            fitted = self._fits_after_releasing(job, model, [v for v, _ in chosen])
-            if fitted is not None:
-                fitted.discard()
+            for hold in self.holds[candidate[0].id]:
+                growing.release(hold)
+            if self.state.free_total.get(model, 0) < job.gpus or not self._admit(job, model).ok:
+                continue
+            placement = Statement(self.state)
+            if self._place(job, model, placement).ok:
+                placement.discard()
+                fitted = True
                 break
-        if fitted is None:
+        growing.discard()
+        if not fitted:
             return False
         # ... then drop, most expensive first, every victim the fit does not need.
         for candidate in reversed(chosen[:-1]):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
 from scheduler.core.plugins.backfill import running_end
@@ -39,12 +39,10 @@ def estimate_starts(
 
     With preemption in the profile, a running job stops counting as an obstacle for a pending
     job from the moment the job could preempt it (`yields_at`), e.g. when a LAS victim's
-    service crosses into a lower queue. Jobs with the same horizon key share one pass."""
+    service crosses into a lower queue."""
     now, state = ctx.now, ctx.state
     default_s = settings.default_runtime_s
     released = released or set()
-    free_now = dict(state.free_total)
-    vc_used_now = {vc: state.vc_used(vc, "*") for vc in state.quotas}
     # Releases that do not depend on who is asking: jobs stopping, started or about to start
     # in this cycle, and the bookings of jobs estimated earlier in the queue.
     fixed: list[tuple[float, str, int, str]] = []
@@ -65,21 +63,47 @@ def estimate_starts(
         job = by_id[job_id]
         fixed.append((at + _remaining(job, default_s), model, job.gpus, job.vc))
 
+    # Two time-ordered release lists are merged on the fly: the running jobs' releases, which
+    # depend on who asks, and the fixed ones plus bookings, which do not. The queue is walked
+    # once with one cursor; when the kind of job changes (its horizon key), only the running
+    # jobs' release times are recomputed, and a job already counted as released that is no
+    # longer preemptible for the new kind takes its GPUs back. Start times stay monotone in
+    # queue order, and the walk costs O(queue + running x kinds), not O(queue x kinds).
+    seq = 0
+    booked: list[tuple[float, int, str, int, str]] = []
+    vc_booked: dict[str, list[tuple[float, int]]] = {}
+    for at, model, gpus, vc in fixed:
+        seq += 1
+        booked.append((at, seq, model, gpus, vc))
+        vc_booked.setdefault(vc, []).append((at, gpus))
+    booked.sort()
+    for entries in vc_booked.values():
+        entries.sort()
+    parts: dict[str, list[tuple[str, int]]] = {
+        r.id: [(h.model, len(h.gpu_indices)) for h in holds.get(r.id, ())] for r, _ in running
+    }
+    released_running: set[str] = set()
+    free = dict(state.free_total)
+    vc_used = {vc: state.vc_used(vc, "*") for vc in state.quotas}
+
+    any_model: dict[int, str | None] = {}  # GPUs -> model an any-model job is estimated on
     estimates: dict[str, float | None] = {}
     segment: tuple[tuple[float, ...], ...] | None = None
-    releases: list[tuple[float, int, str, int, str]] = []
-    vc_releases: dict[str, list[tuple[float, int]]] = {}
-    free: dict[str, int] = {}
-    vc_used: dict[str, int] = {}
+    passing: list[tuple[float, int, RunningJob]] = []
+    vc_passing: dict[str, list[tuple[float, int]]] = {}
+    next_passing = next_booked = 0
     cursor = now
-    seq = 0
     for job in queue:
         if job.id in started:
             continue
         if job.id in waiting:
             estimates[job.id] = waiting[job.id][0]
             continue
-        model = _pick_model(job, state.capacity_total)
+        model = job.gpu_model
+        if model == ANY_MODEL:
+            model = any_model.get(job.gpus, ANY_MODEL)
+            if model == ANY_MODEL:
+                model = any_model[job.gpus] = _pick_model(job, state.capacity_total)
         need = job.gpus
         if (
             model is None
@@ -88,34 +112,49 @@ def estimate_starts(
         ):
             estimates[job.id] = None
             continue
-        key = tuple(h.horizon_key(job, ctx) for h in horizons)
+        key = tuple(h.horizon_key(job, ctx) for h in horizons) if horizons else ()
         if key != segment:
-            # A new pass: release times of running jobs as seen by this kind of job.
             segment = key
-            entries = [
-                (_release_for(job, r, end, ctx, horizons, settings), hold.model, len(hold.gpu_indices), r.vc)
-                for r, end in running
-                for hold in holds.get(r.id, ())
-            ]
-            entries.extend(fixed)
-            releases = []
-            vc_releases = {}
-            for at, rmodel, gpus, vc in entries:
+            passing = []
+            vc_passing = {}
+            for r, end in running:
+                at = _release_for(job, r, end, ctx, horizons, settings)
+                if r.id in released_running:
+                    if at <= cursor:
+                        continue
+                    released_running.discard(r.id)
+                    for rmodel, gpus in parts[r.id]:
+                        free[rmodel] = free.get(rmodel, 0) - gpus
+                        if r.vc in vc_used:
+                            vc_used[r.vc] += gpus
                 seq += 1
-                releases.append((at, seq, rmodel, gpus, vc))
-                vc_releases.setdefault(vc, []).append((at, gpus))
-            heapq.heapify(releases)
-            for entries_of_vc in vc_releases.values():
-                entries_of_vc.sort()
-            free = dict(free_now)
-            vc_used = dict(vc_used_now)
-            cursor = now
-        while free.get(model, 0) < need and releases:
-            at, _, rmodel, gpus, vc = heapq.heappop(releases)
-            cursor = max(cursor, at)
-            free[rmodel] = free.get(rmodel, 0) + gpus
-            if vc in vc_used:
-                vc_used[vc] -= gpus
+                passing.append((at, seq, r))
+                vc_passing.setdefault(r.vc, []).append((at, r.gpus))
+            passing.sort(key=lambda e: (e[0], e[1]))
+            for entries in vc_passing.values():
+                entries.sort()
+            next_passing = 0
+        while free.get(model, 0) < need:
+            if next_passing < len(passing) and (
+                next_booked >= len(booked) or passing[next_passing][0] <= booked[next_booked][0]
+            ):
+                at, _, r = passing[next_passing]
+                next_passing += 1
+                released_running.add(r.id)
+                cursor = max(cursor, at)
+                for rmodel, gpus in parts[r.id]:
+                    free[rmodel] = free.get(rmodel, 0) + gpus
+                    if r.vc in vc_used:
+                        vc_used[r.vc] -= gpus
+            elif next_booked < len(booked):
+                at, _, rmodel, gpus, vc = booked[next_booked]
+                next_booked += 1
+                cursor = max(cursor, at)
+                free[rmodel] = free.get(rmodel, 0) + gpus
+                if vc in vc_used:
+                    vc_used[vc] -= gpus
+            else:
+                break
         if free.get(model, 0) < need:
             estimates[job.id] = None
             continue
@@ -126,22 +165,20 @@ def estimate_starts(
             if need > limit:
                 estimates[job.id] = None
                 continue
-            start = max(
-                start, _quota_time(vc_releases.get(job.vc, []), vc_used.get(job.vc, 0), need, limit, start)
-            )
+            used = vc_used.get(job.vc, 0)
+            if used + need > limit:
+                own = heapq.merge(vc_passing.get(job.vc, ()), vc_booked.get(job.vc, ()))
+                start = max(start, _quota_time(own, used, need, limit, start))
         estimates[job.id] = start
         end = start + _remaining(job, default_s)
-        # Book the job in this pass and for every later pass (as held from now to its end,
-        # which errs late but keeps later jobs from double-counting its GPUs).
+        # Book the job as holding its GPUs from now to its end (errs late, never double-counts).
+        # Its end lies after the cursor, so it lands behind everything already consumed.
         free[model] -= need
-        free_now[model] = free_now.get(model, 0) - need
         if job.vc in vc_used:
             vc_used[job.vc] += need
-            vc_used_now[job.vc] = vc_used_now.get(job.vc, 0) + need
-        fixed.append((end, model, need, job.vc))
         seq += 1
-        heapq.heappush(releases, (end, seq, model, need, job.vc))
-        bisect.insort(vc_releases.setdefault(job.vc, []), (end, need))
+        bisect.insort(booked, (end, seq, model, need, job.vc), lo=next_booked)
+        bisect.insort(vc_booked.setdefault(job.vc, []), (end, need))
     return estimates
 
 
@@ -173,7 +210,7 @@ def _remaining(job: PendingJob, default_s: float) -> float:
 
 
 def _quota_time(
-    vc_releases: list[tuple[float, int]], used: int, need: int, limit: int, not_before: float
+    vc_releases: Iterable[tuple[float, int]], used: int, need: int, limit: int, not_before: float
 ) -> float:
     """Earliest time the VC's own releases bring its usage low enough for `need` more GPUs.
     `used` already counts the releases before the cursor as gone."""

@@ -69,10 +69,12 @@ class ClusterState:
     vcs: dict[str, VirtualCluster]
     used: dict[str, dict[str, int]] = field(default_factory=dict)  # vc -> model -> GPUs held
     user_used: dict[tuple[str, str], int] = field(default_factory=dict)  # (vc, user) -> GPUs
-
-    @property
-    def models(self) -> list[str]:
-        return sorted(self.capacity_total)
+    # Bumped by every take and give: lets the cycle reuse fit answers until something changes.
+    version: int = field(default=0, compare=False)
+    models: list[str] = field(default_factory=list)  # GPU models present, sorted
+    _quota_cache: dict[tuple[str, str], tuple[int, tuple[int, int, int] | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     # -- quota usage -------------------------------------------------------------------
 
@@ -88,7 +90,17 @@ class ClusterState:
     def quota_for(self, vc: str, model: str) -> tuple[int, int, int] | None:
         """(guaranteed, borrow_limit, used) governing `vc` on `model`, or None if the VC has
         no quota that covers it. A model-specific row wins over the ALL_MODELS row; a job
-        without a model is checked against the VC's totals."""
+        without a model is checked against the VC's totals. Answers are reused until the
+        next take or give (most of a long queue is checked while nothing changes)."""
+        key = (vc, model)
+        cached = self._quota_cache.get(key)
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
+        result = self._quota_for(vc, model)
+        self._quota_cache[key] = (self.version, result)
+        return result
+
+    def _quota_for(self, vc: str, model: str) -> tuple[int, int, int] | None:
         rows = self.quotas.get(vc)
         if rows is None:
             return None
@@ -115,6 +127,7 @@ class ClusterState:
         unhealthy GPU a running job still holds) are charged but not removed twice."""
         slot = self.nodes[hold.node_idx]
         free = slot.free.setdefault(hold.model, set())
+        self.version += 1
         present = [i for i in hold.gpu_indices if i in free]
         if slot.usable:
             self._move_bucket(hold.model, hold.node_idx, len(free), len(free) - len(present))
@@ -130,6 +143,7 @@ class ClusterState:
         """Inverse of take. GPUs that are unhealthy stay out of the free set."""
         slot = self.nodes[hold.node_idx]
         free = slot.free.setdefault(hold.model, set())
+        self.version += 1
         returned = [i for i in hold.gpu_indices if i in slot.gpus and slot.gpus[i].healthy]
         if slot.usable:
             self._move_bucket(hold.model, hold.node_idx, len(free), len(free) + len(returned))
@@ -248,6 +262,7 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
         capacity_total=capacity,
         quotas={vc.name: {q.gpu_model: q for q in vc.quotas} for vc in snapshot.vcs},
         vcs={vc.name: vc for vc in snapshot.vcs},
+        models=sorted(capacity),
     )
     holds: dict[str, list[GpuHold]] = {}
     for job in snapshot.running:

@@ -90,6 +90,11 @@ class DiscretizedLas:
             raise ValueError(f"las: service must be gpu_time or time, not {self.service!r}")
         self.starvation_factor = float(args.get("starvation_factor", 0.0))
         self.starvation_min_wait_s = float(args.get("starvation_min_wait_s", 0.0))
+        # Inside a queue: "arrival" keeps Tiresias' FIFO; "service" orders by attained service
+        # (closer to continuous LAS, without its back-and-forth preemption).
+        self.order_in_queue = str(args.get("order_in_queue", "arrival"))
+        if self.order_in_queue not in ("arrival", "service"):
+            raise ValueError("las: order_in_queue must be arrival or service")
         self._pending: Sequence[PendingJob] = ()
         self._running_levels: dict[str, int] = {}
         self._pending_levels: dict[str, tuple[float, int]] = {}
@@ -132,7 +137,10 @@ class DiscretizedLas:
         return level
 
     def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
-        return (float(self.pending_level(job, ctx.now)),)
+        level = float(self.pending_level(job, ctx.now))
+        if self.order_in_queue == "service":
+            return (level, self.service_of(job.attained_gpu_s, job.gpus))
+        return (level,)
 
     def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
         if preemptor.priority < victim.priority:

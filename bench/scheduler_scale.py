@@ -1,0 +1,207 @@
+"""Cycle latency of the scheduling core at scale, against a FIFO first-fit reference.
+
+    python -m bench.scheduler_scale [--json] [--repeat N] [--profile NAME]
+
+Scenarios (all in process, no database, one core):
+- 10,000 pending jobs on 125 nodes x 8 GPUs,
+- 50,000 pending jobs on 2,000 nodes x 8 GPUs,
+- the 10,000-job queue on 250 nodes (twice the nodes) for the growth per doubling.
+The cluster is 90 % busy with running jobs of 1/2/4/8 GPUs (a steady state: most of the
+queue cannot start), pending jobs ask for 1/2/4/8 GPUs (some as 2-replica gangs) in 8 VCs
+with quotas and borrowing, 40 users. Each scenario reports the median and worst `decide` time
+over N repeats, the reference's time over the same queue and free GPUs, their ratio, and
+the peak memory of one cycle (tracemalloc, measured in a separate pass so it does not slow
+the timed runs). Prints one JSON object last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+from scheduler.core import (
+    Gpu,
+    JobId,
+    Node,
+    NodeName,
+    PendingJob,
+    Profile,
+    Quota,
+    ReplicaPlacement,
+    RunningJob,
+    Snapshot,
+    UserName,
+    VcName,
+    VirtualCluster,
+    decide,
+    load_profile,
+)
+
+SIZES = (1, 2, 4, 8)
+
+
+def build_snapshot(nodes: int, pending: int, busy: float = 0.9, seed: int = 1) -> Snapshot:
+    rng = random.Random(seed)
+    node_list = tuple(
+        Node(
+            NodeName(f"node{i:05d}"),
+            tuple(Gpu(g, "A100", f"GPU-{i}-{g}", 81920, g // 4, g // 2, g // 4) for g in range(8)),
+            rack=f"rack{i // 16}",
+        )
+        for i in range(nodes)
+    )
+    vc_names = [f"vc{k}" for k in range(8)]
+    capacity = nodes * 8
+    vcs = tuple(
+        VirtualCluster(VcName(v), (Quota("A100", capacity // 8, capacity // 4),), max_gpus_per_user=capacity // 16)
+        for v in vc_names
+    )
+    running: list[RunningJob] = []
+    target = int(capacity * busy)
+    used = 0
+    n = 0
+    for i in range(nodes):
+        free = list(range(8))
+        while free and used < target:
+            size = rng.choice([s for s in SIZES if s <= len(free)])
+            take = tuple(free[:size])
+            free = free[size:]
+            used += size
+            running.append(
+                RunningJob(
+                    JobId(f"r{n}"),
+                    VcName(vc_names[n % 8]),
+                    UserName(f"user{n % 40}"),
+                    (ReplicaPlacement(NodeName(f"node{i:05d}"), take),),
+                    started_at=float(rng.randint(0, 80_000)),
+                    attained_gpu_s=float(rng.randint(0, 500_000)),
+                    estimated_runtime_s=float(rng.randint(600, 90_000)),
+                    priority=rng.choice([0, 100, 500]),
+                )
+            )
+            n += 1
+    queue = tuple(
+        PendingJob(
+            JobId(f"p{k}"),
+            VcName(vc_names[k % 8]),
+            UserName(f"user{k % 40}"),
+            replicas=2 if k % 20 == 0 else 1,
+            gpus_per_replica=rng.choice(SIZES),
+            submitted_at=float(k),
+            priority=rng.choice([0, 100, 500]),
+            estimated_runtime_s=float(rng.randint(600, 90_000)) if k % 3 else None,
+            attained_gpu_s=float(rng.choice([0, 0, 0, rng.randint(0, 200_000)])),
+        )
+        for k in range(pending)
+    )
+    return Snapshot(node_list, vcs, tuple(running), queue)
+
+
+def fifo_first_fit(snapshot: Snapshot) -> int:
+    """The reference: FIFO order, each replica on the first node with room. No quotas, no
+    topology, no reasons or estimates. Returns the number of jobs started."""
+    free: list[int] = []
+    index = {}
+    for i, node in enumerate(snapshot.nodes):
+        index[node.name] = i
+        free.append(len(node.gpus))
+    for job in snapshot.running:
+        for replica in job.placement:
+            free[index[replica.node]] -= len(replica.gpu_indices)
+    started = 0
+    for job in sorted(snapshot.pending, key=lambda j: (j.submitted_at, j.id)):
+        chosen: list[int] = []
+        for _ in range(job.replicas):
+            for i, f in enumerate(free):
+                if f >= job.gpus_per_replica:
+                    free[i] -= job.gpus_per_replica
+                    chosen.append(i)
+                    break
+            else:
+                for i in chosen:
+                    free[i] += job.gpus_per_replica
+                chosen = []
+                break
+        if chosen:
+            started += 1
+    return started
+
+
+def timed(fn: Any, repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        gc.collect()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def scenario(nodes: int, pending: int, profile: Profile, repeat: int, memory: bool) -> dict[str, Any]:
+    snapshot = build_snapshot(nodes, pending)
+    plan = decide(snapshot, profile, 100_000.0)
+    ours = timed(lambda: decide(snapshot, profile, 100_000.0), repeat)
+    reference = timed(lambda: fifo_first_fit(snapshot), repeat)
+    result: dict[str, Any] = {
+        "nodes": nodes,
+        "gpus": nodes * 8,
+        "running_jobs": len(snapshot.running),
+        "pending_jobs": pending,
+        "started": len(plan.starts),
+        "preempted": len(plan.preemptions),
+        "cycle_ms_p50": round(statistics.median(ours) * 1000, 1),
+        "cycle_ms_max": round(max(ours) * 1000, 1),
+        "fifo_first_fit_ms_p50": round(statistics.median(reference) * 1000, 1),
+        "ratio_to_fifo_first_fit": round(statistics.median(ours) / statistics.median(reference), 2),
+    }
+    if memory:
+        gc.collect()
+        tracemalloc.start()
+        decide(snapshot, profile, 100_000.0)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        result["cycle_peak_mib"] = round(peak / 2**20, 1)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--profile", default="default")
+    args = parser.parse_args(argv)
+    profile = load_profile(args.profile)
+
+    small = scenario(125, 10_000, profile, args.repeat, memory=True)
+    doubled = scenario(250, 10_000, profile, args.repeat, memory=False)
+    large = scenario(2_000, 50_000, profile, max(args.repeat // 2, 2), memory=True)
+    summary = {
+        "profile": args.profile,
+        "python": sys.version.split()[0],
+        "s1_10k_pending_125x8": small,
+        "s1_10k_pending_250x8": doubled,
+        "s1_50k_pending_2000x8": large,
+        "growth_when_nodes_double": round(doubled["cycle_ms_p50"] / small["cycle_ms_p50"], 2),
+        "goals": {
+            "cycle_ms_10k_125x8": 100,
+            "cycle_ms_50k_2000x8": 1000,
+            "growth_when_nodes_double": 1.3,
+            "peak_mib_50k": 1024,
+        },
+    }
+    if not args.json:
+        for key in ("s1_10k_pending_125x8", "s1_10k_pending_250x8", "s1_50k_pending_2000x8"):
+            print(key, summary[key])
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
