@@ -5,6 +5,8 @@ Layout of ``<state-dir>/process/<attempt-id>/``:
 - ``record.json``: attempt id, job id, GPU uuids, wrapper pid and its start time (guards
   against pid reuse), written before the agent reports the attempt as started
 - ``stdout.log``, ``stderr.log``: the command's output, appended by the command itself
+- ``exit.json.ready``: created by the wrapper once its signal handlers are installed and
+  the command runs (before that the attempt is starting)
 - ``exit.json``: ``{"exit_code": N}``, written atomically by the wrapper (or by the agent
   after it had to SIGKILL the group)
 
@@ -42,6 +44,7 @@ from agents.runtime.wrapper import write_exit_code
 WRAPPER = Path(__file__).with_name("wrapper.py")
 POLL_S = 0.05
 SIGKILL_EXIT_CODE = 128 + signal.SIGKILL
+START_TIMEOUT_S = 30.0
 
 
 class ProcessRuntime:
@@ -85,6 +88,7 @@ class ProcessRuntime:
             "start_ticks": _start_ticks(child.pid),
         }
         _write_json_atomically(directory / "record.json", record)
+        await self._wait_until_ready(attempt.attempt_id, record)
 
     async def list_attempts(self) -> list[ObservedAttempt]:
         observed = []
@@ -111,6 +115,8 @@ class ProcessRuntime:
     async def stop(self, attempt_id: str, grace_s: float) -> int | None:
         """SIGTERM to the group (continued if suspended), SIGKILL after ``grace_s``."""
         record = self._record(attempt_id)
+        with contextlib.suppress(RuntimeFailure):  # on timeout the group is killed already
+            await self._wait_until_ready(attempt_id, record)
         if self._observe(record).state.is_live:
             _kill_group(record["pid"], signal.SIGTERM)
             _kill_group(record["pid"], signal.SIGCONT)  # a stopped group cannot act on SIGTERM
@@ -186,8 +192,10 @@ class ProcessRuntime:
 
     def _observe(self, record: dict[str, Any]) -> ObservedAttempt:
         attempt_id = record["attempt_id"]
-        exit_record = _read_json(self._dir(attempt_id) / "exit.json")
+        # Process first, exit file second: the wrapper writes the file before it exits, so a
+        # dead wrapper without the file really died without an exit code.
         process_state = _process_state(record["pid"], record["start_ticks"])
+        exit_record = _read_json(self._dir(attempt_id) / "exit.json")
         common = {
             "attempt_id": attempt_id,
             "job_id": record["job_id"],
@@ -200,6 +208,8 @@ class ProcessRuntime:
                     state=AttemptState.EXITED, exit_code=exit_record["exit_code"], **common
                 )
             return ObservedAttempt(state=AttemptState.VANISHED, **common)
+        if not (self._dir(attempt_id) / "exit.json.ready").exists():
+            return ObservedAttempt(state=AttemptState.STARTING, **common)
         if process_state in ("T", "t"):
             return ObservedAttempt(state=AttemptState.SUSPENDED, **common)
         return ObservedAttempt(state=AttemptState.RUNNING, **common)
@@ -212,6 +222,16 @@ class ProcessRuntime:
         # A wrapper started by an earlier runtime instance of this same process.
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
+
+    async def _wait_until_ready(self, attempt_id: str, record: dict[str, Any]) -> None:
+        """Return once the wrapper can take signals, or the command already ended."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_TIMEOUT_S
+        while self._observe(record).state == AttemptState.STARTING:
+            if loop.time() > deadline:
+                _kill_group(record["pid"], signal.SIGKILL)
+                raise RuntimeFailure(f"attempt {attempt_id} did not start within {START_TIMEOUT_S:g}s")
+            await asyncio.sleep(POLL_S / 5)
 
     async def _wait_for_state(self, record: dict[str, Any], states: set[AttemptState]) -> None:
         for _ in range(200):

@@ -1,7 +1,10 @@
 """Runs one attempt's command and records its exit code in a file.
 
 The process runtime starts ``python -I wrapper.py EXIT_FILE -- COMMAND...`` as the leader
-of a new session. The wrapper is what lets an attempt outlive the agent: when the agent
+of a new session. Once its signal handlers are in place and the command runs, it creates
+``EXIT_FILE.ready``: until then the runtime reports the attempt as starting and sends it
+no signals (a signal that arrived before the handlers would kill the wrapper itself and
+lose the exit code). The wrapper is what lets an attempt outlive the agent: when the agent
 restarts, the command keeps running under the wrapper, and the exit code still lands in
 EXIT_FILE (written atomically) for the new agent to read.
 
@@ -51,6 +54,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"gpuportal: cannot run {command[0]!r}: {error}\n")
         write_exit_code(exit_file, 127)
         return 0
+    with open(f"{exit_file}.ready", "w"):
+        pass
     returncode = child.wait()
     # Shell and Docker convention: 128+N when the command was killed by signal N.
     write_exit_code(exit_file, returncode if returncode >= 0 else 128 - returncode)

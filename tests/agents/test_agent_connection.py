@@ -1,0 +1,341 @@
+"""The agent against a fake portal on loopback: hello, desired set, logs, status, reconnect, resync, requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from agent_builders import make_attempt
+from fake_portal import TOKEN, FakePortal, wait_for
+
+from agents.agent import Agent
+from agents.config import AgentConfig
+from agents.devices.simulated import SimulatedBackend, load_description
+from agents.protocol import (
+    AttemptState,
+    CheckpointDone,
+    CheckpointRequest,
+    ExitReason,
+    GpuRef,
+    Heartbeat,
+    RequestAck,
+    RequestReject,
+    ResumeRequest,
+    SignalRequest,
+    StopRequest,
+    SuspendRequest,
+    TelemetryBatch,
+)
+from agents.runtime.policy import HostPolicy
+from agents.runtime.process import ProcessRuntime
+
+PY = sys.executable
+
+WAIT_FOR_GO = """
+import os, sys, time
+go = sys.argv[1]
+for i in range(3):
+    print(f"before {i}", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.02)
+print("after", flush=True)
+"""
+
+FOREVER = "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.02)\n"
+
+
+def make_agent(portal_url: str, state_dir: Path, token: str = TOKEN) -> Agent:
+    config = AgentConfig(
+        portal_url=f"{portal_url.replace('http', 'ws')}/ws/agent/",
+        token=token,
+        runtime="process",
+        simulate="dgx-a100",
+        state_dir=state_dir,
+        node_name="node-1",
+        telemetry_interval_s=1,
+        heartbeat_interval_s=1,
+        monitor_interval_s=0.05,
+        checkpoint_roots=(state_dir.parent / "ckpt",),
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+    )
+    backend = SimulatedBackend(load_description("dgx-a100"), "node-1", seed=1)
+    runtime = ProcessRuntime(state_dir, HostPolicy(checkpoint_roots=config.checkpoint_roots))
+    return Agent(config, backend, runtime)
+
+
+@contextlib.asynccontextmanager
+async def running(agent: Agent) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(agent.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def gpu(agent: Agent, index: int) -> GpuRef:
+    return GpuRef(uuid=agent.backend.inventory()[index].uuid, index=index)
+
+
+def kill_leftovers(state_dir: Path) -> None:
+    """Attempts outlive agents by design; tests clean up the process groups they leave."""
+    for record in (state_dir / "process").glob("*/record.json"):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(json.loads(record.read_text())["pid"], signal.SIGKILL)
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path):
+    directory = tmp_path / "state"
+    yield directory
+    kill_leftovers(directory)
+
+
+@pytest.mark.asyncio
+async def test_it_runs_the_desired_attempt_streams_logs_and_resyncs_after_a_dropped_connection(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        attempt = make_attempt("att-1", command=[PY, "-c", WAIT_FOR_GO, str(go)], gpus=[gpu(agent, 0)])
+        portal.desired = [attempt]
+        async with running(agent):
+            # hello -> welcome -> desired set -> the attempt runs and its output arrives
+            await wait_for(lambda: len(portal.hellos) == 1)
+            hello = portal.hellos[0]
+            assert (hello.node_name, len(hello.gpus), hello.runtime.kind, hello.drain_reason) == (
+                "node-1",
+                8,
+                "process",
+                None,
+            )
+            assert hello.attempts == []
+            await wait_for(lambda: len(portal.log_lines("att-1")) == 3)
+            assert portal.log_lines("att-1") == {0: "before 0", 1: "before 1", 2: "before 2"}
+            assert portal.last_status("att-1").state == AttemptState.RUNNING
+
+            # telemetry follows the attempt: its GPU is busy, the others idle
+            await wait_for(lambda: portal.of_type(TelemetryBatch) and portal.of_type(Heartbeat))
+            samples = {sample.gpu_uuid: sample for sample in portal.of_type(TelemetryBatch)[-1].samples}
+            assert samples[gpu(agent, 0).uuid].utilization_pct > 50
+            assert samples[gpu(agent, 1).uuid].utilization_pct == 0
+
+            # the connection drops; the agent reconnects and reports what it runs
+            await portal.drop()
+            await wait_for(lambda: len(portal.hellos) == 2)
+            (reported,) = portal.hellos[1].attempts
+            assert (reported.attempt_id, reported.state) == ("att-1", AttemptState.RUNNING)
+            assert reported.gpu_uuids == [gpu(agent, 0).uuid]
+
+            go.touch()
+            await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
+            final = portal.last_status("att-1")
+            assert (final.exit_code, final.reason) == (0, ExitReason.SUCCEEDED)
+            await wait_for(lambda: 3 in portal.log_lines("att-1"))
+            assert portal.log_lines("att-1")[3] == "after"
+            assert agent.sessions == 2
+
+            # the portal drops it from the desired set: the agent forgets it
+            await portal.set_desired([])
+            await wait_for(lambda: agent.store.get("att-1") is None)
+            assert await agent.runtime.list_attempts() == []
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_agent_reattaches_stops_what_moved_and_reports_what_vanished(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    async with FakePortal() as portal:
+        first = make_agent(portal.url, state_dir)
+        moved = make_attempt("att-moved", command=[PY, "-c", FOREVER], gpus=[gpu(first, 0)])
+        lost = make_attempt("att-lost", command=[PY, "-c", FOREVER], gpus=[gpu(first, 1)])
+        kept = make_attempt("att-kept", command=[PY, "-c", FOREVER], gpus=[gpu(first, 2)])
+        portal.desired = [moved, lost, kept]
+        async with running(first):
+            await wait_for(
+                lambda: all(
+                    (status := portal.last_status(a.attempt_id)) and status.state == AttemptState.RUNNING
+                    for a in (moved, lost, kept)
+                )
+            )
+        # The agent is gone (e.g. upgraded); its attempts are not. One of them dies meanwhile.
+        record = json.loads((state_dir / "process" / "att-lost" / "record.json").read_text())
+        os.killpg(record["pid"], signal.SIGKILL)
+        await wait_for(lambda: not Path(f"/proc/{record['pid']}").exists() or _is_zombie(record["pid"]))
+
+        fresh = make_attempt("att-new", command=[PY, "-c", FOREVER], gpus=[gpu(first, 0)])
+        portal.desired = [lost, kept, fresh]  # att-moved now runs elsewhere
+        portal.revision += 1
+        second = make_agent(portal.url, state_dir)
+        async with running(second):
+            await wait_for(lambda: len(portal.hellos) == 2)
+            reported = {item.attempt_id: item.state for item in portal.hellos[1].attempts}
+            assert reported == {
+                "att-moved": AttemptState.RUNNING,
+                "att-kept": AttemptState.RUNNING,
+                "att-lost": AttemptState.VANISHED,
+            }
+            await wait_for(lambda: portal.last_status("att-moved").state == AttemptState.EXITED)
+            assert portal.last_status("att-moved").reason == ExitReason.STOPPED
+            assert portal.last_status("att-lost").reason == ExitReason.VANISHED
+            await wait_for(
+                lambda: (s := portal.last_status("att-new")) is not None and s.state == AttemptState.RUNNING
+            )
+            assert portal.last_status("att-kept").state == AttemptState.RUNNING
+            # the vanished attempt is never restarted under the same id
+            assert [s.state for s in portal.statuses("att-lost")][-1] == AttemptState.VANISHED
+            assert not (state_dir / "process" / "att-lost" / "exit.json").exists()
+            # the reattached attempt's log is streamed again from line 0 (idempotent by seq)
+            await wait_for(lambda: portal.log_lines("att-kept").get(0) == "up")
+
+
+def _is_zombie(pid: int) -> bool:
+    with contextlib.suppress(FileNotFoundError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return True
+
+
+CHECKPOINTING_JOB = """
+import json, os, signal, sys, time
+directory = os.environ["GPUPORTAL_CHECKPOINT_DIR"]
+step = 0
+def save(signum, frame):
+    path = os.path.join(directory, f"step-{step}")
+    with open(path, "wb") as f:
+        f.write(b"x" * 1000)
+    tmp = os.path.join(directory, ".checkpoint.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"step": step, "path": f"step-{step}"}, f)
+    os.replace(tmp, os.path.join(directory, "checkpoint.json"))
+    print(f"saved {step}", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, save)
+print("resume=" + os.environ["GPUPORTAL_RESUME"], flush=True)
+while True:
+    step += 1
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.asyncio
+async def test_requests_checkpoint_suspend_resume_signal_stop(state_dir: Path, tmp_path: Path) -> None:
+    checkpoint_dir = tmp_path / "ckpt" / "job-1"
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        job = make_attempt(
+            "att-ckpt",
+            command=[PY, "-c", CHECKPOINTING_JOB],
+            checkpoint_dir=str(checkpoint_dir),
+            resume=True,
+            gpus=[gpu(agent, 0)],
+        )
+        other = make_attempt(
+            "att-other", command=[PY, "-c", FOREVER], gpus=[gpu(agent, 1)], grace_period_s=0.2
+        )
+        portal.desired = [job, other]
+        async with running(agent):
+            await wait_for(lambda: portal.log_lines("att-ckpt").get(0) == "resume=1")
+
+            def answer(request_id):
+                answers = portal.of_type(RequestAck) + portal.of_type(RequestReject)
+                return next((m for m in answers if m.request_id == request_id), None)
+
+            # suspend / resume: acknowledged, visible as states with growing generations
+            suspend = SuspendRequest(attempt_id="att-other")
+            await portal.send(suspend)
+            await wait_for(lambda: isinstance(answer(suspend.id), RequestAck))
+            await wait_for(lambda: portal.last_status("att-other").state == AttemptState.SUSPENDED)
+            resume = ResumeRequest(attempt_id="att-other")
+            await portal.send(resume)
+            await wait_for(lambda: isinstance(answer(resume.id), RequestAck))
+            await wait_for(lambda: portal.last_status("att-other").state == AttemptState.RUNNING)
+            generations = [s.generation for s in portal.statuses("att-other")]
+            assert generations == sorted(generations) and len(set(generations)) == len(generations)
+
+            # a duplicated request is answered again, not carried out again
+            await portal.send(suspend)
+            await wait_for(lambda: [m.request_id for m in portal.of_type(RequestAck)].count(suspend.id) == 2)
+            assert portal.last_status("att-other").state == AttemptState.RUNNING
+
+            # checkpoint: signal, marker, stop, checkpoint_done then ack
+            checkpoint = CheckpointRequest(attempt_id="att-ckpt", grace_period_s=20)
+            await portal.send(checkpoint)
+            await wait_for(lambda: answer(checkpoint.id) is not None)
+            assert isinstance(answer(checkpoint.id), RequestAck)
+            (done,) = portal.of_type(CheckpointDone)
+            assert done.request_id == checkpoint.id
+            assert done.size_bytes == 1000 and done.step > 0
+            assert done.path == str(checkpoint_dir / f"step-{done.step}")
+            await wait_for(lambda: portal.last_status("att-ckpt").state == AttemptState.EXITED)
+            assert portal.last_status("att-ckpt").reason == ExitReason.CHECKPOINTED
+            assert AttemptState.CHECKPOINTING in [s.state for s in portal.statuses("att-ckpt")]
+
+            # requests for attempts that do not run here are rejected
+            late = SignalRequest(attempt_id="att-ckpt", signal="SIGUSR2")
+            await portal.send(late)
+            await wait_for(lambda: isinstance(answer(late.id), RequestReject))
+
+            # stop with grace: SIGTERM (the job dies of it), reported as stopped
+            stop = StopRequest(attempt_id="att-other", grace_period_s=5)
+            await portal.send(stop)
+            await wait_for(lambda: isinstance(answer(stop.id), RequestAck))
+            final = portal.last_status("att-other")
+            assert (final.state, final.reason, final.exit_code) == (
+                AttemptState.EXITED,
+                ExitReason.STOPPED,
+                143,
+            )
+
+
+@pytest.mark.asyncio
+async def test_a_checkpoint_without_a_marker_stops_the_job_and_rejects_the_request(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        ignoring = (
+            "import signal, time\nsignal.signal(signal.SIGUSR1, lambda s, f: None)\nprint('up', flush=True)\n"
+        )
+        ignoring += "while True: time.sleep(0.02)\n"
+        portal.desired = [
+            make_attempt("att-1", command=[PY, "-c", ignoring], checkpoint_dir=str(tmp_path / "ckpt" / "j"))
+        ]
+        async with running(agent):
+            await wait_for(lambda: portal.log_lines("att-1").get(0) == "up")
+            request = CheckpointRequest(attempt_id="att-1", grace_period_s=0.3)
+            await portal.send(request)
+            await wait_for(lambda: portal.of_type(RequestReject))
+            assert "no new checkpoint marker" in portal.of_type(RequestReject)[0].reason
+            await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
+            assert portal.last_status("att-1").reason == ExitReason.STOPPED
+            assert not portal.of_type(CheckpointDone)
+
+
+@pytest.mark.asyncio
+async def test_a_policy_violation_is_reported_as_a_start_failure(state_dir: Path) -> None:
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        portal.desired = [make_attempt("att-1", env={"LD_PRELOAD": "/tmp/x.so"})]
+        async with running(agent):
+            await wait_for(lambda: (s := portal.last_status("att-1")) is not None and s.state.is_terminal)
+            status = portal.last_status("att-1")
+            assert (status.state, status.reason) == (AttemptState.EXITED, ExitReason.START_FAILED)
+            assert "LD_PRELOAD" in status.message
+
+
+@pytest.mark.asyncio
+async def test_a_wrong_token_is_refused_and_the_agent_keeps_retrying(state_dir: Path) -> None:
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir, token="stolen-or-stale")
+        async with running(agent):
+            await wait_for(lambda: portal.refused >= 3)
+        assert portal.hellos == [] and agent.sessions == 0
