@@ -1,4 +1,4 @@
-"""The agent against a fake portal on loopback: hello, desired set, logs, status, reconnect, resync, requests."""
+"""The agent against a fake portal on loopback: hello, desired set, logs, status, resync, requests."""
 
 from __future__ import annotations
 
