@@ -178,10 +178,21 @@ class DockerRuntime:
     async def suspend(self, attempt_id: str) -> None:
         container = await self._container(attempt_id)
         await asyncio.to_thread(container.pause)
+        await self._wait_for_state(attempt_id, AttemptState.SUSPENDED)
 
     async def resume(self, attempt_id: str) -> None:
         container = await self._container(attempt_id)
         await asyncio.to_thread(container.unpause)
+        await self._wait_for_state(attempt_id, AttemptState.RUNNING)
+
+    async def _wait_for_state(self, attempt_id: str, state: AttemptState) -> None:
+        """The engine may report the old status for a moment after pause/unpause returned."""
+        for _ in range(100):
+            observed = _observe((await self._container(attempt_id)).attrs)
+            if observed.state == state or not observed.state.is_live:
+                return
+            await asyncio.sleep(POLL_S / 5)
+        raise RuntimeFailure(f"attempt {attempt_id} did not become {state}")
 
     async def stop(self, attempt_id: str, grace_s: float) -> int | None:
         """Docker's stop: the stop signal (SIGTERM), SIGKILL after the grace period."""

@@ -1,0 +1,73 @@
+"""Reconcile is a pure function: a table of (desired, local) -> actions."""
+
+from __future__ import annotations
+
+import pytest
+from agent_builders import make_attempt
+
+from agents.protocol import AttemptState as S
+from agents.reconcile import LocalAttempt, Remove, Report, Resume, Start, Stop, Suspend, Watch, reconcile
+
+A = make_attempt("a")
+B = make_attempt("b")
+A_SUSPENDED = make_attempt("a", run_state="suspended")
+
+
+def local(attempt_id: str, state: S, grace_s: float = 30.0) -> LocalAttempt:
+    return LocalAttempt(attempt_id, state, grace_s)
+
+
+CASES = [
+    ("nothing to do", [], [], []),
+    ("new attempt starts", [A], [], [Start(A)]),
+    ("running and desired is watched", [A], [local("a", S.RUNNING)], [Watch("a")]),
+    ("starting and desired is watched", [A], [local("a", S.STARTING)], [Watch("a")]),
+    ("not desired any more is stopped with its grace", [], [local("a", S.RUNNING, 12)], [Stop("a", 12)]),
+    ("suspended and not desired is stopped", [], [local("a", S.SUSPENDED)], [Stop("a", 30.0)]),
+    ("already stopping is left alone", [], [local("a", S.STOPPING)], []),
+    ("checkpointing is left alone", [], [local("a", S.CHECKPOINTING)], []),
+    ("exited and desired is reported, never restarted", [A], [local("a", S.EXITED)], [Report("a")]),
+    ("vanished and desired is reported, never restarted", [A], [local("a", S.VANISHED)], [Report("a")]),
+    (
+        "exited and not desired is reported then removed",
+        [],
+        [local("a", S.EXITED)],
+        [Report("a"), Remove("a")],
+    ),
+    ("desired suspended while running", [A_SUSPENDED], [local("a", S.RUNNING)], [Suspend("a"), Watch("a")]),
+    ("desired running while suspended", [A], [local("a", S.SUSPENDED)], [Resume("a"), Watch("a")]),
+    ("desired suspended and suspended", [A_SUSPENDED], [local("a", S.SUSPENDED)], [Watch("a")]),
+    ("no suspend while checkpointing", [A_SUSPENDED], [local("a", S.CHECKPOINTING)], [Watch("a")]),
+    (
+        "moved: stop the old one before starting the new one",
+        [B],
+        [local("a", S.RUNNING, 5)],
+        [Stop("a", 5), Start(B)],
+    ),
+    (
+        "a full resync",
+        [make_attempt("c"), make_attempt("d"), make_attempt("e")],
+        [local("b", S.RUNNING), local("c", S.RUNNING), local("d", S.VANISHED), local("f", S.EXITED)],
+        [
+            Stop("b", 30.0),
+            Start(make_attempt("e")),
+            Watch("c"),
+            Report("d"),
+            Report("f"),
+            Remove("f"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("desired", "here", "expected"), [case[1:] for case in CASES], ids=[c[0] for c in CASES]
+)
+def test_reconcile(desired, here, expected) -> None:
+    assert reconcile(desired, here) == expected
+
+
+def test_reconcile_is_idempotent_once_converged() -> None:
+    """After the actions are carried out, the same desired set asks for nothing but watching."""
+    desired = [A, B]
+    assert reconcile(desired, [local("a", S.RUNNING), local("b", S.RUNNING)]) == [Watch("a"), Watch("b")]
