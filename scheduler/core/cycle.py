@@ -87,10 +87,12 @@ def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     # 7. Post-cycle hooks.
     wake_times = [t for t in (p.wake_at(ctx) for p in plugins.post_cycle) if t is not None and t > now]
     # 8. Reasons and estimated starts for everything that did not start.
-    horizons = [p for p in plugins.preemption if isinstance(p, PreemptionHorizonPlugin)]
-    estimates = estimate_starts(
-        ctx, queue, run.started, run.waiting, holds, profile.cycle, run.released, horizons
-    )
+    estimates: dict[str, float | None] = {}
+    if profile.cycle.estimate_starts:
+        horizons = [p for p in plugins.preemption if isinstance(p, PreemptionHorizonPlugin)]
+        estimates = estimate_starts(
+            ctx, queue, run.started, run.waiting, holds, profile.cycle, run.released, horizons
+        )
     pending = tuple(
         PendingStatus(
             job.id,

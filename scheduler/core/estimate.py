@@ -63,8 +63,9 @@ def estimate_starts(
         job = by_id[job_id]
         fixed.append((at + _remaining(job, default_s), model, job.gpus, job.vc))
 
-    # Two time-ordered release lists are merged on the fly: the running jobs' releases, which
-    # depend on who asks, and the fixed ones plus bookings, which do not. The queue is walked
+    # Two time-ordered release streams are merged on the fly: the running jobs' releases
+    # (a sorted list), which depend on who asks, and the fixed ones plus bookings (a heap),
+    # which do not. The queue is walked
     # once with one cursor; when the kind of job changes (its horizon key), only the running
     # jobs' release times are recomputed, and a job already counted as released that is no
     # longer preemptible for the new kind takes its GPUs back. Start times stay monotone in
@@ -76,13 +77,14 @@ def estimate_starts(
         seq += 1
         booked.append((at, seq, model, gpus, vc))
         vc_booked.setdefault(vc, []).append((at, gpus))
-    booked.sort()
+    heapq.heapify(booked)
     for entries in vc_booked.values():
         entries.sort()
     parts: dict[str, list[tuple[str, int]]] = {
         r.id: [(h.model, len(h.gpu_indices)) for h in holds.get(r.id, ())] for r, _ in running
     }
     released_running: set[str] = set()
+    latest_end = max((end for _, end in running), default=now)
     free = dict(state.free_total)
     vc_used = {vc: state.vc_used(vc, "*") for vc in state.quotas}
 
@@ -91,7 +93,7 @@ def estimate_starts(
     segment: tuple[tuple[float, ...], ...] | None = None
     passing: list[tuple[float, int, RunningJob]] = []
     vc_passing: dict[str, list[tuple[float, int]]] = {}
-    next_passing = next_booked = 0
+    next_passing = 0
     cursor = now
     for job in queue:
         if job.id in started:
@@ -113,7 +115,9 @@ def estimate_starts(
             estimates[job.id] = None
             continue
         key = tuple(h.horizon_key(job, ctx) for h in horizons) if horizons else ()
-        if key != segment:
+        if key != segment and not (len(released_running) == len(running) and cursor >= latest_end):
+            # (Once every running job is gone by its expected end, no kind of job can see one
+            # later, so the remaining kinds need no recomputation.)
             segment = key
             passing = []
             vc_passing = {}
@@ -135,9 +139,7 @@ def estimate_starts(
                 entries.sort()
             next_passing = 0
         while free.get(model, 0) < need:
-            if next_passing < len(passing) and (
-                next_booked >= len(booked) or passing[next_passing][0] <= booked[next_booked][0]
-            ):
+            if next_passing < len(passing) and (not booked or passing[next_passing][0] <= booked[0][0]):
                 at, _, r = passing[next_passing]
                 next_passing += 1
                 released_running.add(r.id)
@@ -146,9 +148,8 @@ def estimate_starts(
                     free[rmodel] = free.get(rmodel, 0) + gpus
                     if r.vc in vc_used:
                         vc_used[r.vc] -= gpus
-            elif next_booked < len(booked):
-                at, _, rmodel, gpus, vc = booked[next_booked]
-                next_booked += 1
+            elif booked:
+                at, _, rmodel, gpus, vc = heapq.heappop(booked)
                 cursor = max(cursor, at)
                 free[rmodel] = free.get(rmodel, 0) + gpus
                 if vc in vc_used:
@@ -172,13 +173,13 @@ def estimate_starts(
         estimates[job.id] = start
         end = start + _remaining(job, default_s)
         # Book the job as holding its GPUs from now to its end (errs late, never double-counts).
-        # Its end lies after the cursor, so it lands behind everything already consumed.
         free[model] -= need
         if job.vc in vc_used:
             vc_used[job.vc] += need
         seq += 1
-        bisect.insort(booked, (end, seq, model, need, job.vc), lo=next_booked)
-        bisect.insort(vc_booked.setdefault(job.vc, []), (end, need))
+        heapq.heappush(booked, (end, seq, model, need, job.vc))
+        if quota is not None:
+            bisect.insort(vc_booked.setdefault(job.vc, []), (end, need))
     return estimates
 
 

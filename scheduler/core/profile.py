@@ -51,6 +51,9 @@ class CycleSettings:
     max_candidates: int = 16  # nodes scored per replica (kube's percentageOfNodesToScore)
     candidate_order: str = "fullest"  # which free-count buckets are scanned first: fullest|emptiest
     default_runtime_s: float = 3600.0  # runtime assumed for jobs without estimate or limit
+    # Estimated starts cost a forward simulation per cycle; a caller that does not show them
+    # every cycle (the simulator between arrivals) may switch them off: estimated_start is None.
+    estimate_starts: bool = True
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CycleSettings:

@@ -18,7 +18,7 @@ import heapq
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import IntEnum
 
 from scheduler.core import (
@@ -109,7 +109,7 @@ class SimResult:
     capacity_gpu_s_while_waiting: float
     cycles: int
     capacity: int
-    notes: list[str] = field(default_factory=list)
+    guarantees: dict[str, int] | None = None  # VC -> guaranteed GPUs, when quotas were given
 
 
 def gang_shape(gpus: int, node_gpus: int) -> tuple[int, int]:
@@ -149,6 +149,9 @@ class Simulator:
     ) -> None:
         self.nodes = nodes
         self.profile = replace(profile, cycle=replace(profile.cycle, grace_period_s=preempt_overhead_s))
+        # Estimated starts are read only at submission, so cycles without arrivals skip them.
+        self.quiet_profile = replace(self.profile, cycle=replace(self.profile.cycle, estimate_starts=False))
+        self.guarantees = {vc: g for vc, (g, _) in vc_quotas.items()} if vc_quotas is not None else None
         self.overhead = preempt_overhead_s
         self.time_limit_s = time_limit_s
         self.capacity = sum(len(n.gpus) for n in nodes)
@@ -222,7 +225,8 @@ class Simulator:
 
             for _ in range(4):  # more cycles at the same instant only after free preemptions
                 cycles += 1
-                plan = decide(self._snapshot(t, running, pending), self.profile, t)
+                profile = self.profile if submitted else self.quiet_profile
+                plan = decide(self._snapshot(t, running, pending), profile, t)
                 if submitted:
                     self._record_estimates(plan, submitted, pending, t)
                     submitted = []
@@ -267,6 +271,7 @@ class Simulator:
             capacity_gpu_s_while_waiting=cap_waiting,
             cycles=cycles,
             capacity=self.capacity,
+            guarantees=self.guarantees,
         )
 
     # -- state helpers -------------------------------------------------------------------

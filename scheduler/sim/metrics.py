@@ -48,7 +48,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         )
         for j in waited
     )
-    per_vc: dict[str, dict[str, float]] = {}
+    per_vc: dict[str, dict[str, float | int]] = {}
     for vc in sorted({j.trace.vc for j in result.jobs}):
         vc_done = [j for j in done if j.trace.vc == vc]
         per_vc[vc] = {
@@ -57,6 +57,16 @@ def summarize(result: SimResult) -> dict[str, Any]:
             "avg_queue_s": round(_mean([_queue_delay(j) for j in vc_done]), 1),
             "avg_jct_s": round(_mean([(j.finished_at or 0.0) - j.trace.submit for j in vc_done]), 1),
         }
+        if result.guarantees is not None:
+            # For the comparison with the VC replayed alone on its guarantee, where jobs wider
+            # than the guarantee cannot run: the same jobs left out here, and counted.
+            guarantee = result.guarantees.get(vc, 0)
+            fitting = [j for j in vc_done if j.gpus <= guarantee]
+            per_vc[vc]["guaranteed_gpus"] = guarantee
+            per_vc[vc]["jobs_wider_than_guarantee"] = len(
+                [j for j in result.jobs if j.trace.vc == vc and j.gpus > guarantee]
+            )
+            per_vc[vc]["avg_queue_s_within_guarantee"] = round(_mean([_queue_delay(j) for j in fitting]), 1)
     allocation = (
         result.busy_gpu_s_while_waiting / result.capacity_gpu_s_while_waiting
         if result.capacity_gpu_s_while_waiting
