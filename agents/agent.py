@@ -110,7 +110,10 @@ class Agent:
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self.telemetry_interval_s = config.telemetry_interval_s
         self.dropped_samples = 0
-        self.last_revision = -1
+        # Newest desired-set revision received on the current connection. Messages on one
+        # connection arrive in order, so this only lets a queued, superseded set be skipped;
+        # it is reset per connection, so a portal whose counter restarted is still obeyed.
+        self.newest_revision = -1
         self.latest_desired: DesiredSet | None = None
         self.reconcile_lock = asyncio.Lock()
         self.refresh_lock = asyncio.Lock()
@@ -186,6 +189,7 @@ class Agent:
         self.heartbeat_interval_s = first.heartbeat_interval_s or self.config.heartbeat_interval_s
         self.telemetry_interval_s = first.telemetry_interval_s or self.config.telemetry_interval_s
         self.connected = True
+        self.newest_revision = -1
         self.backoff.reset()
         self.sessions += 1
         log.info("connected to the portal as node %s", first.node_id)
@@ -202,6 +206,7 @@ class Agent:
                     log.error("ignoring a bad message from the portal: %s", error)
                     continue
                 if isinstance(message, DesiredSet):
+                    self.newest_revision = max(self.newest_revision, message.revision)
                     self._spawn(self.apply_desired(message))
                 elif isinstance(message, Welcome):
                     continue
@@ -406,11 +411,14 @@ class Agent:
 
     async def apply_desired(self, desired: DesiredSet) -> None:
         """Converge to a desired set: stops first (GPUs freed), then everything else in order."""
-        if desired.revision < self.last_revision:
-            log.info("ignoring desired set revision %d (applied %d)", desired.revision, self.last_revision)
-            return
-        self.last_revision = desired.revision
         async with self.reconcile_lock:
+            if desired.revision < self.newest_revision:
+                log.info(
+                    "skipping desired set revision %d: %d arrived since",
+                    desired.revision,
+                    self.newest_revision,
+                )
+                return
             await self.refresh()
             local = [LocalAttempt(r.attempt_id, r.state, r.grace_s) for r in self.store.all()]
             actions = reconcile(desired.attempts, local)

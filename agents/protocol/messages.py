@@ -284,7 +284,7 @@ class DesiredSet(_Message):
     Anything running that is not in the list is stopped with its grace period; anything
     in the list that is not running is started, unless it already ran here and ended (an
     attempt runs at most once). ``revision`` increases with every change on the portal;
-    the agent ignores a set older than the last one it applied.
+    the agent skips a set when a newer one arrived on the same connection meanwhile.
     """
 
     type: Literal["desired_set"] = "desired_set"
