@@ -11,9 +11,12 @@ import logging
 import os
 import signal
 
+from docker.errors import DockerException
+
 from agents.agent import Agent
 from agents.config import AgentConfig, is_loopback_url, parse_args
 from agents.devices import DeviceBackend
+from agents.devices.nvml import DeviceError
 from agents.runtime import Runtime
 from agents.runtime.policy import HostPolicy
 from agents.versions import detect_toolkit_version
@@ -52,7 +55,11 @@ def build_runtime(config: AgentConfig) -> Runtime:
 
 async def main_async(config: AgentConfig) -> None:
     backend = build_backend(config)
-    runtime = build_runtime(config)
+    try:
+        runtime = build_runtime(config)
+    except Exception:
+        backend.close()
+        raise
     real_gpus_in_containers = config.runtime == "docker" and config.request_gpus and not config.simulate
     agent = Agent(
         config,
@@ -79,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     if not is_loopback_url(config.portal_url) and config.portal_url.startswith("ws://"):
         log.warning("the node token travels unencrypted to %s; use https:// in production", config.portal_url)
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    asyncio.run(main_async(config))
+    try:
+        asyncio.run(main_async(config))
+    except (DeviceError, DockerException) as error:
+        hint = " (use --simulate for simulated GPUs)" if isinstance(error, DeviceError) else ""
+        log.error("cannot start the agent: %s%s", error, hint)
+        return 2
     return 0
 
 

@@ -24,8 +24,12 @@ import docker
 import docker.errors
 import pytest
 from agent_builders import collect_logs, eventually, make_attempt
+from fake_portal import TOKEN, FakePortal, wait_for
 
-from agents.protocol import AttemptState, GpuRef, Mount
+from agents.agent import Agent
+from agents.config import AgentConfig
+from agents.devices.simulated import SimulatedBackend, load_description
+from agents.protocol import AttemptState, ExitReason, GpuRef, Mount
 from agents.runtime import RuntimeFailure
 from agents.runtime.docker import (
     CHECKPOINT_TARGET,
@@ -37,6 +41,7 @@ from agents.runtime.docker import (
     device_requests,
 )
 from agents.runtime.policy import HostPolicy, PolicyError, VolumeRoot, prepare
+from agents.versions import MinimumVersions
 
 IMAGE = "gpuportal-test/busybox:1"
 BUSYBOX = Path("/bin/busybox")
@@ -317,3 +322,41 @@ async def _logs_start_with(runtime: DockerRuntime, attempt_id: str, first: str) 
     finally:
         await stream.aclose()
     return line.text == first
+
+
+@pytest.mark.asyncio
+async def test_the_agent_with_docker_reports_the_version_gate_and_runs_an_attempt(
+    engine, policy: HostPolicy, tmp_path: Path
+) -> None:
+    runtime = DockerRuntime(engine, policy, request_gpus=False)
+    async with FakePortal() as portal:
+        config = AgentConfig(
+            portal_url=f"{portal.url.replace('http', 'ws')}/ws/agent/",
+            token=TOKEN,
+            runtime="docker",
+            simulate="dgx-a100",
+            state_dir=tmp_path / "state",
+            node_name="docker-node",
+            monitor_interval_s=0.05,
+            minimum_versions=MinimumVersions(docker="999.0", runc=None, nvidia_container_toolkit=None),
+        )
+        agent = Agent(config, SimulatedBackend(load_description("dgx-a100"), "docker-node"), runtime)
+        portal.desired = [_attempt("dk-agent", "echo hi; echo oops >&2; exit 3")]
+        task = asyncio.create_task(agent.run())
+        try:
+            await wait_for(lambda: (s := portal.last_status("dk-agent")) is not None and s.state.is_terminal)
+            hello = portal.hellos[0]
+            engine_version = engine.version()["Version"]
+            assert hello.runtime.kind == "docker" and hello.runtime.version == engine_version
+            assert hello.drain_reason == f"Docker Engine {engine_version} is older than the required 999.0"
+            final = portal.last_status("dk-agent")
+            assert (final.state, final.exit_code, final.reason) == (AttemptState.EXITED, 3, ExitReason.FAILED)
+            await wait_for(lambda: portal.log_lines("dk-agent") == {0: "hi"})
+            await wait_for(lambda: portal.log_lines("dk-agent", "stderr") == {0: "oops"})
+            await portal.set_desired([])
+            await wait_for(
+                lambda: not engine.containers.list(all=True, filters={"name": "gpuportal-dk-agent"})
+            )
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
