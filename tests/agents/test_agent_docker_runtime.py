@@ -9,6 +9,7 @@ engine cannot start, the engine tests are skipped with the reason.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import io
 import os
 import shutil
@@ -44,6 +45,7 @@ from agents.runtime.policy import HostPolicy, PolicyError, VolumeRoot, prepare
 from agents.versions import MinimumVersions
 
 IMAGE = "gpuportal-test/busybox:1"
+PR_SET_PDEATHSIG = 1
 BUSYBOX = Path("/bin/busybox")
 BUSYBOX_APPLETS = ("sh", "echo", "sleep", "cat", "env", "ls", "id", "touch", "test")
 
@@ -130,6 +132,7 @@ def engine() -> Iterator[docker.DockerClient]:
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
+        preexec_fn=_terminate_with_parent,
     )
     client = None
     try:
@@ -152,6 +155,12 @@ def engine() -> Iterator[docker.DockerClient]:
             daemon.wait()
         log.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _terminate_with_parent() -> None:
+    """If pytest itself is killed, teardown never runs: let the kernel stop the engine then."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _connect(base_url: str, daemon: subprocess.Popen[bytes]) -> docker.DockerClient | None:
