@@ -60,7 +60,9 @@ def build_snapshot(nodes: int, pending: int, busy: float = 0.9, seed: int = 1) -
     vc_names = [f"vc{k}" for k in range(8)]
     capacity = nodes * 8
     vcs = tuple(
-        VirtualCluster(VcName(v), (Quota("A100", capacity // 8, capacity // 4),), max_gpus_per_user=capacity // 16)
+        VirtualCluster(
+            VcName(v), (Quota("A100", capacity // 8, capacity // 4),), max_gpus_per_user=capacity // 16
+        )
         for v in vc_names
     )
     running: list[RunningJob] = []
@@ -106,7 +108,8 @@ def build_snapshot(nodes: int, pending: int, busy: float = 0.9, seed: int = 1) -
 
 def fifo_first_fit(snapshot: Snapshot) -> int:
     """The reference: FIFO order, each replica on the first node with room. No quotas, no
-    topology, no reasons or estimates. Returns the number of jobs started."""
+    topology, no reasons or estimates; a count of nodes per free-GPU level skips jobs that
+    cannot fit without scanning the nodes. Returns the number of jobs started."""
     free: list[int] = []
     index = {}
     for i, node in enumerate(snapshot.nodes):
@@ -115,22 +118,25 @@ def fifo_first_fit(snapshot: Snapshot) -> int:
     for job in snapshot.running:
         for replica in job.placement:
             free[index[replica.node]] -= len(replica.gpu_indices)
+    width = max(free, default=0) + 1
+    nodes_with = [0] * (width + 8)
+    for f in free:
+        nodes_with[f] += 1
     started = 0
     for job in sorted(snapshot.pending, key=lambda j: (j.submitted_at, j.id)):
+        k = job.gpus_per_replica
+        if sum(nodes_with[f] * (f // k) for f in range(k, width)) < job.replicas:
+            continue
         chosen: list[int] = []
         for _ in range(job.replicas):
             for i, f in enumerate(free):
-                if f >= job.gpus_per_replica:
-                    free[i] -= job.gpus_per_replica
+                if f >= k:
+                    nodes_with[f] -= 1
+                    free[i] -= k
+                    nodes_with[f - k] += 1
                     chosen.append(i)
                     break
-            else:
-                for i in chosen:
-                    free[i] += job.gpus_per_replica
-                chosen = []
-                break
-        if chosen:
-            started += 1
+        started += 1
     return started
 
 

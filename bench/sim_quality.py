@@ -38,16 +38,32 @@ PEER = {
     "itp-cluster04": {"zero_wait": 19982, "fifo": 21338, "las_gpu_time": 20635, "las_time": 20454},
     "philly-pooled": {"zero_wait": 13669, "fifo": 106482, "las_gpu_time": 14383, "las_time": 14315},
 }
-ITP = {"itp-cluster02": ("cluster02.csv", "32x4"), "itp-cluster06": ("cluster06.csv", "32x4"),
-       "itp-cluster04": ("cluster04.csv", "88x8")}
+ITP = {
+    "itp-cluster02": ("cluster02.csv", "32x4"),
+    "itp-cluster06": ("cluster06.csv", "32x4"),
+    "itp-cluster04": ("cluster04.csv", "88x8"),
+}
 PHILLY = "philly-jobs/philly_jobs_2017-09_2017-10.csv"
 PROFILE_RUNS = [("fifo", 0.0), ("tiresias", 0.0), ("default", 0.0), ("default", 30.0)]
 
 
 def command(trace: Path, fmt: str, cluster: str, profile: str, overhead: float, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "scheduler.sim", "--trace", str(trace), "--format", fmt, "--cluster", cluster,
-        "--profile", profile, "--preempt-overhead", f"{overhead:g}", *extra, "--json",
+        sys.executable,
+        "-m",
+        "scheduler.sim",
+        "--trace",
+        str(trace),
+        "--format",
+        fmt,
+        "--cluster",
+        cluster,
+        "--profile",
+        profile,
+        "--preempt-overhead",
+        f"{overhead:g}",
+        *extra,
+        "--json",
     ]
 
 
@@ -59,7 +75,10 @@ def run(cmd: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     result["command"] = shlex.join(["python", *cmd[1:]])
     result["bench_wall_s"] = round(time.perf_counter() - started, 1)
-    print(f"{result['command']}\n  -> avg_jct_s={result.get('avg_jct_s')} wall_s={result.get('wall_s')}", flush=True)
+    print(
+        f"{result['command']}\n  -> avg_jct_s={result.get('avg_jct_s')} wall_s={result.get('wall_s')}",
+        flush=True,
+    )
     return result
 
 
@@ -72,7 +91,9 @@ def plan_runs(suite: str, traces: Path) -> dict[str, list[str]]:
                 runs[f"{name}/{profile}/o{overhead:g}"] = command(path, "itp", cluster, profile, overhead)
     if suite in ("philly", "all"):
         for profile, overhead in PROFILE_RUNS:
-            runs[f"philly-pooled/{profile}/o{overhead:g}"] = command(traces / PHILLY, "philly", "83x8", profile, overhead)
+            runs[f"philly-pooled/{profile}/o{overhead:g}"] = command(
+                traces / PHILLY, "philly", "83x8", profile, overhead
+            )
     if suite in ("philly-vc", "all"):
         quota_file = str(QUOTAS.relative_to(REPO))
         for profile in ("fifo", "default"):
@@ -119,7 +140,8 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "shared_avg_queue_s": shared_q,
                 "alone_avg_queue_s": alone["avg_queue_s"],
                 "jobs_wider_than_guarantee": alone["jobs_dropped"],
-                "no_more_than_5pct_worse": shared_q is not None and shared_q <= 1.05 * alone["avg_queue_s"] + 1.0,
+                "no_more_than_5pct_worse": shared_q is not None
+                and shared_q <= 1.05 * alone["avg_queue_s"] + 1.0,
             }
         report["philly-vc"] = {
             "per_vc": per_vc,

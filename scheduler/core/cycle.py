@@ -541,6 +541,7 @@ class _CycleRun:
         )
         if self.state.free_total.get(model, 0) + reclaimable < job.gpus:
             return False
+        free_before = self.state.free_total.get(model, 0)
         # Grow the victim set cheapest first until the job fits (releases accumulate in one
         # statement; a placement is tried only once enough GPUs are free) ...
         chosen: list[tuple[RunningJob, str | None]] = []
@@ -567,6 +568,9 @@ class _CycleRun:
             if attempt is not None:
                 attempt.discard()
                 chosen = trial
+        moved = sum(v.gpus for v, r in chosen if r == "defrag")
+        if moved and moved > free_before - job.gpus:
+            return False  # the moved jobs would find no room to restart
         final = self._fits_after_releasing(job, model, [v for v, _ in chosen])
         assert final is not None, "a victim set that fitted must fit again"
         final.commit()
@@ -596,4 +600,6 @@ def _preemption_message(reason: str, job: PendingJob, victim: RunningJob) -> str
         return f"VC {job.vc} reclaims its guaranteed GPUs from borrowed work of VC {victim.vc} (job {job.id})"
     if reason == "las":
         return f"preempted for job {job.id}: it has attained less GPU service (LAS demotion)"
+    if reason == "defrag":
+        return f"moved to make room for job {job.id}: enough GPUs are free, but scattered (defragmentation)"
     return f"preempted for job {job.id} ({reason})"

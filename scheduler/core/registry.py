@@ -11,6 +11,7 @@ from typing import Any
 
 from scheduler.core.plugins.admission import UserLimit, VcQuota
 from scheduler.core.plugins.backfill import BackfillReservation
+from scheduler.core.plugins.defrag import Defragment
 from scheduler.core.plugins.placement import (
     BinPack,
     BuddyCells,
@@ -50,6 +51,7 @@ REGISTRY: dict[str, PluginFactory] = {
     "spread": Spread,
     "reclaim": Reclaim,
     "backfill": BackfillReservation,
+    "defrag": Defragment,
 }
 
 

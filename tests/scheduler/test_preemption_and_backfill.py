@@ -188,3 +188,36 @@ def test_without_backfill_plugin_later_jobs_start_greedily() -> None:
     plan = decide(snap.build(), profile(queue_sort=["fifo"]), now=0.0)
     assert [s.job_id for s in plan.starts] == ["later"]
     assert plan.reservation is None
+
+
+DEFRAG = profile(preemption=["defrag"], score=["binpack"])
+
+
+def test_defrag_moves_a_small_job_when_enough_gpus_stay_free() -> None:
+    snap = (
+        Snap()
+        .node("a", 4)
+        .node("b", 4)
+        .running("x", [("a", (0,))], started_at=100)
+        .running("y", [("b", (0,))], started_at=0, last_checkpoint_at=4990)
+        .pending("wide", 4, submitted_at=5000)
+    )
+    plan = decide(snap.build(), DEFRAG, now=5000.0)
+    # y checkpointed 10 s ago: moving it loses the least work.
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == [("y", "defrag")]
+    assert "defragmentation" in plan.preemptions[0].message
+
+
+def test_defrag_does_not_move_jobs_that_would_find_no_room() -> None:
+    snap = (
+        Snap()
+        .node("a", 4)
+        .node("b", 4)
+        .running("x", [("a", (0,))])
+        .running("z", [("a", (2, 3))])
+        .running("y", [("b", (0,))])
+        .pending("wide", 4, submitted_at=5000)
+    )
+    plan = decide(snap.build(), DEFRAG, now=5000.0)
+    assert not plan.preemptions
+    assert plan.pending[0].reason is ReasonCode.FRAGMENTATION

@@ -137,3 +137,19 @@ def test_las_asks_for_a_cycle_when_a_running_job_crosses_a_threshold() -> None:
     plan = decide(snap.build(), p, now=100.0)
     # 2000 GPU-seconds to go at 2 GPUs: 1000 s from now.
     assert plan.wake_at == pytest.approx(1100.0)
+
+
+def test_las_can_order_by_service_inside_a_queue() -> None:
+    snap = (
+        Snap()
+        .node("n0")
+        .pending("early-more", submitted_at=1, attained_gpu_s=500)
+        .pending("late-less", submitted_at=2, attained_gpu_s=100)
+    )
+    by_arrival = {"queue_sort": ["las"], "plugin_args": {"las": {"thresholds": [3600]}}}
+    by_service = {
+        "queue_sort": ["las"],
+        "plugin_args": {"las": {"thresholds": [3600], "order_in_queue": "service"}},
+    }
+    assert queue_ids(snap, **by_arrival) == ["early-more", "late-less"]
+    assert queue_ids(snap, **by_service) == ["late-less", "early-more"]

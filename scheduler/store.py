@@ -1,0 +1,224 @@
+"""The scheduling core's bridge to PostgreSQL: rows in as a Snapshot, a Plan applied in the same
+transaction. Every job moves by compare-and-set and the database constraint on live allocations
+guards every GPU, so a plan computed from a stale view can lose a race but never double-book.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max, Q
+
+from agents.protocol import CheckpointRequest, StopRequest, encode
+from portal.agentgw.desired import agent_attempt_id
+from portal.agentgw.outbox import desired_set_changed, send_request
+from portal.cluster.models import Gpu, Node, Quota, VirtualCluster
+from portal.jobs.choices import ACTIVE_STATES, JobState
+from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
+from portal.jobs.services import transition_job
+from scheduler import core
+
+
+def epoch(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def from_epoch(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, tz=UTC) if value is not None else None
+
+
+@dataclass
+class LoadedState:
+    """The snapshot plus what apply_plan needs to recognise what it decided on."""
+
+    snapshot: core.Snapshot
+    versions: dict[str, int]  # job id -> version seen
+    gpu_ids: dict[tuple[str, int], int]  # (node name, gpu index) -> Gpu pk
+    node_ids: dict[str, int]
+
+
+def load_snapshot(now: float) -> LoadedState:
+    nodes, gpu_ids, node_ids = [], {}, {}
+    gpus_by_node: dict[int, list[Gpu]] = defaultdict(list)
+    for gpu in Gpu.objects.order_by("node_id", "index"):
+        gpus_by_node[gpu.node_id].append(gpu)
+    for node in Node.objects.order_by("name"):
+        node_ids[node.name] = node.pk
+        for gpu in gpus_by_node[node.pk]:
+            gpu_ids[(node.name, gpu.index)] = gpu.pk
+        nodes.append(
+            core.Node(
+                name=core.NodeName(node.name),
+                rack=node.rack,
+                state=core.NodeState(node.state),
+                cpu_milli=node.cpu * 1000,
+                memory_mib=node.memory_gb * 1024,
+                gpus=tuple(
+                    core.Gpu(
+                        index=g.index,
+                        model=g.model,
+                        uuid=g.uuid,
+                        memory_mib=g.memory_mb,
+                        nvlink_group=g.nvlink_group,
+                        pcie_switch=g.pcie_switch,
+                        numa_node=g.numa_node,
+                        healthy=g.healthy,
+                    )
+                    for g in gpus_by_node[node.pk]
+                ),
+            )
+        )
+    quotas: dict[int, list[core.Quota]] = defaultdict(list)
+    for quota in Quota.objects.all():
+        quotas[quota.virtual_cluster_id].append(
+            core.Quota(quota.gpu_model, quota.guaranteed, quota.borrow_limit)
+        )
+    vcs = tuple(
+        core.VirtualCluster(
+            name=core.VcName(vc.name),
+            tenant=vc.tenant.name,
+            quotas=tuple(quotas[vc.pk]),
+            queueing_policy=vc.queueing_policy,
+            max_gpus_per_user=vc.max_gpus_per_user,
+        )
+        for vc in VirtualCluster.objects.select_related("tenant").order_by("name")
+    )
+    jobs = list(
+        Job.objects.filter(Q(state__in=ACTIVE_STATES) | Q(state=JobState.PENDING))
+        .select_related("virtual_cluster", "owner")
+        .annotate(last_checkpoint=Max("checkpoints__written_at"))
+    )
+    placements: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
+    started: dict[int, float] = {}
+    live = Allocation.objects.filter(
+        released_at__isnull=True, attempt__job__in=[j.pk for j in jobs]
+    ).select_related("node", "gpu", "attempt")
+    for allocation in live.order_by("replica", "gpu__index"):
+        job_id = allocation.attempt.job_id
+        replica = placements[job_id].setdefault(allocation.replica, (allocation.node.name, []))
+        replica[1].append(allocation.gpu.index)
+        started[job_id] = allocation.attempt.created_at.timestamp()
+    running, pending = [], []
+    for job in jobs:
+        common: dict[str, Any] = {
+            "id": core.JobId(str(job.pk)),
+            "vc": core.VcName(job.virtual_cluster.name),
+            "user": core.UserName(job.owner.username),
+            "gpu_model": job.gpu_model,
+            "priority": job.priority,
+            "preemptible": job.preemptible,
+            "time_limit_s": float(job.time_limit_s),
+            "cpu_milli_per_replica": job.cpu_per_replica * 1000,
+            "memory_mib_per_replica": job.memory_gb_per_replica * 1024,
+            "submitted_at": job.submitted_at.timestamp(),
+        }
+        if job.state == JobState.PENDING:
+            pending.append(
+                core.PendingJob(replicas=job.replicas, gpus_per_replica=job.gpus_per_replica, **common)
+            )
+        elif job.pk in placements:
+            replicas = placements[job.pk]
+            running.append(
+                core.RunningJob(
+                    placement=tuple(
+                        core.ReplicaPlacement(core.NodeName(node), tuple(indices))
+                        for _, (node, indices) in sorted(replicas.items())
+                    ),
+                    started_at=started[job.pk],
+                    attained_gpu_s=job.total_gpus * max(0.0, now - started[job.pk]),
+                    last_checkpoint_at=epoch(job.last_checkpoint),
+                    checkpointable=bool((job.spec.get("checkpoint") or {}).get("enabled")),
+                    stopping=job.state == JobState.CHECKPOINTING,
+                    **common,
+                )
+            )
+    snapshot = core.Snapshot(nodes=tuple(nodes), vcs=vcs, running=tuple(running), pending=tuple(pending))
+    return LoadedState(snapshot, {str(j.pk): j.version for j in jobs}, gpu_ids, node_ids)
+
+
+def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, int]:
+    """Writes the plan. Must run inside the cycle's transaction; returns what it did."""
+    started = preempted = 0
+    jobs = Job.objects.select_for_update().in_bulk([int(j) for j in loaded.versions])
+    for start in plan.starts:
+        job = jobs.get(int(start.job_id))
+        if job is None or job.version != loaded.versions[start.job_id] or job.state != JobState.PENDING:
+            continue
+        if start_job(job, start, loaded):
+            started += 1
+    for preemption in plan.preemptions:
+        job = jobs.get(int(preemption.job_id))
+        if job is None or job.version != loaded.versions[preemption.job_id] or job.state != JobState.RUNNING:
+            continue
+        if preempt_job(job, preemption):
+            preempted += 1
+    for position, status in enumerate(plan.pending, start=1):
+        Job.objects.filter(pk=int(status.job_id), state=JobState.PENDING).update(
+            pending_reason=status.reason.value,
+            pending_message=status.message[:500],
+            estimated_start_at=from_epoch(status.estimated_start),
+            queue_position=position,
+        )
+    return {"started": started, "preempted": preempted, "pending": len(plan.pending)}
+
+
+def start_job(job: Job, start: core.Start, loaded: LoadedState) -> bool:
+    """pending -> scheduled with a new attempt and its allocations, all or nothing."""
+    resume = Checkpoint.objects.filter(job=job).exists()
+    number = (job.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
+    placement = "; ".join(f"{r.node}:{','.join(map(str, r.gpu_indices))}" for r in start.placement)
+    with transaction.atomic():  # a savepoint: a lost GPU race undoes only this job
+        if not transition_job(
+            job,
+            JobState.SCHEDULED,
+            label="scheduler",
+            reason=f"placed on {placement}",
+            data={"placement": placement, "borrowed_gpus": start.borrowed_gpus},
+            pending_reason="",
+            pending_message="",
+            estimated_start_at=None,
+            queue_position=None,
+        ):
+            return False
+        attempt = JobAttempt.objects.create(job=job, number=number, resume=resume)
+        Allocation.objects.bulk_create(
+            [
+                Allocation(
+                    attempt=attempt,
+                    node_id=loaded.node_ids[replica.node],
+                    gpu_id=loaded.gpu_ids[(replica.node, index)],
+                    replica=r,
+                )
+                for r, replica in enumerate(start.placement)
+                for index in replica.gpu_indices
+            ]
+        )
+    desired_set_changed(loaded.node_ids[r.node] for r in start.placement)
+    return True
+
+
+def preempt_job(job: Job, preemption: core.Preemption) -> bool:
+    """running -> checkpointing; the agents checkpoint (or stop) it within the grace period, and
+    its GPUs are freed when they report it ended (portal.jobs.services)."""
+    if not transition_job(
+        job,
+        JobState.CHECKPOINTING,
+        label="scheduler",
+        reason=preemption.message,
+        data={"preemption": preemption.reason, "for_job": preemption.for_job},
+    ):
+        return False
+    attempt = job.attempts.order_by("-number").first()
+    checkpointable = bool((job.spec.get("checkpoint") or {}).get("enabled"))
+    replicas = attempt.allocations.values_list("replica", "node_id").distinct() if attempt else []
+    for replica, node_id in replicas:
+        message_type = CheckpointRequest if checkpointable else StopRequest
+        request = message_type(
+            attempt_id=agent_attempt_id(attempt, replica), grace_period_s=preemption.grace_period_s
+        )
+        send_request(node_id, encode(request))
+    return True

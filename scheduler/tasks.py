@@ -1,0 +1,52 @@
+"""Celery glue for the scheduling loop: one cycle at a time, triggered by changes and by beat."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+from celery import shared_task
+from django.conf import settings
+from django.db import connection, transaction
+
+from scheduler import core
+from scheduler.store import apply_plan, load_snapshot
+
+CYCLE_LOCK = 0x6770_7363  # the advisory lock id: one cycle at a time across workers
+DEBOUNCE_S = 0.2
+
+
+def request_cycle() -> None:
+    """Asks for a cycle soon. Requests within DEBOUNCE_S share one cycle."""
+    cache = redis.Redis.from_url(settings.REDIS_URL)
+    if cache.set("scheduler:cycle-requested", 1, px=int(DEBOUNCE_S * 1000), nx=True):
+        schedule_cycle.apply_async(countdown=DEBOUNCE_S)
+
+
+def load_profile() -> core.Profile:
+    return core.load_profile(settings.SCHEDULER_PROFILE)
+
+
+def run_cycle(profile: core.Profile | None = None) -> dict[str, Any] | None:
+    """One cycle: snapshot -> decide -> apply, in one transaction under the advisory lock.
+
+    Returns None when another cycle holds the lock.
+    """
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [CYCLE_LOCK])
+            if not cursor.fetchone()[0]:
+                return None
+        now = time.time()
+        loaded = load_snapshot(now)
+        plan = core.decide(loaded.snapshot, profile or load_profile(), now)
+        return apply_plan(plan, loaded, now)
+
+
+@shared_task(acks_late=False)
+def schedule_cycle() -> dict[str, Any] | None:
+    result = run_cycle()
+    if result is None:  # another worker is mid-cycle; make sure this request is not lost
+        schedule_cycle.apply_async(countdown=1)
+    return result
