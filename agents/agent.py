@@ -114,7 +114,6 @@ class Agent:
         # connection arrive in order, so this only lets a queued, superseded set be skipped;
         # it is reset per connection, so a portal whose counter restarted is still obeyed.
         self.newest_revision = -1
-        self.latest_desired: DesiredSet | None = None
         self.reconcile_lock = asyncio.Lock()
         self.refresh_lock = asyncio.Lock()
         self.log_pumps: dict[str, asyncio.Task[None]] = {}

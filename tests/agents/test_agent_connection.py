@@ -244,6 +244,9 @@ async def test_requests_checkpoint_suspend_resume_signal_stop(state_dir: Path, t
         portal.desired = [job, other]
         async with running(agent):
             await wait_for(lambda: portal.log_lines("att-ckpt").get(0) == "resume=1")
+            await wait_for(
+                lambda: (s := portal.last_status("att-other")) is not None and s.state == AttemptState.RUNNING
+            )
 
             def answer(request_id):
                 answers = portal.of_type(RequestAck) + portal.of_type(RequestReject)
