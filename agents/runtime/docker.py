@@ -166,9 +166,7 @@ class DockerRuntime:
             raise RuntimeFailure(f"cannot start the container: {error.explanation or error}") from error
 
     async def list_attempts(self) -> list[ObservedAttempt]:
-        containers = await asyncio.to_thread(
-            self.client.containers.list, all=True, filters={"label": f"{LABEL_MANAGED}=true"}
-        )
+        containers = await self._list({"label": f"{LABEL_MANAGED}=true"})
         return [_observe(container.attrs) for container in containers]
 
     async def signal(self, attempt_id: str, signal_name: str) -> None:
@@ -259,14 +257,19 @@ class DockerRuntime:
         await asyncio.to_thread(container.remove, force=True)
 
     async def _container(self, attempt_id: str) -> Any:
-        containers = await asyncio.to_thread(
-            self.client.containers.list,
-            all=True,
-            filters={"label": [f"{LABEL_MANAGED}=true", f"{LABEL_ATTEMPT}={attempt_id}"]},
-        )
+        containers = await self._list({"label": [f"{LABEL_MANAGED}=true", f"{LABEL_ATTEMPT}={attempt_id}"]})
         if not containers:
             raise UnknownAttemptError(f"no container for attempt {attempt_id}")
         return containers[0]
+
+    async def _list(self, filters: dict[str, Any]) -> list[Any]:
+        """List and inspect containers; a container removed between the two steps means list again."""
+        for _ in range(10):
+            try:
+                return await asyncio.to_thread(self.client.containers.list, all=True, filters=filters)
+            except docker.errors.NotFound:
+                await asyncio.sleep(POLL_S / 5)
+        raise RuntimeFailure("containers keep disappearing while being listed")
 
 
 def _observe(attrs: dict[str, Any]) -> ObservedAttempt:

@@ -260,7 +260,7 @@ async def test_policy_violations_create_no_container(engine, policy: HostPolicy)
         await runtime.start(_attempt("dk-bad", "true", mounts=[Mount(source="/var/run", target="/x")]))
     with pytest.raises(PolicyError, match="reserved"):
         await runtime.start(_attempt("dk-bad", "true", env={"LD_PRELOAD": "/x.so"}))
-    assert not engine.containers.list(all=True, filters={"name": "gpuportal-dk-bad"})
+    assert not engine.containers.list(all=True, sparse=True, filters={"name": "gpuportal-dk-bad"})
 
 
 @pytest.mark.asyncio
@@ -268,7 +268,7 @@ async def test_a_missing_command_is_a_start_failure(engine, policy: HostPolicy) 
     runtime = DockerRuntime(engine, policy, request_gpus=False)
     with pytest.raises(RuntimeFailure, match="cannot start"):
         await runtime.start(make_attempt("dk-nocmd", image=IMAGE, command=["/no/such/binary"]))
-    assert not engine.containers.list(all=True, filters={"name": "gpuportal-dk-nocmd"})
+    assert not engine.containers.list(all=True, sparse=True, filters={"name": "gpuportal-dk-nocmd"})
 
 
 @pytest.mark.asyncio
@@ -364,7 +364,9 @@ async def test_the_agent_with_docker_reports_the_version_gate_and_runs_an_attemp
             await wait_for(lambda: portal.log_lines("dk-agent", "stderr") == {0: "oops"})
             await portal.set_desired([])
             await wait_for(
-                lambda: not engine.containers.list(all=True, filters={"name": "gpuportal-dk-agent"})
+                lambda: (
+                    not engine.containers.list(all=True, sparse=True, filters={"name": "gpuportal-dk-agent"})
+                )
             )
         finally:
             task.cancel()
