@@ -440,7 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--redis-port", type=int, default=56379)
     test = sub.add_parser("test", help="run pytest on private services")
     test.add_argument("pytest_args", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "test":
+        args.pytest_args = [*args.pytest_args, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "up":
         return cmd_up(args)
     return cmd_test(args)

@@ -1,3 +1,5 @@
 """Websocket routes. Agents and browsers each get their own consumers."""
 
-websocket_urlpatterns: list = []
+from portal.agentgw.routing import websocket_urlpatterns as agent_routes
+
+websocket_urlpatterns = [*agent_routes]

@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "portal.accounts",
     "portal.cluster",
     "portal.jobs",
+    "portal.agentgw",
 ]
 
 MIDDLEWARE = [
@@ -150,11 +151,21 @@ CELERY_TASK_ALWAYS_EAGER = False
 
 CELERY_BEAT_SCHEDULE = {
     "check-node-heartbeats": {"task": "portal.cluster.tasks.check_node_heartbeats", "schedule": 10.0},
+    # The safety net: changes request cycles themselves, this catches anything they missed.
+    "schedule-cycle": {"task": "scheduler.tasks.schedule_cycle", "schedule": 5.0},
 }
 
 # Domain settings.
 API_TOKEN_DEFAULT_DAYS = env_int("API_TOKEN_DEFAULT_DAYS", 90)
 NODE_SILENT_AFTER_S = env_int("NODE_SILENT_AFTER_S", 30)
+# Where jobs' checkpoint directories live on the GPU hosts (shared storage in production).
+CHECKPOINT_ROOT = env_str(
+    "CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints") if DEBUG else "/srv/gpuportal/checkpoints"
+)
+# A shipped scheduler profile (default, fifo, tiresias) or the path of a profile JSON file.
+SCHEDULER_PROFILE = env_str("SCHEDULER_PROFILE", "default")
+AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 10)
+AGENT_TELEMETRY_INTERVAL_S = env_int("AGENT_TELEMETRY_INTERVAL_S", 5)
 
 LOGGING = {
     "version": 1,

@@ -100,7 +100,16 @@ def live_stack(
     database_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     logs = tmp_path_factory.mktemp("live-logs")
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url, "DEBUG": "true", "PYTHONUNBUFFERED": "1"}
+    checkpoints = tmp_path_factory.mktemp("checkpoints")
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "DEBUG": "true",
+        "PYTHONUNBUFFERED": "1",
+        "CHECKPOINT_ROOT": str(checkpoints),
+        "AGENT_HEARTBEAT_INTERVAL_S": "1",
+        "AGENT_TELEMETRY_INTERVAL_S": "1",
+    }
     commands = {
         "web": [
             str(VENV_BIN / "uvicorn"),
@@ -148,7 +157,13 @@ def live_stack(
             lambda: socket.create_connection(("127.0.0.1", port), 0.5).close() or True, 30, "the ASGI server"
         )
         wait_for(lambda: app.control.inspect(timeout=0.5).ping(), 60, "the Celery worker")
-        yield {"http": f"http://127.0.0.1:{port}", "ws": f"ws://127.0.0.1:{port}", "logs": logs, "env": env}
+        yield {
+            "http": f"http://127.0.0.1:{port}",
+            "ws": f"ws://127.0.0.1:{port}",
+            "logs": logs,
+            "env": env,
+            "checkpoints": checkpoints,
+        }
     finally:
         for proc in procs.values():
             with contextlib.suppress(ProcessLookupError):
@@ -166,3 +181,88 @@ def fast_password_hashing(request: Any, settings: Any) -> None:
     real hasher, since the live server checks the passwords with its own settings."""
     if request.node.get_closest_marker("live") is None:
         settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+class AgentProcess:
+    """A real node agent (`python -m agents`) with simulated GPUs and the process runtime."""
+
+    def __init__(self, live: dict[str, Any], node: str, token: str, state_dir: Path) -> None:
+        self.live, self.node, self.state_dir = live, node, state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.token_file = state_dir.parent / f"{node}.token"
+        self.token_file.write_text(token)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        simulate = "dgx-a100" if "a100" in self.node else "dgx1-v100"
+        with open(self.state_dir.parent / f"{self.node}-{self.starts}.log", "wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "agents",
+                    "--portal",
+                    self.live["http"],
+                    "--token-file",
+                    str(self.token_file),
+                    "--runtime",
+                    "process",
+                    "--simulate",
+                    simulate,
+                    "--node-name",
+                    self.node,
+                    "--state-dir",
+                    str(self.state_dir),
+                    "--checkpoint-root",
+                    str(self.live["checkpoints"]),
+                    "--telemetry-interval",
+                    "1",
+                    "--heartbeat-interval",
+                    "1",
+                ],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def kill(self) -> None:
+        """SIGKILL of the agent alone: the jobs it started live on in their own process groups."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def log(self) -> str:
+        return "\n".join(
+            p.read_text(errors="replace") for p in sorted(self.state_dir.parent.glob(f"{self.node}-*.log"))
+        )
+
+
+@pytest.fixture
+def start_agent(live_stack: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
+    """start_agent("a100-node-1") -> a running AgentProcess holding a fresh token for that node."""
+    from portal.cluster.models import Node
+    from portal.cluster.services import issue_node_token
+
+    agents: list[AgentProcess] = []
+
+    def start(node_name: str) -> AgentProcess:
+        token = issue_node_token(Node.objects.get(name=node_name), None)
+        agent = AgentProcess(live_stack, node_name, token, tmp_path / "agents" / node_name)
+        agent.start()
+        agents.append(agent)
+        return agent
+
+    yield start
+    for agent in agents:
+        agent.stop()

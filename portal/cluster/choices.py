@@ -11,9 +11,9 @@ class NodeState(models.TextChoices):
 
 
 class QueueingPolicy(models.TextChoices):
-    """How a virtual cluster orders its own pending jobs."""
+    """How a virtual cluster orders its own pending jobs: the name of a scheduler queue-sort plugin."""
 
     FIFO = "fifo", "First in, first out"
     PRIORITY = "priority", "Priority class, then submit time"
     LAS = "las", "Least attained GPU service (Tiresias)"
-    SHORTEST_FIRST = "shortest", "Shortest expected first"
+    SHORTEST_FIRST = "sef", "Shortest expected first"

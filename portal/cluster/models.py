@@ -133,6 +133,9 @@ class Node(models.Model):
     token_hash = models.CharField(max_length=64, blank=True, editable=False)
     agent_version = models.CharField(max_length=64, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    desired_revision = models.PositiveBigIntegerField(
+        default=0, help_text="Increases whenever what this node should run changes."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

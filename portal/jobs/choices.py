@@ -89,16 +89,7 @@ ATTEMPT_ENDED_STATES = frozenset(
 )
 
 
-class PendingReason(models.TextChoices):
-    """Why a job waits, as a code a script can branch on; the message carries the numbers."""
-
-    NEW = "new", "Waiting for the scheduler"
-    QUOTA = "quota", "Virtual cluster quota"
-    USER_LIMIT = "user-limit", "Per-user limit"
-    RESOURCES = "resources", "Not enough free GPUs"
-    FRAGMENTATION = "fragmentation", "Free GPUs are fragmented"
-    GANG = "gang", "Gang cannot be placed whole"
-    RESERVATION = "reservation", "Held for a reservation"
-    PRIORITY = "priority", "Higher-priority jobs go first"
-    BACKOFF = "backoff", "Waiting to retry"
-    REQUEUED = "requeued", "Requeued after preemption or node loss"
+# Pending reasons the portal sets itself; after a cycle a job carries the scheduler's reason
+# code instead (scheduler.core.ReasonCode: vc-quota, fragmentation, gang-nodes, ...).
+PENDING_NEW = "new"
+PENDING_REQUEUED = "requeued"

@@ -15,7 +15,7 @@ from django.db.models import Q
 from portal.accounts.choices import Role
 from portal.accounts.models import Tenant
 from portal.cluster.models import Gpu, Node, PriorityClass, VirtualCluster
-from portal.jobs.choices import AttemptState, JobState, PendingReason
+from portal.jobs.choices import AttemptState, JobState
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -67,7 +67,9 @@ class Job(models.Model):
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
     version = models.PositiveIntegerField(default=0)
-    pending_reason = models.CharField(max_length=16, choices=PendingReason.choices, blank=True)
+    pending_reason = models.CharField(
+        max_length=32, blank=True, help_text="A code: new, requeued, or the scheduler's."
+    )
     pending_message = models.CharField(max_length=500, blank=True)
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
@@ -105,6 +107,10 @@ class JobAttempt(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     end_reason = models.CharField(max_length=500, blank=True)
+    # What the agents last reported per replica: {"0": {"state": "running", "generation": 3,
+    # "exit_code": null, "reason": null, "node": "a100-node-1"}}. Reports are accepted only
+    # when they supersede the stored one (agents.protocol.states), so late ones change nothing.
+    replica_states = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["job", "number"]
@@ -154,3 +160,46 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.from_state or '-'} -> {self.to_state or '-'}"
+
+
+class LogLine(models.Model):
+    """One line of a job's output, numbered per attempt, replica and stream by the agent.
+
+    Agents may send a chunk again after a reconnect; the unique key makes that harmless.
+    """
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="log_lines")
+    replica = models.PositiveIntegerField(default=0)
+    stream = models.CharField(max_length=6)
+    seq = models.PositiveIntegerField()
+    text = models.TextField()
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["attempt", "replica", "stream", "seq"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt", "replica", "stream", "seq"], name="one_log_line_per_seq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.attempt} replica {self.replica} {self.stream}:{self.seq}"
+
+
+class Checkpoint(models.Model):
+    """A checkpoint a job wrote when asked; the next attempt resumes from the latest one."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="checkpoints")
+    path = models.CharField(max_length=4096)
+    size_bytes = models.PositiveBigIntegerField()
+    step = models.PositiveBigIntegerField()
+    written_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "-written_at"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} step {self.step}"

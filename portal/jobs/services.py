@@ -10,6 +10,8 @@ from django.db import models, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agents.protocol import AttemptState as AgentAttemptState
+from agents.protocol import AttemptStatus, CheckpointDone, LogChunk, supersedes
 from portal.accounts.choices import SUBMIT_ROLES
 from portal.accounts.models import Membership
 from portal.accounts.services import record_audit
@@ -17,13 +19,14 @@ from portal.cluster.models import Flavor, Gpu, Node, Quota
 from portal.jobs.choices import (
     ACTIVE_STATES,
     ATTEMPT_ENDED_STATES,
+    PENDING_NEW,
+    PENDING_REQUEUED,
     TERMINAL_STATES,
     AttemptState,
     JobState,
-    PendingReason,
     can_transition,
 )
-from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent
+from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine
 
 
 class JobRejected(Exception):
@@ -199,7 +202,7 @@ def submit_job(user: Any, spec: dict[str, Any]) -> Job:
         replicas=spec["replicas"],
         retries_left=spec["retries"]["limit"],
         state=JobState.PENDING,
-        pending_reason=PendingReason.NEW,
+        pending_reason=PENDING_NEW,
         pending_message="Waiting for the next scheduling cycle.",
         **resources,
     )
@@ -216,8 +219,16 @@ def submit_job(user: Any, spec: dict[str, Any]) -> Job:
 
 
 def release_allocations(job: Job) -> int:
-    """Ends the job's current attempt and frees its GPUs; returns how many GPUs were freed."""
+    """Ends the job's current attempt and frees its GPUs; returns how many GPUs were freed.
+    The nodes that ran it are told after commit, and a scheduling cycle is requested."""
+    from portal.agentgw.outbox import desired_set_changed
+
     now = timezone.now()
+    nodes = Allocation.objects.filter(attempt__job=job, released_at__isnull=True).values_list(
+        "node_id", flat=True
+    )
+    desired_set_changed(list(nodes))
+    request_scheduling_cycle()
     JobAttempt.objects.filter(job=job).exclude(state__in=ATTEMPT_ENDED_STATES).update(
         state=AttemptState.STOPPED, ended_at=now
     )
@@ -248,3 +259,196 @@ def cancel_job(job: Job, actor: Any, reason: str = "cancelled by user") -> Job:
         release_allocations(job)
     record_audit(actor, "job.cancel", job, tenant=job.tenant)
     return job
+
+
+# ---------------------------------------------------------------------------
+# What agents report. Each handler is idempotent: a duplicate, late or reordered message
+# changes nothing wrong, because replica reports are ordered by agents.protocol.supersedes
+# and job transitions are compare-and-set.
+# ---------------------------------------------------------------------------
+
+
+class StaleReport(Exception):
+    """The report names an attempt this node does not run; it is refused."""
+
+
+def _replica_for(node: Node, agent_attempt_id: str) -> tuple[JobAttempt, int]:
+    from portal.agentgw.desired import parse_agent_attempt_id
+
+    parsed = parse_agent_attempt_id(agent_attempt_id)
+    if parsed is None:
+        raise StaleReport(f"unknown attempt id {agent_attempt_id!r}")
+    attempt_pk, replica = parsed
+    attempt = (
+        JobAttempt.objects.select_for_update()
+        .select_related("job")
+        .filter(pk=attempt_pk, allocations__node=node, allocations__replica=replica)
+        .first()
+    )
+    if attempt is None:
+        raise StaleReport(f"attempt {agent_attempt_id} was never placed on node {node.name}")
+    return attempt, replica
+
+
+def _replicas_on_nodes(attempt: JobAttempt) -> list[int]:
+    return list(attempt.allocations.values_list("node_id", flat=True).distinct())
+
+
+def end_attempt(job: Job, attempt: JobAttempt, state: str, exit_code: int | None, reason: str) -> None:
+    """Records the attempt's end and frees its GPUs; the nodes are told after commit."""
+    from portal.agentgw.outbox import desired_set_changed
+
+    nodes = _replicas_on_nodes(attempt)
+    JobAttempt.objects.filter(pk=attempt.pk).update(
+        state=state, ended_at=timezone.now(), exit_code=exit_code, end_reason=reason[:500]
+    )
+    Allocation.objects.filter(attempt=attempt, released_at__isnull=True).update(released_at=timezone.now())
+    desired_set_changed(nodes)
+    request_scheduling_cycle()
+
+
+def request_scheduling_cycle() -> None:
+    """Asks for a scheduling cycle after commit (debounced by the task itself)."""
+    from scheduler.tasks import request_cycle
+
+    transaction.on_commit(request_cycle)
+
+
+@transaction.atomic
+def record_attempt_status(node: Node, status: AttemptStatus) -> bool:
+    """Folds one replica's status report into its attempt and, for the job's current attempt,
+    moves the job: all replicas running -> running; all succeeded -> succeeded; one failed ->
+    failed (the other replicas are stopped); one vanished -> lost, then pending while retries
+    remain. Returns False when the report was a duplicate or late."""
+    attempt, replica = _replica_for(node, status.attempt_id)
+    stored = attempt.replica_states.get(str(replica))
+    old_state = AgentAttemptState(stored["state"]) if stored else None
+    if not supersedes(status.state, status.generation, old_state, stored["generation"] if stored else -1):
+        return False
+    attempt.replica_states[str(replica)] = {
+        "state": status.state.value,
+        "generation": status.generation,
+        "exit_code": status.exit_code,
+        "reason": status.reason.value if status.reason else None,
+        "node": node.name,
+        "message": status.message[:500],
+    }
+    JobAttempt.objects.filter(pk=attempt.pk).update(replica_states=attempt.replica_states)
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    current = job.attempts.order_by("-number").first()
+    if current is None or current.pk != attempt.pk or job.state not in ACTIVE_STATES:
+        return True  # a report about an old attempt or an ended job changes no job state
+    _advance_job(job, attempt, node)
+    return True
+
+
+def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
+    states = [attempt.replica_states.get(str(r)) for r in range(job.replicas)]
+    label = f"agent {node.name}"
+    now = timezone.now()
+    reported = [s for s in states if s is not None]
+    if job.state == JobState.CHECKPOINTING:
+        # Preemption: once every replica has ended (checkpointed, stopped, or failing on the
+        # signal), the job goes back to the queue and resumes from its checkpoint.
+        ended = [s for s in reported if s["state"] in ("exited", "vanished")]
+        all_ended = len(ended) == job.replicas
+        if all_ended and transition_job(job, JobState.PREEMPTED, label=label, reason="all replicas stopped"):
+            end_attempt(job, attempt, AttemptState.STOPPED, None, "preempted")
+            requeue_job(job, "requeued after preemption")
+        return
+    failed = [s for s in reported if s["state"] == "exited" and s["reason"] in ("failed", "start_failed")]
+    vanished = [s for s in reported if s["state"] == "vanished"]
+    if failed:
+        first = failed[0]
+        message = f"replica on {first['node']} exited with code {first['exit_code']}"
+        if first["reason"] == "start_failed":
+            message = f"replica on {first['node']} could not start: {first['message']}"
+        if transition_job(
+            job,
+            JobState.FAILED,
+            label=label,
+            reason=message,
+            finished_at=now,
+            exit_code=first["exit_code"],
+            end_reason=message,
+        ):
+            end_attempt(job, attempt, AttemptState.FAILED, first["exit_code"], message)
+        return
+    if vanished:
+        message = f"replica on {vanished[0]['node']} vanished"
+        if transition_job(job, JobState.LOST, label=label, reason=message):
+            end_attempt(job, attempt, AttemptState.LOST, None, message)
+            requeue_job(job, "requeued after the attempt was lost")
+        return
+    if len(reported) == job.replicas and all(
+        s["state"] == "exited" and s["reason"] == "succeeded" for s in reported
+    ):
+        if transition_job(
+            job,
+            JobState.SUCCEEDED,
+            label=label,
+            reason="all replicas exited 0",
+            finished_at=now,
+            exit_code=0,
+            end_reason="succeeded",
+        ):
+            end_attempt(job, attempt, AttemptState.SUCCEEDED, 0, "succeeded")
+        return
+    if (
+        job.state in (JobState.SCHEDULED, JobState.STARTING)
+        and len(reported) == job.replicas
+        and all(s["state"] in ("running", "suspended", "exited") for s in reported)
+    ):
+        if transition_job(
+            job,
+            JobState.RUNNING,
+            label=label,
+            reason="all replicas running",
+            started_at=job.started_at or now,
+        ):
+            JobAttempt.objects.filter(pk=attempt.pk).update(state=AttemptState.RUNNING, started_at=now)
+        return
+    if job.state == JobState.SCHEDULED and reported:
+        transition_job(job, JobState.STARTING, label=label, reason="the agent is starting it")
+
+
+def requeue_job(job: Job, reason: str) -> None:
+    """Puts a lost or preempted job back in the queue with its original submit time."""
+    transition_job(
+        job,
+        JobState.PENDING,
+        label="portal",
+        reason=reason,
+        pending_reason=PENDING_REQUEUED,
+        pending_message=reason,
+    )
+
+
+def record_log_chunk(node: Node, chunk: LogChunk) -> int:
+    """Stores the chunk's lines; lines the portal already has are skipped. Returns lines added."""
+    with transaction.atomic():
+        attempt, replica = _replica_for(node, chunk.attempt_id)
+    lines = chunk.text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    created = LogLine.objects.bulk_create(
+        [
+            LogLine(attempt=attempt, replica=replica, stream=chunk.stream, seq=chunk.seq + i, text=line)
+            for i, line in enumerate(lines)
+        ],
+        ignore_conflicts=True,
+    )
+    return len(created)
+
+
+@transaction.atomic
+def record_checkpoint(node: Node, done: CheckpointDone) -> Checkpoint:
+    attempt, _ = _replica_for(node, done.attempt_id)
+    checkpoint, _ = Checkpoint.objects.get_or_create(
+        job_id=attempt.job_id,
+        attempt=attempt,
+        path=done.path,
+        step=done.step,
+        defaults={"size_bytes": done.size_bytes, "written_at": done.time},
+    )
+    return checkpoint

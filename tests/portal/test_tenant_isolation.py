@@ -24,6 +24,7 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
     ("post", "/api/v1/jobs/", {"alice": 201, "bob": 201, "victor": 403, "carol": 400, None: 401}),
     ("get", "/api/v1/jobs/{job}/", {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401}),
     ("get", "/api/v1/jobs/{job}/events/", {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401}),
+    ("get", "/api/v1/jobs/{job}/logs/", {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401}),
     (
         "post",
         "/api/v1/jobs/{job}/cancel/",

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent
+from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent, LogLine
 
 
 class AllocationSerializer(serializers.ModelSerializer):
@@ -84,3 +84,11 @@ class JobDetailSerializer(JobSerializer):
 
     class Meta(JobSerializer.Meta):
         fields = [*JobSerializer.Meta.fields, "spec", "attempts"]
+
+
+class LogLineSerializer(serializers.ModelSerializer):
+    attempt = serializers.IntegerField(source="attempt.number")
+
+    class Meta:
+        model = LogLine
+        fields = ["id", "attempt", "replica", "stream", "seq", "text", "received_at"]

@@ -3,18 +3,23 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Prefetch
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.exceptions import PermissionDenied as DRFPermissionDenied
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal.jobs import services
-from portal.jobs.api.serializers import JobDetailSerializer, JobEventSerializer, JobSerializer
+from portal.jobs.api.serializers import (
+    JobDetailSerializer,
+    JobEventSerializer,
+    JobSerializer,
+    LogLineSerializer,
+)
 from portal.jobs.filtersets import JobFilterSet
-from portal.jobs.models import Allocation, Job, JobAttempt
+from portal.jobs.models import Allocation, Job, JobAttempt, LogLine
 from portal.jobs.spec import JobSpecSerializer
 
 
@@ -73,7 +78,34 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         page = self.paginate_queryset(job.events.all())
         return self.get_paginated_response(JobEventSerializer(page, many=True).data)
 
-    def handle_exception(self, exc: Exception) -> Response:
-        if isinstance(exc, Job.DoesNotExist):
-            exc = NotFound()
-        return super().handle_exception(exc)
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("attempt", int, description="Attempt number; default the latest."),
+            OpenApiParameter(
+                "after", int, description="Only lines received after this line id (for following)."
+            ),
+            OpenApiParameter("stream", str, enum=["stdout", "stderr"]),
+        ],
+        responses=LogLineSerializer(many=True),
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str | None = None) -> Response:
+        """The job's output lines, oldest first; poll with `after` to follow."""
+        job = self.get_object()
+        attempt = job.attempts.order_by("-number").first()
+        if "attempt" in request.query_params:
+            attempt = job.attempts.filter(number=_int_param(request, "attempt")).first()
+        lines = LogLine.objects.filter(attempt=attempt).select_related("attempt").order_by("id")
+        if "after" in request.query_params:
+            lines = lines.filter(id__gt=_int_param(request, "after"))
+        if request.query_params.get("stream") in ("stdout", "stderr"):
+            lines = lines.filter(stream=request.query_params["stream"])
+        page = self.paginate_queryset(lines)
+        return self.get_paginated_response(LogLineSerializer(page, many=True).data)
+
+
+def _int_param(request: Request, name: str) -> int:
+    try:
+        return int(request.query_params[name])
+    except ValueError:
+        raise ValidationError({name: ["Give a whole number."]}) from None

@@ -1,0 +1,155 @@
+"""The websocket that node agents hold open: `/ws/agent/`, authenticated by a per-node token.
+
+Thin by design: decode with agents.protocol, call one service, reply. Browsers never get in:
+a browser cannot send an Authorization header on a websocket and always sends an Origin.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from agents.protocol import (
+    AttemptStatus,
+    CheckpointDone,
+    Heartbeat,
+    Hello,
+    LogChunk,
+    ProtocolError,
+    RequestAck,
+    RequestReject,
+    TelemetryBatch,
+    Welcome,
+    decode_from_agent,
+    encode,
+)
+from portal.agentgw.desired import desired_set_for
+from portal.agentgw.outbox import node_group
+from portal.cluster import services as cluster_services
+from portal.cluster.models import Node
+from portal.jobs import services as job_services
+
+log = logging.getLogger(__name__)
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_PROTOCOL = 4400
+
+
+def bearer_token(scope: dict[str, Any]) -> str:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme == "Bearer" else ""
+    return ""
+
+
+def has_origin(scope: dict[str, Any]) -> bool:
+    return any(name == b"origin" for name, _ in scope.get("headers", []))
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    node: Node | None = None
+    greeted = False
+
+    async def connect(self) -> None:
+        if has_origin(self.scope):
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.node = await database_sync_to_async(cluster_services.authenticate_node)(bearer_token(self.scope))
+        if self.node is None:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if self.node is not None and self.greeted:
+            await self.channel_layer.group_discard(node_group(self.node.pk), self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        assert self.node is not None
+        try:
+            message = decode_from_agent(text_data if text_data is not None else bytes_data or b"")
+        except ProtocolError as exc:
+            log.warning("node %s sent a bad message: %s", self.node.name, exc)
+            if not self.greeted:
+                await self.close(code=CLOSE_PROTOCOL)
+            return
+        if not self.greeted and not isinstance(message, Hello):
+            await self.close(code=CLOSE_PROTOCOL)
+            return
+        try:
+            await self.handle(message)
+        except job_services.StaleReport as exc:
+            log.info("node %s: refused a report: %s", self.node.name, exc)
+
+    async def handle(self, message: Any) -> None:
+        node = self.node
+        assert node is not None
+        if isinstance(message, Hello):
+            if message.node_name != node.name:
+                log.warning(
+                    "token of node %s used by an agent calling itself %s", node.name, message.node_name
+                )
+                await self.close(code=CLOSE_UNAUTHENTICATED)
+                return
+            await database_sync_to_async(cluster_services.record_hello)(node, message)
+            for report in message.attempts:
+                await self._status(report_to_status(report))
+            await self.send(
+                encode(
+                    Welcome(
+                        node_id=str(node.pk),
+                        heartbeat_interval_s=settings.AGENT_HEARTBEAT_INTERVAL_S,
+                        telemetry_interval_s=settings.AGENT_TELEMETRY_INTERVAL_S,
+                    )
+                )
+            )
+            await self.channel_layer.group_add(node_group(node.pk), self.channel_name)
+            self.greeted = True
+            await self.desired_changed({})
+        elif isinstance(message, Heartbeat):
+            await database_sync_to_async(cluster_services.record_heartbeat)(node)
+        elif isinstance(message, AttemptStatus):
+            await self._status(message)
+        elif isinstance(message, LogChunk):
+            await database_sync_to_async(job_services.record_log_chunk)(node, message)
+        elif isinstance(message, TelemetryBatch):
+            await database_sync_to_async(cluster_services.record_telemetry)(node, message)
+        elif isinstance(message, CheckpointDone):
+            await database_sync_to_async(job_services.record_checkpoint)(node, message)
+        elif isinstance(message, RequestAck | RequestReject):
+            log.info("node %s answered request %s: %s", node.name, message.request_id, message.type)
+
+    async def _status(self, status: AttemptStatus) -> None:
+        try:
+            await database_sync_to_async(job_services.record_attempt_status)(self.node, status)
+        except job_services.StaleReport as exc:
+            log.info("node %s: refused a status report: %s", self.node.name if self.node else "?", exc)
+
+    # Events from the channel layer (portal.agentgw.outbox).
+
+    async def desired_changed(self, event: dict[str, Any]) -> None:
+        desired = await database_sync_to_async(desired_set_for)(self.node)
+        await self.send(encode(desired))
+
+    async def agent_request(self, event: dict[str, Any]) -> None:
+        await self.send(event["text"])
+
+
+def report_to_status(report: Any) -> AttemptStatus:
+    """A hello lists what the agent runs; each entry is handled like a status report."""
+    from agents.protocol import utc_now
+
+    return AttemptStatus(
+        attempt_id=report.attempt_id,
+        job_id=report.job_id,
+        state=report.state,
+        generation=report.generation,
+        time=utc_now(),
+        exit_code=report.exit_code,
+        reason=report.reason,
+    )

@@ -1,0 +1,88 @@
+"""The full set of attempts a node should run, built from live allocations (level-triggered)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import PurePosixPath
+from typing import Any
+
+from django.conf import settings
+
+from agents.protocol import DesiredAttempt, DesiredSet, GpuRef, Mount, Resources
+from portal.cluster.models import Node
+from portal.jobs.choices import ACTIVE_STATES, JobState
+from portal.jobs.models import Allocation, Job, JobAttempt
+
+
+def agent_attempt_id(attempt: JobAttempt, replica: int) -> str:
+    """One agent-side attempt per replica: a gang's replicas run and report independently."""
+    return f"{attempt.pk}.{replica}"
+
+
+def parse_agent_attempt_id(value: str) -> tuple[int, int] | None:
+    attempt, _, replica = value.partition(".")
+    if not (attempt.isdigit() and replica.isdigit()):
+        return None
+    return int(attempt), int(replica)
+
+
+def checkpoint_dir(job: Job) -> str:
+    return str(PurePosixPath(settings.CHECKPOINT_ROOT) / job.tenant.name / str(job.pk))
+
+
+def job_mounts(job: Job) -> list[Mount]:
+    """Volumes by name, resolved through the VC's admin-allowed list; never a user's host path."""
+    allowed = {m.get("name"): m for m in job.virtual_cluster.allowed_mounts or []}
+    mounts = []
+    for mount in job.spec.get("mounts", []):
+        volume = allowed.get(mount["name"])
+        if volume is None:  # the admin withdrew it after submission
+            continue
+        read_only = mount.get("read_only", True) or not volume.get("writable", False)
+        mounts.append(Mount(source=volume["host_path"], target=mount["path"], read_only=read_only))
+    return mounts
+
+
+def desired_attempt(attempt: JobAttempt, replica: int, allocations: list[Allocation]) -> DesiredAttempt:
+    job = attempt.job
+    spec: dict[str, Any] = job.spec
+    checkpoint = spec.get("checkpoint") or {}
+    return DesiredAttempt(
+        attempt_id=agent_attempt_id(attempt, replica),
+        job_id=str(job.pk),
+        image=spec.get("image") or "",
+        command=spec["command"],
+        env=spec.get("env") or {},
+        mounts=job_mounts(job),
+        resources=Resources(cpus=job.cpu_per_replica, memory_mib=job.memory_gb_per_replica * 1024),
+        gpus=[
+            GpuRef(uuid=a.gpu.uuid, index=a.gpu.index) for a in sorted(allocations, key=lambda a: a.gpu.index)
+        ],
+        checkpoint_dir=checkpoint_dir(job),
+        resume=attempt.resume,
+        checkpoint_signal=checkpoint.get("signal", "SIGUSR1"),
+        grace_period_s=float(checkpoint.get("grace_seconds", 30)),
+        time_sliced=False,
+        run_state="suspended" if job.state == JobState.SUSPENDED else "running",
+    )
+
+
+def desired_set_for(node: Node) -> DesiredSet:
+    revision = Node.objects.values_list("desired_revision", flat=True).get(pk=node.pk)
+    allocations = (
+        Allocation.objects.filter(node=node, released_at__isnull=True, attempt__job__state__in=ACTIVE_STATES)
+        .select_related("gpu", "attempt__job__tenant", "attempt__job__virtual_cluster")
+        .order_by("attempt_id", "replica")
+    )
+    grouped: dict[tuple[int, int], list[Allocation]] = defaultdict(list)
+    attempts: dict[int, JobAttempt] = {}
+    for allocation in allocations:
+        grouped[(allocation.attempt_id, allocation.replica)].append(allocation)
+        attempts[allocation.attempt_id] = allocation.attempt
+    return DesiredSet(
+        revision=revision,
+        attempts=[
+            desired_attempt(attempts[attempt_id], replica, group)
+            for (attempt_id, replica), group in grouped.items()
+        ],
+    )

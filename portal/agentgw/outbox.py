@@ -1,0 +1,41 @@
+"""Telling agents that their desired set changed: bump the node's revision in the transaction
+that made the change, and wake the node's websocket after commit. A lost wake-up costs nothing
+but time: the agent gets the whole set again on its next connect or change."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.db.models import F
+
+from portal.cluster.models import Node
+
+
+def node_group(node_id: int) -> str:
+    return f"node.{node_id}"
+
+
+def desired_set_changed(node_ids: Iterable[int]) -> None:
+    """Call inside the transaction that changed what these nodes should run."""
+    ids = sorted(set(node_ids))
+    if not ids:
+        return
+    Node.objects.filter(pk__in=ids).update(desired_revision=F("desired_revision") + 1)
+    transaction.on_commit(lambda: _send_all(ids, {"type": "desired.changed"}))
+
+
+def send_request(node_id: int, message_json: str) -> None:
+    """Queues an imperative request (checkpoint, suspend, ...) for the node, sent after commit."""
+    transaction.on_commit(lambda: _send_all([node_id], {"type": "agent.request", "text": message_json}))
+
+
+def _send_all(node_ids: list[int], event: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    for node_id in node_ids:
+        async_to_sync(layer.group_send)(node_group(node_id), event)
