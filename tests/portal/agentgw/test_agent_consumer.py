@@ -1,0 +1,208 @@
+"""The agent gateway over a real Channels stack (Redis channel layer, PostgreSQL)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from agents.protocol import (
+    AttemptState,
+    AttemptStatus,
+    ExitReason,
+    GpuInfo,
+    GpuTopology,
+    Heartbeat,
+    Hello,
+    HostInfo,
+    LogChunk,
+    RuntimeInfo,
+    decode_from_portal,
+    encode,
+    utc_now,
+)
+from portal.accounts.services import create_api_token
+from portal.cluster.models import Gpu, Node
+from portal.cluster.services import issue_node_token
+from portal.jobs.models import Job, LogLine
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+
+def application() -> Any:
+    from portal.asgi import application
+
+    return application
+
+
+def hello(node: str) -> Hello:
+    return Hello(
+        node_name=node,
+        agent_version="test",
+        host=HostInfo(hostname=node, cpu_count=256, memory_total_mib=2_097_152, simulated=True),
+        runtime=RuntimeInfo(kind="process"),
+        gpus=[
+            GpuInfo(
+                index=i,
+                uuid=f"GPU-{node}-real-{i}",
+                model="NVIDIA A100-SXM4-80GB",
+                memory_total_mib=81920,
+                topology=GpuTopology(numa_node=i // 4, pcie_switch=f"sw{i // 2}", nvlink_group="nvswitch"),
+            )
+            for i in range(8)
+        ],
+    )
+
+
+async def connect(token: str | None, origin: str | None = None) -> tuple[WebsocketCommunicator, bool, Any]:
+    headers = []
+    if token is not None:
+        headers.append((b"authorization", f"Bearer {token}".encode()))
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
+    communicator = WebsocketCommunicator(application(), "/ws/agent/", headers=headers)
+    connected, code = await communicator.connect()
+    return communicator, connected, code
+
+
+async def greet(node: str) -> tuple[WebsocketCommunicator, Any]:
+    token = await sync_to_async(issue_node_token)(await Node.objects.aget(name=node), None)
+    communicator, connected, _ = await connect(token)
+    assert connected
+    await communicator.send_to(text_data=encode(hello(node)))
+    welcome = decode_from_portal(await communicator.receive_from(timeout=10))
+    desired = decode_from_portal(await communicator.receive_from(timeout=10))
+    assert welcome.type == "welcome" and desired.type == "desired_set"
+    return communicator, desired
+
+
+async def test_it_refuses_missing_wrong_and_user_tokens_and_browsers(users) -> None:  # type: ignore[no-untyped-def]
+    node_token = await sync_to_async(issue_node_token)(await Node.objects.aget(name="a100-node-1"), None)
+    _, user_token = await sync_to_async(create_api_token)(users["alice"], "x")
+    for token, origin in [
+        (None, None),
+        ("gpp_wrong", None),
+        (user_token, None),
+        (node_token, "http://evil.example"),
+    ]:
+        communicator, connected, code = await connect(token, origin)
+        assert not connected and code == 4401, (token, origin)
+    communicator, connected, _ = await connect(node_token)
+    assert connected
+    await communicator.disconnect()
+
+
+async def test_the_first_message_must_be_a_hello_for_the_tokens_node(users) -> None:  # type: ignore[no-untyped-def]
+    token = await sync_to_async(issue_node_token)(await Node.objects.aget(name="a100-node-1"), None)
+    communicator, _, _ = await connect(token)
+    await communicator.send_to(text_data=encode(Heartbeat(uptime_s=1)))
+    assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
+    communicator, _, _ = await connect(token)
+    await communicator.send_to(text_data=encode(hello("a100-node-2")))  # another node's name
+    assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
+    assert (await Node.objects.aget(name="a100-node-2")).state == "not-ready"
+
+
+async def test_hello_takes_the_inventory_and_marks_the_node_ready(users) -> None:  # type: ignore[no-untyped-def]
+    communicator, desired = await greet("a100-node-1")
+    assert desired.attempts == []
+    node = await Node.objects.aget(name="a100-node-1")
+    assert node.state == "ready" and node.cpu == 256 and node.memory_gb == 2048
+    gpus = [g async for g in Gpu.objects.filter(node=node).order_by("index")]
+    assert [g.uuid for g in gpus] == [f"GPU-a100-node-1-real-{i}" for i in range(8)]
+    assert {g.model for g in gpus} == {"A100"}
+    assert [g.pcie_switch for g in gpus] == [0, 0, 1, 1, 2, 2, 3, 3]
+    await communicator.disconnect()
+
+
+def place_a_job(alice: Any) -> Job:
+    from rest_framework.test import APIClient
+
+    from scheduler.tasks import run_cycle
+
+    client = APIClient()
+    client.force_authenticate(alice)
+    spec = {
+        "name": "j",
+        "vc": "vision",
+        "resources": {"gpus": 8, "gpu_model": "A100", "cpu": 8, "memory_gb": 8},
+        "command": "true",
+        "replicas": 2,
+    }
+    job_id = client.post("/api/v1/jobs/", spec, format="json").json()["id"]
+    assert run_cycle()["started"] == 1
+    return Job.objects.get(pk=job_id)
+
+
+def status(attempt_id: str, job: Job, state: AttemptState, generation: int, **extra: Any) -> str:
+    return encode(
+        AttemptStatus(
+            attempt_id=attempt_id,
+            job_id=str(job.pk),
+            state=state,
+            generation=generation,
+            time=utc_now(),
+            **extra,
+        )
+    )
+
+
+async def state_of(job: Job) -> str:
+    return (await Job.objects.aget(pk=job.pk)).state
+
+
+async def test_reports_move_the_job_and_duplicates_late_and_foreign_ones_change_nothing(users) -> None:  # type: ignore[no-untyped-def]
+    one, _ = await greet("a100-node-1")
+    two, _ = await greet("a100-node-2")
+    job = await sync_to_async(place_a_job)(users["alice"])
+    # Each node is told about its own replica, with the GPUs it holds there.
+    desired_one = decode_from_portal(await one.receive_from(timeout=10))
+    desired_two = decode_from_portal(await two.receive_from(timeout=10))
+    (replica_one,) = desired_one.attempts
+    (replica_two,) = desired_two.attempts
+    assert len(replica_one.gpus) == 8 and replica_one.gpus[0].uuid == "GPU-a100-node-1-real-0"
+    assert replica_one.attempt_id != replica_two.attempt_id and replica_one.job_id == str(job.pk)
+
+    # Node one may not report on node two's replica.
+    await one.send_to(text_data=status(replica_two.attempt_id, job, AttemptState.RUNNING, 1))
+    await one.send_to(text_data=status(replica_one.attempt_id, job, AttemptState.RUNNING, 1))
+    await one.send_to(text_data=encode(Heartbeat(uptime_s=2)))
+    await one.receive_nothing(timeout=0.5)
+    assert await state_of(job) == "starting"  # one of two replicas running
+    await two.send_to(text_data=status(replica_two.attempt_id, job, AttemptState.RUNNING, 1))
+    await two.receive_nothing(timeout=0.5)
+    assert await state_of(job) == "running"
+    # A late 'starting' and a duplicate 'running' change nothing.
+    await two.send_to(text_data=status(replica_two.attempt_id, job, AttemptState.STARTING, 0))
+    await two.send_to(text_data=status(replica_two.attempt_id, job, AttemptState.RUNNING, 1))
+    for _ in range(2):  # the same log chunk twice
+        await one.send_to(
+            text_data=encode(
+                LogChunk(attempt_id=replica_one.attempt_id, stream="stdout", seq=0, text="a\nb\n")
+            )
+        )
+    await one.send_to(
+        text_data=status(
+            replica_one.attempt_id, job, AttemptState.EXITED, 2, exit_code=0, reason=ExitReason.SUCCEEDED
+        )
+    )
+    await two.send_to(
+        text_data=status(
+            replica_two.attempt_id, job, AttemptState.EXITED, 2, exit_code=0, reason=ExitReason.SUCCEEDED
+        )
+    )
+    # Both nodes are told that nothing should run any more.
+    assert decode_from_portal(await one.receive_from(timeout=10)).attempts == []
+    assert decode_from_portal(await two.receive_from(timeout=10)).attempts == []
+    assert await state_of(job) == "succeeded"
+    # A stale report after the end changes nothing.
+    await two.send_to(text_data=status(replica_two.attempt_id, job, AttemptState.RUNNING, 9))
+    await two.receive_nothing(timeout=0.5)
+    assert await state_of(job) == "succeeded"
+    assert [line.text async for line in LogLine.objects.order_by("seq")] == ["a", "b"]
+    events = [e async for e in (await Job.objects.aget(pk=job.pk)).events.values_list("to_state", flat=True)]
+    assert events == ["pending", "scheduled", "starting", "running", "succeeded"]
+    await one.disconnect()
+    await two.disconnect()
