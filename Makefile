@@ -6,23 +6,28 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint format system-packages clean
+.PHONY: up test lint format system-packages frontend clean
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	@PY=$$(scripts/find-python.sh) || exit 1; \
 	if [ ! -x $(VPY) ] || ! $(VPY) -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then \
 		rm -rf $(VENV); echo "Creating $(VENV) with $$PY"; "$$PY" -m venv $(VENV); fi
 	$(VPY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@if grep -q '^\[build-system\]' pyproject.toml; then $(VPY) -m pip install -q --disable-pip-version-check --no-deps -e .; fi
 	@touch $(STAMP)
 
 system-packages:
 	@bash scripts/system-packages.sh up
 
-up: system-packages $(STAMP)
+frontend:
+	@if [ -f scripts/build-frontend.sh ]; then bash scripts/build-frontend.sh; fi
+
+up: system-packages $(STAMP) frontend
 	$(VPY) -m portal.devstack up
 
 test: $(STAMP)
 	@bash scripts/system-packages.sh test
+	@$(MAKE) --no-print-directory frontend
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VPY) -m portal.devstack test

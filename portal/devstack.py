@@ -400,6 +400,8 @@ def demo_agent_commands(env: dict[str, str], port: int, token_dir: Path) -> list
                     node,
                     "--state-dir",
                     str(token_dir / node),
+                    "--checkpoint-root",
+                    str(REPO / "var" / "checkpoints"),
                 ],
             )
         )

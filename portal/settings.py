@@ -28,6 +28,8 @@ INSTALLED_APPS = [
     "portal.cluster",
     "portal.jobs",
     "portal.agentgw",
+    "portal.live",
+    "portal.web",
 ]
 
 MIDDLEWARE = [
@@ -80,6 +82,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# The built single-page app: index.html is served by portal.web, its assets as static files.
+FRONTEND_DIST = BASE_DIR / "frontend" / "dist"
+STATICFILES_DIRS = [FRONTEND_DIST] if FRONTEND_DIST.exists() else []
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {

@@ -17,4 +17,5 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api-auth/", include("rest_framework.urls")),
     path("healthz", healthz, name="healthz"),
+    path("", include("portal.web.urls")),
 ]

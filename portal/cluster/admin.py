@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 
 from portal.cluster.models import Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
-from portal.cluster.services import gpus_in_use, set_node_state
+from portal.cluster.services import gpus_in_use, issue_node_token, set_node_state
 from portal.lib.admin import AuditedModelAdmin
 
 
@@ -100,7 +100,14 @@ class NodeAdmin(AuditedModelAdmin):
         node_action("cordon", "Cordon: take no new jobs"),
         node_action("drain", "Drain: take no new jobs and move jobs away"),
         node_action("uncordon", "Uncordon: take jobs again"),
+        "issue_agent_token",
     ]
+
+    @admin.action(description="Issue a new agent token (shown once; the old one stops working)")
+    def issue_agent_token(self, request: Any, queryset: Any) -> None:
+        for node in queryset:
+            token = issue_node_token(node, request.user)
+            self.message_user(request, f"Agent token for {node.name}: {token}", messages.WARNING)
 
     @admin.display(description="GPUs")
     def gpu_count(self, node: Node) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
@@ -162,6 +163,7 @@ def record_telemetry(node: Node, batch: TelemetryBatch) -> list[str]:
         cache = redis.Redis.from_url(settings.REDIS_URL)
         cache.hset(f"telemetry:node:{node.pk}", mapping={u: s.model_dump_json() for u, s in latest.items()})
         cache.expire(f"telemetry:node:{node.pk}", 3600)
+    record_job_telemetry(batch)
     newly_unhealthy = []
     for sample in latest.values():
         if not sample.healthy:
@@ -171,3 +173,53 @@ def record_telemetry(node: Node, batch: TelemetryBatch) -> list[str]:
             ):
                 newly_unhealthy.append(sample.gpu_uuid)
     return newly_unhealthy
+
+
+def record_job_telemetry(batch: TelemetryBatch) -> None:
+    """Keeps the samples of allocated GPUs as their attempt's history and pushes them to the
+    browsers watching those jobs."""
+    from portal.jobs.models import Allocation, TelemetrySample
+    from portal.live.publish import publish_telemetry
+
+    uuids = {s.gpu_uuid for s in batch.samples}
+    owners = dict(
+        Allocation.objects.filter(released_at__isnull=True, gpu__uuid__in=uuids).values_list(
+            "gpu__uuid", "attempt_id"
+        )
+    )
+    jobs = dict(
+        Allocation.objects.filter(attempt_id__in=set(owners.values())).values_list(
+            "attempt_id", "attempt__job_id"
+        )
+    )
+    rows, by_job = [], defaultdict(list)
+    for sample in batch.samples:
+        attempt_id = owners.get(sample.gpu_uuid)
+        if attempt_id is None:
+            continue
+        rows.append(
+            TelemetrySample(
+                attempt_id=attempt_id,
+                gpu_uuid=sample.gpu_uuid,
+                time=sample.time,
+                utilization_pct=sample.utilization_pct,
+                memory_used_mib=sample.memory_used_mib,
+                power_w=sample.power_w,
+                temperature_c=sample.temperature_c,
+            )
+        )
+        by_job[jobs[attempt_id]].append(sample.model_dump(mode="json", include=TELEMETRY_FIELDS))
+    TelemetrySample.objects.bulk_create(rows)
+    for job_id, samples in by_job.items():
+        publish_telemetry(job_id, samples)
+
+
+TELEMETRY_FIELDS = {
+    "gpu_uuid",
+    "time",
+    "utilization_pct",
+    "memory_used_mib",
+    "memory_total_mib",
+    "power_w",
+    "temperature_c",
+}

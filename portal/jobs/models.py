@@ -203,3 +203,22 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} step {self.step}"
+
+
+class TelemetrySample(models.Model):
+    """One reading of one GPU while it was allocated to an attempt: the job's GPU history."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="telemetry")
+    gpu_uuid = models.CharField(max_length=96)
+    time = models.DateTimeField()
+    utilization_pct = models.FloatField(null=True)
+    memory_used_mib = models.IntegerField(null=True)
+    power_w = models.FloatField(null=True)
+    temperature_c = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["attempt", "time"]
+        indexes = [models.Index(fields=["attempt", "time"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_uuid} at {self.time:%H:%M:%S}"

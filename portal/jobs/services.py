@@ -27,6 +27,7 @@ from portal.jobs.choices import (
     can_transition,
 )
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine
+from portal.live.publish import publish_job_change, publish_log_lines
 
 
 class JobRejected(Exception):
@@ -78,6 +79,7 @@ def transition_job(
     job.version += 1
     for name, value in fields.items():
         setattr(job, name, value)
+    publish_job_change(job)
     JobEvent.objects.create(
         job=job,
         from_state=from_state,
@@ -431,14 +433,31 @@ def record_log_chunk(node: Node, chunk: LogChunk) -> int:
     lines = chunk.text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    created = LogLine.objects.bulk_create(
-        [
-            LogLine(attempt=attempt, replica=replica, stream=chunk.stream, seq=chunk.seq + i, text=line)
-            for i, line in enumerate(lines)
-        ],
-        ignore_conflicts=True,
+    existing = set(
+        LogLine.objects.filter(
+            attempt=attempt,
+            replica=replica,
+            stream=chunk.stream,
+            seq__gte=chunk.seq,
+            seq__lt=chunk.seq + len(lines),
+        ).values_list("seq", flat=True)
     )
-    return len(created)
+    new = [
+        LogLine(attempt=attempt, replica=replica, stream=chunk.stream, seq=chunk.seq + i, text=line)
+        for i, line in enumerate(lines)
+        if chunk.seq + i not in existing
+    ]
+    with transaction.atomic():
+        LogLine.objects.bulk_create(new, ignore_conflicts=True)
+        publish_log_lines(
+            attempt.job_id,
+            attempt.number,
+            [
+                {"replica": replica, "stream": chunk.stream, "seq": line.seq, "text": line.text}
+                for line in new
+            ],
+        )
+    return len(new)
 
 
 @transaction.atomic

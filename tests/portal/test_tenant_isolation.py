@@ -26,6 +26,11 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
     ("get", "/api/v1/jobs/{job}/events/", {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401}),
     ("get", "/api/v1/jobs/{job}/logs/", {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401}),
     (
+        "get",
+        "/api/v1/jobs/{job}/telemetry/",
+        {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401},
+    ),
+    (
         "post",
         "/api/v1/jobs/{job}/cancel/",
         {"alice": 200, "bob": 403, "victor": 403, "carol": 404, None: 401},
@@ -50,6 +55,7 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
     ("post", "/api/v1/tokens/", {"alice": 201, "bob": 201, "victor": 201, "carol": 201, None: 401}),
     ("get", "/api/v1/tokens/{token}/", {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401}),
     ("delete", "/api/v1/tokens/{token}/", {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401}),
+    ("get", "/api/v1/session/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/me/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/schema/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 200}),
     ("get", "/api/v1/docs/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 200}),

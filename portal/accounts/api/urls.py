@@ -6,4 +6,8 @@ from portal.accounts.api import views
 router = SimpleRouter()
 router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
 
-urlpatterns = [path("me/", views.MeView.as_view(), name="me"), *router.urls]
+urlpatterns = [
+    path("me/", views.MeView.as_view(), name="me"),
+    path("session/", views.SessionView.as_view(), name="session"),
+    *router.urls,
+]

@@ -2,8 +2,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import authenticate, login, logout
+from django.middleware.csrf import get_token
+from django.utils.decorators import method_decorator
+from django.views.decorators.csrf import ensure_csrf_cookie
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, viewsets
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -44,10 +49,49 @@ class MeView(APIView):
 
     @extend_schema(responses=MeSerializer)
     def get(self, request: Request) -> Response:
-        user = request.user
-        data = {
-            "username": user.username,
-            "is_staff": user.is_staff,
-            "memberships": user.memberships.select_related("tenant"),
-        }
-        return Response(MeSerializer(data).data)
+        return Response(me_data(request.user))
+
+
+def me_data(user: Any) -> dict[str, Any]:
+    data = {
+        "username": user.username,
+        "is_staff": user.is_staff,
+        "memberships": user.memberships.select_related("tenant"),
+    }
+    return MeSerializer(data).data
+
+
+class LoginSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=256, style={"input_type": "password"})
+
+
+@method_decorator(ensure_csrf_cookie, name="get")
+class SessionView(APIView):
+    """Browser sign-in. GET sets the CSRF cookie and says who is signed in (if anyone);
+    POST signs in with a user name and password; DELETE signs out."""
+
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses=MeSerializer)
+    def get(self, request: Request) -> Response:
+        get_token(request)
+        if not request.user.is_authenticated:
+            return Response({"detail": "Not signed in."}, status=status.HTTP_401_UNAUTHORIZED)
+        return Response(me_data(request.user))
+
+    @extend_schema(request=LoginSerializer, responses=MeSerializer)
+    def post(self, request: Request) -> Response:
+        form = LoginSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        user = authenticate(request._request, **form.validated_data)
+        if user is None:
+            # One message for a wrong name and a wrong password: names are not disclosed.
+            return Response({"detail": "Wrong user name or password."}, status=status.HTTP_400_BAD_REQUEST)
+        login(request._request, user)
+        return Response(me_data(user))
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request: Request) -> Response:
+        logout(request._request)
+        return Response(status=status.HTTP_204_NO_CONTENT)

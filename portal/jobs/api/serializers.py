@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent, LogLine
+from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent, LogLine, TelemetrySample
 
 
 class AllocationSerializer(serializers.ModelSerializer):
@@ -92,3 +92,19 @@ class LogLineSerializer(serializers.ModelSerializer):
     class Meta:
         model = LogLine
         fields = ["id", "attempt", "replica", "stream", "seq", "text", "received_at"]
+
+
+class TelemetrySampleSerializer(serializers.ModelSerializer):
+    attempt = serializers.IntegerField(source="attempt.number")
+
+    class Meta:
+        model = TelemetrySample
+        fields = [
+            "attempt",
+            "gpu_uuid",
+            "time",
+            "utilization_pct",
+            "memory_used_mib",
+            "power_w",
+            "temperature_c",
+        ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Prefetch
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -17,9 +18,10 @@ from portal.jobs.api.serializers import (
     JobEventSerializer,
     JobSerializer,
     LogLineSerializer,
+    TelemetrySampleSerializer,
 )
 from portal.jobs.filtersets import JobFilterSet
-from portal.jobs.models import Allocation, Job, JobAttempt, LogLine
+from portal.jobs.models import Allocation, Job, JobAttempt, LogLine, TelemetrySample
 from portal.jobs.spec import JobSpecSerializer
 
 
@@ -102,6 +104,31 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             lines = lines.filter(stream=request.query_params["stream"])
         page = self.paginate_queryset(lines)
         return self.get_paginated_response(LogLineSerializer(page, many=True).data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("attempt", int, description="Attempt number; default the latest."),
+            OpenApiParameter("after", str, description="Only samples after this ISO time (for following)."),
+        ],
+        responses=TelemetrySampleSerializer(many=True),
+    )
+    @action(detail=True, methods=["get"])
+    def telemetry(self, request: Request, pk: str | None = None) -> Response:
+        """Per-GPU utilization, memory, power and temperature while the job held its GPUs."""
+        job = self.get_object()
+        attempt = job.attempts.order_by("-number").first()
+        if "attempt" in request.query_params:
+            attempt = job.attempts.filter(number=_int_param(request, "attempt")).first()
+        samples = (
+            TelemetrySample.objects.filter(attempt=attempt).select_related("attempt").order_by("time", "id")
+        )
+        if "after" in request.query_params:
+            after = parse_datetime(request.query_params["after"])
+            if after is None:
+                raise ValidationError({"after": ["Give an ISO 8601 time."]})
+            samples = samples.filter(time__gt=after)
+        page = self.paginate_queryset(samples)
+        return self.get_paginated_response(TelemetrySampleSerializer(page, many=True).data)
 
 
 def _int_param(request: Request, name: str) -> int:

@@ -1,0 +1,70 @@
+"""`/ws/live/`: the browser's live view of jobs, logs and GPU telemetry.
+
+The browser signs in with its session. It subscribes to "jobs" (every job of its tenants) or to
+one job; a job it may not see is answered exactly like one that does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from portal.accounts.models import Tenant
+from portal.jobs.models import Job
+from portal.live.publish import ALL_JOBS_GROUP, job_group, tenant_group
+
+MAX_SUBSCRIPTIONS = 50
+
+
+def visible_job(user: Any, job_id: Any) -> bool:
+    return isinstance(job_id, int) and Job.objects.for_user(user).filter(pk=job_id).exists()
+
+
+def tenant_groups(user: Any) -> list[str]:
+    if user.is_staff:
+        return [ALL_JOBS_GROUP]
+    return [tenant_group(pk) for pk in Tenant.objects.for_user(user).values_list("pk", flat=True)]
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        self.groups_joined: set[str] = set()
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "groups_joined", set()):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        user = self.scope["user"]
+        if not isinstance(content, dict):
+            await self.send_json({"error": "send a JSON object"})
+            return
+        topic = content.get("subscribe")
+        if topic == "jobs":
+            groups = await database_sync_to_async(tenant_groups)(user)
+        elif topic == "job":
+            if not await database_sync_to_async(visible_job)(user, content.get("id")):
+                await self.send_json({"error": "not found", "subscribe": "job", "id": content.get("id")})
+                return
+            groups = [job_group(content["id"])]
+        else:
+            await self.send_json({"error": "subscribe to 'jobs' or to a 'job' with an 'id'"})
+            return
+        if len(self.groups_joined) + len(groups) > MAX_SUBSCRIPTIONS:
+            await self.send_json({"error": f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection"})
+            return
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups_joined.add(group)
+        await self.send_json({"subscribed": topic, "id": content.get("id")})
+
+    async def live_message(self, event: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(event["payload"]))

@@ -1,0 +1,56 @@
+"""Pushing changes to browsers: after commit, to the groups of the job and of its tenant.
+
+A message is only a hint that something changed, with enough data to redraw; a browser that
+missed one resyncs over the REST API on reconnect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+
+def job_group(job_id: int) -> str:
+    return f"job.{job_id}"
+
+
+def tenant_group(tenant_id: int) -> str:
+    return f"tenant.{tenant_id}"
+
+
+ALL_JOBS_GROUP = "jobs.all"  # cluster admins
+
+
+def publish_job_change(job: Any) -> None:
+    """Call inside the transaction that changed the job."""
+    payload = {
+        "kind": "job",
+        "job": job.pk,
+        "state": job.state,
+        "pending_reason": job.pending_reason,
+        "pending_message": job.pending_message,
+        "version": job.version,
+    }
+    groups = [job_group(job.pk), tenant_group(job.tenant_id), ALL_JOBS_GROUP]
+    transaction.on_commit(lambda: _send(groups, payload))
+
+
+def publish_log_lines(job_id: int, attempt_number: int, lines: list[dict[str, Any]]) -> None:
+    if lines:
+        payload = {"kind": "log", "job": job_id, "attempt": attempt_number, "lines": lines}
+        transaction.on_commit(lambda: _send([job_group(job_id)], payload))
+
+
+def publish_telemetry(job_id: int, samples: list[dict[str, Any]]) -> None:
+    _send([job_group(job_id)], {"kind": "telemetry", "job": job_id, "samples": samples})
+
+
+def _send(groups: list[str], payload: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    for group in groups:
+        async_to_sync(layer.group_send)(group, {"type": "live.message", "payload": payload})
