@@ -139,9 +139,9 @@ async def test_suspend_stops_the_group_and_resume_continues_it(
 
 
 GRACEFUL = """
-import signal, sys, time
+import os, signal, sys, time
 def on_term(signum, frame):
-    print("saving and leaving", flush=True)
+    os.write(1, b"saving and leaving\n")  # print() in a handler may re-enter a print in progress
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 print("ready", flush=True)
@@ -192,15 +192,16 @@ async def test_stop_of_a_suspended_job_still_lets_it_handle_sigterm(runtime: Pro
 @pytest.mark.asyncio
 async def test_signal_reaches_the_command(runtime: ProcessRuntime) -> None:
     script = (
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGUSR2, lambda s, f: (print('got usr2', flush=True), sys.exit(5)))\n"
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGUSR2, lambda s, f: (os.write(1, b'got usr2\\n'), sys.exit(5)))\n"
         "print('ready', flush=True)\n"
         "while True: time.sleep(0.01)\n"
     )
     await runtime.start(make_attempt(command=[PY, "-c", script]))
     await eventually(lambda: _first_line_is_ready(runtime))
     await runtime.signal("att-1", "SIGUSR2")
-    assert await runtime.wait("att-1") == 5
+    exit_code = await runtime.wait("att-1")
+    assert (exit_code, await collect_logs(runtime, "att-1", "stderr")) == (5, [])
     assert (1, "got usr2") in await collect_logs(runtime, "att-1", "stdout")
 
 
