@@ -216,7 +216,7 @@ def save(signum, frame):
     with open(tmp, "w") as f:
         json.dump({"step": step, "path": f"step-{step}"}, f)
     os.replace(tmp, os.path.join(directory, "checkpoint.json"))
-    os.write(1, f"saved {step}\n".encode())  # not print(): the handler may interrupt one
+    os.write(1, f"saved {step}\\n".encode())  # not print(): the handler may interrupt one
     sys.exit(0)
 signal.signal(signal.SIGUSR1, save)
 print("resume=" + os.environ["GPUPORTAL_RESUME"], flush=True)

@@ -141,7 +141,7 @@ async def test_suspend_stops_the_group_and_resume_continues_it(
 GRACEFUL = """
 import os, signal, sys, time
 def on_term(signum, frame):
-    os.write(1, b"saving and leaving\n")  # print() in a handler may re-enter a print in progress
+    os.write(1, b"saving and leaving\\n")  # print() in a handler may re-enter a print in progress
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 print("ready", flush=True)
