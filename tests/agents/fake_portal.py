@@ -38,6 +38,7 @@ class FakePortal:
         self.received: list[AgentToPortal] = []
         self.hellos: list[Hello] = []
         self.refused = 0
+        self.refuse_all = False  # simulate a portal that is down: refuse every handshake
         self.connection: ServerConnection | None = None
         self.server: Any = None
 
@@ -55,6 +56,9 @@ class FakePortal:
         return f"http://{host}:{port}"
 
     def _check(self, connection: ServerConnection, request: Request) -> Response | None:
+        if self.refuse_all:
+            self.refused += 1
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "down for maintenance\n")
         if request.path != "/ws/agent/" or request.headers.get("Authorization") != f"Bearer {self.token}":
             self.refused += 1
             return connection.respond(HTTPStatus.UNAUTHORIZED, "bad node token\n")

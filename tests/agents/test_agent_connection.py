@@ -342,3 +342,36 @@ async def test_a_wrong_token_is_refused_and_the_agent_keeps_retrying(state_dir: 
         async with running(agent):
             await wait_for(lambda: portal.refused >= 3)
         assert portal.hellos == [] and agent.sessions == 0
+
+
+@pytest.mark.asyncio
+async def test_gpu_faults_mark_the_gpu_unhealthy_and_telemetry_gaps_are_counted(state_dir: Path) -> None:
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        async with running(agent):
+            await wait_for(lambda: portal.of_type(TelemetryBatch))
+            assert all(sample.healthy for sample in portal.of_type(TelemetryBatch)[0].samples)
+            faulty = gpu(agent, 2).uuid
+            agent.backend.inject_fault(2, xid=79)
+
+            def faulty_sample():
+                return [
+                    sample
+                    for batch in portal.of_type(TelemetryBatch)
+                    for sample in batch.samples
+                    if sample.gpu_uuid == faulty
+                ]
+
+            await wait_for(lambda: any(not sample.healthy for sample in faulty_sample()))
+            bad = next(sample for sample in faulty_sample() if not sample.healthy)
+            assert bad.xid_events == [79] and "fallen off the bus" in bad.health_reason
+
+            # The portal goes away for more than a telemetry interval, then comes back.
+            portal.refuse_all = True
+            await portal.drop()
+            await wait_for(lambda: agent.dropped_samples > 0 and portal.refused >= 1)
+            portal.refuse_all = False
+            await wait_for(lambda: len(portal.hellos) == 2)
+            (again,) = [item for item in portal.hellos[1].gpus if item.uuid == faulty]
+            assert not again.healthy and "xid 79" in again.health_reason
+            await wait_for(lambda: any(batch.dropped_samples > 0 for batch in portal.of_type(TelemetryBatch)))
