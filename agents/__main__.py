@@ -50,7 +50,9 @@ def build_runtime(config: AgentConfig) -> Runtime:
     from agents.runtime.docker import DockerRuntime
 
     client = docker.DockerClient(base_url=config.docker_host) if config.docker_host else docker.from_env()
-    return DockerRuntime(client, policy, network_mode=config.network_mode, request_gpus=config.request_gpus)
+    # Simulated GPUs have made-up uuids that no NVIDIA runtime could hand out.
+    request_gpus = config.request_gpus and not config.simulate
+    return DockerRuntime(client, policy, network_mode=config.network_mode, request_gpus=request_gpus)
 
 
 async def main_async(config: AgentConfig) -> None:

@@ -54,8 +54,9 @@ class ProcessRuntime:
         self.root = Path(state_dir) / "process"
         self.root.mkdir(parents=True, exist_ok=True)
         self.policy = policy
-        # The command does not inherit the agent's environment (it may hold secrets).
-        self.base_env = base_env if base_env is not None else {"PATH": os.defpath, "LANG": "C.UTF-8"}
+        # The command does not inherit the agent's environment (it may hold secrets), only PATH.
+        default_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
+        self.base_env = base_env if base_env is not None else default_env
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     async def info(self) -> RuntimeInfo:
