@@ -1,0 +1,582 @@
+"""``gpuportal``: submit and watch GPU jobs from a terminal.
+
+Output for people (tables, state changes) goes through rich; job output (``logs``,
+``submit --follow``) goes to stdout unchanged, so it can be piped. Every expected failure
+ends with a one-line message on stderr and an exit status from :data:`EXIT_CODES`, never a
+stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpuportal import __version__, config
+from gpuportal.client import AuthError, BadRequest, PortalClient, PortalError
+from gpuportal.models import Job, JobDetail, LogLine
+
+OK = 0
+JOB_FAILED = 1
+USAGE = 2
+NOT_FOUND = 3
+AUTH = 4
+UNREACHABLE = 5
+CONFLICT = 6
+INTERRUPTED = 130
+
+EXIT_CODES = {
+    OK: "success (for submit --follow and logs -f: the job succeeded)",
+    JOB_FAILED: "the job failed, was cancelled or timed out (submit --follow, logs -f)",
+    USAGE: "bad usage or input: unknown option, unreadable file, a spec field the portal refused",
+    NOT_FOUND: "no such job (another tenant's job looks the same)",
+    AUTH: "not signed in, the token is invalid or expired, or not allowed",
+    UNREACHABLE: "the portal cannot be reached or failed (HTTP 5xx)",
+    CONFLICT: "the request does not fit the job's state (e.g. cancelling an ended job)",
+    INTERRUPTED: "interrupted (Ctrl-C); the job keeps running",
+}
+
+STATE_STYLES = {
+    "pending": "yellow",
+    "scheduled": "cyan",
+    "starting": "cyan",
+    "running": "green",
+    "suspended": "magenta",
+    "checkpointing": "magenta",
+    "preempted": "magenta",
+    "lost": "red",
+    "succeeded": "bold green",
+    "failed": "bold red",
+    "cancelled": "dim",
+    "timed-out": "red",
+}
+
+
+class UsageError(Exception):
+    """Bad input found before anything was sent (exit 2)."""
+
+
+class Context:
+    """What every command needs: the consoles and, lazily, a signed-in client."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Console(highlight=False, soft_wrap=False)
+        self.err = Console(stderr=True, highlight=False)
+        self._client: PortalClient | None = None
+
+    def client(self) -> PortalClient:
+        if self._client is None:
+            try:
+                settings = config.load(getattr(self.args, "url", None))
+            except config.ConfigError as error:
+                raise UsageError(str(error)) from None
+            if not settings.url:
+                raise AuthError("no portal URL: run `gpuportal login --url URL` or set GPUPORTAL_URL", None)
+            if not settings.token:
+                raise AuthError("not signed in: run `gpuportal login` or set GPUPORTAL_TOKEN", None)
+            self._client = PortalClient(settings.url, settings.token)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+# -- formatting -------------------------------------------------------------------------
+
+
+def styled_state(state: str) -> str:
+    return f"[{STATE_STYLES.get(state, 'white')}]{escape(state)}[/]"
+
+
+def relative(moment: datetime | None, now: datetime | None = None) -> str:
+    """'in 4m', '2h ago': what people read in a queue; the absolute time goes in JSON output."""
+    if moment is None:
+        return "-"
+    now = now or datetime.now(UTC)
+    seconds = (moment - now).total_seconds()
+    amount = abs(seconds)
+    if amount < 60:
+        text = f"{amount:.0f}s"
+    elif amount < 3600:
+        text = f"{amount // 60:.0f}m"
+    elif amount < 86400:
+        text = f"{amount // 3600:.0f}h{amount % 3600 // 60:02.0f}m"
+    else:
+        text = f"{amount // 86400:.0f}d{amount % 86400 // 3600:.0f}h"
+    if amount < 1:
+        return "now"
+    return f"in {text}" if seconds > 0 else f"{text} ago"
+
+
+def clock(moment: datetime | None) -> str:
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+
+
+def gpus_of(job: Job) -> str:
+    if job.replicas > 1:
+        return f"{job.replicas}x{job.gpus_per_replica} {job.gpu_model}".strip()
+    return f"{job.total_gpus} {job.gpu_model}".strip()
+
+
+def print_json(ctx: Context, data: Any) -> None:
+    ctx.out.print_json(json.dumps(data, default=str))
+
+
+def dump(items: Sequence[Any]) -> list[Any]:
+    return [item.model_dump(mode="json") for item in items]
+
+
+def read_password(args: argparse.Namespace) -> str:
+    if args.password_stdin:
+        return sys.stdin.readline().rstrip("\n")
+    if not sys.stdin.isatty():
+        raise UsageError("no terminal to ask for the password: use --password-stdin or --token")
+    return getpass.getpass("Password: ")
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+def cmd_login(ctx: Context) -> int:
+    args = ctx.args
+    stored = config.read_file()
+    url = (args.url or os.environ.get(config.ENV_URL) or stored.get("url") or "").rstrip("/")
+    if not url:
+        raise UsageError("which portal? give --url URL (e.g. https://gpus.example.org)")
+    if args.token:
+        token = args.token
+        with PortalClient(url, token) as client:
+            me = client.me()
+    else:
+        username = args.username
+        if not username:
+            if not sys.stdin.isatty():
+                raise UsageError("no terminal to ask for the user name: use --username")
+            username = input("User name: ").strip()
+        password = read_password(args)
+        name = args.token_name or f"gpuportal CLI on {socket.gethostname()}"[:100]
+        created = PortalClient.login_with_password(url, username, password, name, args.expires_in_days)
+        if not created.token:
+            raise AuthError("the portal created no token", None)
+        token = created.token
+        with PortalClient(url, token) as client:
+            me = client.me()
+    path = config.save(url, token, me.username)
+    tenants = ", ".join(f"{m.tenant} ({m.role})" for m in me.memberships) or "no tenant"
+    ctx.err.print(f"Signed in to {escape(url)} as [bold]{escape(me.username)}[/]: {escape(tenants)}.")
+    ctx.err.print(f"Token stored in {escape(str(path))} (readable only by you).")
+    if os.environ.get(config.ENV_TOKEN):
+        ctx.err.print("[yellow]Note: GPUPORTAL_TOKEN is set and overrides the stored token.[/]")
+    return OK
+
+
+def cmd_logout(ctx: Context) -> int:
+    removed = config.forget()
+    ctx.err.print("Stored token removed." if removed else "No stored token.")
+    ctx.err.print("The token stays valid on the portal until it expires; revoke it at /api/v1/tokens/.")
+    return OK
+
+
+def cmd_whoami(ctx: Context) -> int:
+    me = ctx.client().me()
+    if ctx.args.output == "json":
+        print_json(ctx, me.model_dump(mode="json"))
+        return OK
+    tenants = ", ".join(f"{m.tenant} ({m.role})" for m in me.memberships) or "no tenant"
+    ctx.out.print(f"{escape(me.username)} on {escape(ctx.client().url)}: {escape(tenants)}")
+    return OK
+
+
+def cmd_submit(ctx: Context) -> int:
+    args = ctx.args
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    except OSError as error:
+        raise UsageError(f"cannot read {args.file}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{args.file} is not UTF-8 text") from None
+    if not text.strip():
+        raise UsageError(f"{args.file} is empty")
+    job = ctx.client().submit_job(text)
+    if args.quiet:
+        ctx.out.print(str(job.id))
+    else:
+        ctx.err.print(
+            f"Submitted job [bold]{job.id}[/] {escape(job.name)} to VC {escape(job.vc)} "
+            f"({escape(gpus_of(job))}, priority {escape(job.priority_class)})."
+        )
+    if not args.follow:
+        return OK
+    return follow(ctx, job.id)
+
+
+def follow(ctx: Context, job_id: int, *, attempt: int | None = None, show_states: bool = True) -> int:
+    """Stream the job's states (stderr) and output (stdout) until it ends; the job's outcome
+    becomes the exit status."""
+    client = ctx.client()
+    last: JobDetail | None = None
+    with ctx.err.status(f"job {job_id}: waiting", spinner="dots") as spinner:
+        for item in client.follow_logs(job_id, poll_s=ctx.args.poll, from_attempt=attempt):
+            if isinstance(item, LogLine):
+                write_line(item, last)
+                continue
+            if show_states:
+                report_change(ctx, last, item)
+            spinner.update(f"job {job_id}: {item.state}")
+            last = item
+    assert last is not None
+    return finish(ctx, last)
+
+
+def write_line(line: LogLine, job: JobDetail | None) -> None:
+    prefix = f"[{line.replica}] " if job is not None and job.replicas > 1 else ""
+    sys.stdout.write(f"{prefix}{line.text}\n")
+    sys.stdout.flush()
+
+
+def report_change(ctx: Context, before: JobDetail | None, job: JobDetail) -> None:
+    now = datetime.now().strftime("%H:%M:%S")
+    attempt = job.latest_attempt
+    if before is None or before.state != job.state:
+        detail = ""
+        if job.state == "pending" and job.pending_reason:
+            detail = f": {job.pending_reason}"
+            if job.pending_message:
+                detail += f", {job.pending_message}"
+            if job.estimated_start_at:
+                detail += f" (estimated start {relative(job.estimated_start_at)})"
+        elif job.state in ("scheduled", "running") and attempt is not None:
+            nodes = sorted({a.node for a in attempt.allocations})
+            detail = f": attempt {attempt.number}" + (f" on {', '.join(nodes)}" if nodes else "")
+            if attempt.resume:
+                detail += ", resuming from its checkpoint"
+        ctx.err.print(f"[dim]{now}[/] job {job.id} {styled_state(job.state)}{escape(detail)}")
+
+
+def finish(ctx: Context, job: JobDetail) -> int:
+    if job.state == "succeeded":
+        ctx.err.print(f"Job {job.id} {styled_state(job.state)}.")
+        return OK
+    code = f", exit code {job.exit_code}" if job.exit_code is not None else ""
+    reason = f": {job.end_reason}" if job.end_reason else ""
+    ctx.err.print(f"Job {job.id} {styled_state(job.state)}{escape(code + reason)}.")
+    return JOB_FAILED
+
+
+def cmd_list(ctx: Context) -> int:
+    args = ctx.args
+    jobs = ctx.client().list_jobs(
+        state=args.state, vc=args.vc, owner=None if args.all else "me", limit=args.limit
+    )
+    if args.output == "json":
+        print_json(ctx, dump(jobs))
+        return OK
+    if not jobs:
+        ctx.err.print("No jobs." if args.all else "You have no jobs here (--all shows your tenants' jobs).")
+        return OK
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("ID", "NAME", "VC", "OWNER", "STATE", "GPUS", "PRIORITY", "SUBMITTED", "NOTE"):
+        table.add_column(column, no_wrap=column != "NOTE")
+    for job in jobs:
+        note = job.pending_reason if job.state == "pending" else ""
+        if job.ended and job.exit_code is not None:
+            note = f"exit {job.exit_code}"
+        table.add_row(
+            str(job.id),
+            escape(job.name),
+            escape(job.vc),
+            escape(job.owner),
+            styled_state(job.state),
+            escape(gpus_of(job)),
+            escape(job.priority_class),
+            relative(job.submitted_at),
+            escape(note),
+        )
+    ctx.out.print(table)
+    return OK
+
+
+def cmd_status(ctx: Context) -> int:
+    client = ctx.client()
+    job = client.get_job(ctx.args.job_id)
+    events = client.job_events(job.id)
+    if ctx.args.output == "json":
+        data = job.model_dump(mode="json")
+        data["events"] = dump(events)
+        print_json(ctx, data)
+        return OK
+    info = Table.grid(padding=(0, 2))
+    info.add_column(style="bold")
+    info.add_column()
+    info.add_row("Job", f"{job.id} {escape(job.name)}")
+    info.add_row("State", styled_state(job.state))
+    info.add_row("VC / owner", f"{escape(job.vc)} / {escape(job.owner)} (tenant {escape(job.tenant)})")
+    info.add_row("GPUs", escape(gpus_of(job)))
+    info.add_row(
+        "Priority",
+        f"{escape(job.priority_class)} ({job.priority}" + (", preemptible)" if job.preemptible else ")"),
+    )
+    info.add_row("Submitted", f"{clock(job.submitted_at)} ({relative(job.submitted_at)})")
+    if job.state == "pending":
+        info.add_row("Why pending", escape(f"{job.pending_reason}: {job.pending_message}".strip(": ")))
+        if job.queue_position is not None:
+            info.add_row("Queue position", str(job.queue_position))
+        if job.estimated_start_at is not None:
+            info.add_row(
+                "Estimated start", f"{clock(job.estimated_start_at)} ({relative(job.estimated_start_at)})"
+            )
+    if job.started_at:
+        info.add_row("Started", clock(job.started_at))
+    if job.finished_at:
+        info.add_row("Finished", clock(job.finished_at))
+    if job.exit_code is not None or job.end_reason:
+        info.add_row(
+            "Exit", escape(f"{job.exit_code if job.exit_code is not None else '-'} {job.end_reason}")
+        )
+    ctx.out.print(info)
+    if job.attempts:
+        attempts = Table(title="Attempts", title_justify="left", box=None, header_style="bold")
+        for column in ("#", "STATE", "RESUME", "STARTED", "ENDED", "EXIT", "PLACEMENT", "REASON"):
+            attempts.add_column(column)
+        for attempt in job.attempts:
+            placement: dict[tuple[int, str], list[int]] = {}
+            for allocation in attempt.allocations:
+                placement.setdefault((allocation.replica, allocation.node), []).append(allocation.gpu_index)
+            where = "; ".join(
+                f"{node}:{','.join(map(str, sorted(indices)))}"
+                for (_, node), indices in sorted(placement.items())
+            )
+            attempts.add_row(
+                str(attempt.number),
+                styled_state(attempt.state),
+                "yes" if attempt.resume else "no",
+                clock(attempt.started_at),
+                clock(attempt.ended_at),
+                "-" if attempt.exit_code is None else str(attempt.exit_code),
+                escape(where or "-"),
+                escape(attempt.end_reason),
+            )
+        ctx.out.print()
+        ctx.out.print(attempts)
+    if events:
+        table = Table(title="Events", title_justify="left", box=None, header_style="bold")
+        for column in ("TIME", "FROM", "TO", "BY", "WHY"):
+            table.add_column(column)
+        for event in events[-ctx.args.events :] if ctx.args.events else events:
+            table.add_row(
+                clock(event.created_at),
+                escape(event.from_state or "-"),
+                styled_state(event.to_state),
+                escape(event.actor_label),
+                escape(event.reason),
+            )
+        ctx.out.print()
+        ctx.out.print(table)
+    return OK
+
+
+def cmd_logs(ctx: Context) -> int:
+    args = ctx.args
+    client = ctx.client()
+    if args.follow:
+        return follow(ctx, args.job_id, attempt=args.attempt, show_states=True)
+    job = client.get_job(args.job_id)
+    if not job.attempts:
+        ctx.err.print(f"Job {job.id} has not started yet ({job.state}); no output.")
+        return OK
+    for line in client.all_job_logs(job.id, attempt=args.attempt):
+        write_line(line, job)
+    return OK
+
+
+def cmd_cancel(ctx: Context) -> int:
+    job = ctx.client().cancel_job(ctx.args.job_id)
+    ctx.err.print(f"Job {job.id} {escape(job.name)}: {styled_state(job.state)}.")
+    return OK
+
+
+def cmd_queue(ctx: Context) -> int:
+    args = ctx.args
+    jobs = ctx.client().list_jobs(state="pending", owner=None if args.all else "me", limit=None)
+    jobs.sort(key=lambda j: (j.queue_position is None, j.queue_position or 0, j.submitted_at or datetime.min))
+    if args.output == "json":
+        print_json(ctx, dump(jobs))
+        return OK
+    if not jobs:
+        ctx.err.print("No pending jobs." if args.all else "You have no pending jobs.")
+        return OK
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("ID", "NAME", "VC", "OWNER", "GPUS", "PRIORITY", "POS", "REASON", "START", "WHY"):
+        table.add_column(column, no_wrap=column != "WHY")
+    for job in jobs:
+        start = relative(job.estimated_start_at)
+        if job.estimated_start_at is not None:
+            start += f" ({job.estimated_start_at.astimezone().strftime('%H:%M')})"
+        table.add_row(
+            str(job.id),
+            escape(job.name),
+            escape(job.vc),
+            escape(job.owner),
+            escape(gpus_of(job)),
+            escape(job.priority_class),
+            "-" if job.queue_position is None else str(job.queue_position),
+            escape(job.pending_reason or "-"),
+            start,
+            escape(job.pending_message),
+        )
+    ctx.out.print(table)
+    return OK
+
+
+def cmd_nodes(ctx: Context) -> int:
+    nodes = ctx.client().nodes()
+    if ctx.args.output == "json":
+        print_json(ctx, dump(nodes))
+        return OK
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("NODE", "STATE", "RACK", "MODEL", "FREE", "GPUS", "UNHEALTHY", "HEARTBEAT"):
+        table.add_column(column, no_wrap=True)
+    for node in nodes:
+        models = sorted({g.model for g in node.gpus})
+        free = sum(1 for g in node.gpus if g.healthy and not g.allocated)
+        # one mark per GPU: # allocated, . free, x unhealthy
+        marks = "".join("x" if not g.healthy else "#" if g.allocated else "." for g in node.gpus)
+        unhealthy = ", ".join(
+            f"{g.index}: {g.health_reason or 'unhealthy'}" for g in node.gpus if not g.healthy
+        )
+        state = node.state + (f" ({node.state_reason})" if node.state_reason else "")
+        table.add_row(
+            escape(node.name),
+            escape(state),
+            escape(node.rack or "-"),
+            escape(", ".join(models) or "-"),
+            f"{free}/{len(node.gpus)}",
+            marks or "-",
+            escape(unhealthy or "-"),
+            relative(node.last_heartbeat_at),
+        )
+    ctx.out.print(table)
+    ctx.err.print("[dim]GPUS: # allocated, . free, x unhealthy[/]")
+    return OK
+
+
+# -- the parser -------------------------------------------------------------------------
+
+
+def job_id(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"a job id is a number, not {value!r}")
+    return int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
+    parser = argparse.ArgumentParser(
+        prog="gpuportal",
+        description="Submit and watch jobs on a GPU Portal.",
+        epilog=f"Configuration: {config.ENV_URL} and {config.ENV_TOKEN} override the file written by "
+        f"`gpuportal login`.\n\nExit codes:\n{codes}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gpuportal {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, handler: Callable[[Context], int], help_text: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.set_defaults(handler=handler)
+        return command
+
+    def add_output(command: argparse.ArgumentParser) -> None:
+        command.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+    login = add("login", cmd_login, "sign in and store an API token")
+    login.add_argument("--url", help="the portal, e.g. https://gpus.example.org")
+    login.add_argument("--username", "-u", help="asked for when not given")
+    login.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    login.add_argument("--token", help="store this API token instead of signing in with a password")
+    login.add_argument("--token-name", help="the name the new token gets on the portal")
+    login.add_argument("--expires-in-days", type=int, default=90, help="0 means never (default 90)")
+
+    add("logout", cmd_logout, "forget the stored token")
+    add_output(add("whoami", cmd_whoami, "who the stored token signs in as"))
+
+    submit = add("submit", cmd_submit, "submit a job spec (YAML, as in the web form)")
+    submit.add_argument("file", help="the job spec file, or - for stdin")
+    submit.add_argument("--follow", "-f", action="store_true", help="stream states and output until it ends")
+    submit.add_argument("--quiet", "-q", action="store_true", help="print only the job id")
+
+    listing = add("list", cmd_list, "list your jobs, newest first")
+    listing.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
+    listing.add_argument("--vc", help="only jobs of this virtual cluster")
+    listing.add_argument("--all", action="store_true", help="jobs of everyone in your tenants")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    add_output(listing)
+
+    status = add("status", cmd_status, "a job's state, attempts, placement and events")
+    status.add_argument("job_id", type=job_id)
+    status.add_argument("--events", type=int, default=20, help="show the last N events (0 = all)")
+    add_output(status)
+
+    logs = add("logs", cmd_logs, "a job's output")
+    logs.add_argument("job_id", type=job_id)
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    logs.add_argument(
+        "--attempt", type=int, help="this attempt (default: the latest; -f starts at the first)"
+    )
+
+    cancel = add("cancel", cmd_cancel, "cancel a job")
+    cancel.add_argument("job_id", type=job_id)
+
+    queue = add("queue", cmd_queue, "your pending jobs with reasons and estimated starts")
+    queue.add_argument("--all", action="store_true", help="pending jobs of everyone in your tenants")
+    add_output(queue)
+
+    add_output(add("nodes", cmd_nodes, "nodes and their GPUs"))
+
+    for command in sub.choices.values():
+        command.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    ctx = Context(args)
+    try:
+        return int(args.handler(ctx))
+    except UsageError as error:
+        ctx.err.print(f"[red]error:[/] {escape(str(error))}")
+        return USAGE
+    except BadRequest as error:
+        ctx.err.print(f"[red]error:[/] {escape(error.message)}")
+        for field, messages in error.errors.items():
+            for message in messages:
+                if field != "detail" or message != error.message:
+                    ctx.err.print(f"  {escape(field)}: {escape(message)}")
+        return error.exit_code
+    except PortalError as error:
+        ctx.err.print(f"[red]error:[/] {escape(error.message)}")
+        if isinstance(error, AuthError) and error.status == 401:
+            ctx.err.print("Sign in again with `gpuportal login`.")
+        return error.exit_code
+    except KeyboardInterrupt:
+        ctx.err.print("interrupted")
+        return INTERRUPTED
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return OK
+    finally:
+        ctx.close()

@@ -1,0 +1,368 @@
+"""A typed client of the portal's REST API (``/api/v1/``), used by the CLI.
+
+Every failure the caller can act on is a :class:`PortalError` subclass with an ``exit_code``,
+so scripts can catch one class and the CLI can turn it into a message and an exit status
+without a stack trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from gpuportal.models import (
+    ApiToken,
+    Flavor,
+    Job,
+    JobDetail,
+    JobEvent,
+    LogLine,
+    Me,
+    Node,
+    PriorityClass,
+    VirtualCluster,
+)
+
+API = "/api/v1"
+DEFAULT_TIMEOUT_S = 30.0
+USER_AGENT = "gpuportal-client/0.1"
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class PortalError(Exception):
+    """Base of every error the client reports; ``exit_code`` is the CLI's exit status."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class BadRequest(PortalError):
+    """HTTP 400: the portal names the fields it refused, ``errors`` maps field -> messages."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, errors: dict[str, list[str]], status: int = 400) -> None:
+        super().__init__(message, status)
+        self.errors = errors
+
+
+class NotFound(PortalError):
+    """HTTP 404, which is also what another tenant's job looks like."""
+
+    exit_code = 3
+
+
+class AuthError(PortalError):
+    """HTTP 401 (no or a bad token) or 403 (signed in but not allowed)."""
+
+    exit_code = 4
+
+
+class Unreachable(PortalError):
+    """No answer (connection refused, DNS, timeout) or a server error (5xx)."""
+
+    exit_code = 5
+
+
+class Conflict(PortalError):
+    """HTTP 409: the request does not fit the resource's state, e.g. cancelling an ended job."""
+
+    exit_code = 6
+
+
+def flatten_errors(body: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF error bodies nest (``{"retries": {"limit": [...]}}``, lists per mount); this gives
+    one dotted field name per message so that each can be printed on its own line."""
+    out: dict[str, list[str]] = {}
+    if isinstance(body, dict):
+        for key, value in body.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            for field, messages in flatten_errors(value, name).items():
+                out.setdefault(field, []).extend(messages)
+    elif isinstance(body, list):
+        if all(isinstance(item, str) for item in body):
+            if body:
+                out[prefix or "detail"] = [str(item) for item in body]
+        else:
+            for index, item in enumerate(body):
+                for field, messages in flatten_errors(item, f"{prefix}[{index}]").items():
+                    out.setdefault(field, []).extend(messages)
+    elif body not in (None, ""):
+        out[prefix or "detail"] = [str(body)]
+    return out
+
+
+class PortalClient:
+    """One portal, one identity. Use as a context manager or call :meth:`close`.
+
+    ``token`` is an API token (``Authorization: Bearer``). Without one, only
+    :meth:`login_with_password` works, which signs in with the browser session to create a
+    token.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+
+    def __enter__(self) -> PortalClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- transport ----------------------------------------------------------------------
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Send one request; returns the decoded JSON body (None for an empty one)."""
+        try:
+            response = self._http.request(method, path if path.startswith("http") else API + path, **kwargs)
+        except httpx.TimeoutException as error:
+            raise Unreachable(f"{self.url} did not answer in time ({error.__class__.__name__})") from None
+        except httpx.HTTPError as error:
+            raise Unreachable(f"cannot reach {self.url}: {error}") from None
+        return self._decode(response)
+
+    def _decode(self, response: httpx.Response) -> Any:
+        try:
+            body = response.json() if response.content else None
+        except ValueError:
+            body = None
+        status = response.status_code
+        if status < 400:
+            return body
+        detail = body.get("detail") if isinstance(body, dict) else None
+        if status == 400:
+            errors = flatten_errors(body) or {"detail": [response.text[:500] or "bad request"]}
+            raise BadRequest(str(detail or "the portal refused the request"), errors)
+        if status == 401:
+            raise AuthError(str(detail or "not signed in"), status)
+        if status == 403:
+            raise AuthError(str(detail or "not allowed"), status)
+        if status == 404:
+            raise NotFound(str(detail or "not found"), status)
+        if status == 409:
+            raise Conflict(str(detail or "conflict"), status)
+        if status >= 500:
+            raise Unreachable(f"the portal failed with HTTP {status}", status)
+        raise PortalError(str(detail or f"HTTP {status}"), status)
+
+    def _pages(
+        self, path: str, params: dict[str, Any] | None = None, limit: int | None = None
+    ) -> Iterator[Any]:
+        """Follow limit/offset pages until ``limit`` items (or all of them) were read."""
+        query: dict[str, Any] = dict(params or {})
+        query.setdefault("limit", min(limit or 200, 200))
+        page = self.request("GET", path, params=query)
+        seen = 0
+        while True:
+            for item in page["results"]:
+                yield item
+                seen += 1
+                if limit is not None and seen >= limit:
+                    return
+            if not page.get("next"):
+                return
+            page = self.request("GET", page["next"])
+
+    @staticmethod
+    def _parse(model: type[T], items: Iterable[Any]) -> list[T]:
+        return [model.model_validate(item) for item in items]
+
+    # -- identity and tokens ------------------------------------------------------------
+
+    @classmethod
+    def login_with_password(
+        cls,
+        url: str,
+        username: str,
+        password: str,
+        token_name: str,
+        expires_in_days: int = 90,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> ApiToken:
+        """Sign in with a user name and password and create an API token (shown once).
+
+        The password is used for this one exchange and never stored: the session exists
+        only to call ``POST /tokens/`` with its CSRF token, then it is signed out.
+        """
+        client = cls(url, transport=transport)
+        try:
+            client._prime_csrf()
+            try:
+                client.request(
+                    "POST",
+                    "/session/",
+                    json={"username": username, "password": password},
+                    headers=client._csrf(),
+                )
+            except BadRequest as error:
+                raise AuthError(error.message or "wrong user name or password", 400) from None
+            created = client.request(
+                "POST",
+                "/tokens/",
+                json={"name": token_name, "expires_in_days": expires_in_days},
+                headers=client._csrf(),
+            )
+            # The token exists; a session left behind would expire on its own.
+            with contextlib.suppress(PortalError):
+                client.request("DELETE", "/session/", headers=client._csrf())
+            return ApiToken.model_validate(created)
+        finally:
+            client.close()
+
+    def _prime_csrf(self) -> None:
+        """GET /session/ answers 401 when signed out but sets the CSRF cookie all the same."""
+        with contextlib.suppress(AuthError):
+            self.request("GET", "/session/")
+
+    def _csrf(self) -> dict[str, str]:
+        token = self._http.cookies.get("csrftoken")
+        return {"X-CSRFToken": token, "Referer": self.url + "/"} if token else {}
+
+    def me(self) -> Me:
+        return Me.model_validate(self.request("GET", "/me/"))
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def list_jobs(
+        self,
+        *,
+        state: str | Iterable[str] | None = None,
+        vc: str | None = None,
+        owner: str | None = None,
+        q: str | None = None,
+        limit: int | None = 50,
+    ) -> list[Job]:
+        """Jobs of your tenants, newest first. ``owner="me"`` for your own."""
+        params: dict[str, Any] = {}
+        if state:
+            params["state"] = [state] if isinstance(state, str) else list(state)
+        if vc:
+            params["vc"] = vc
+        if owner:
+            params["owner"] = owner
+        if q:
+            params["q"] = q
+        return self._parse(Job, self._pages("/jobs/", params, limit))
+
+    def get_job(self, job_id: int) -> JobDetail:
+        return JobDetail.model_validate(self.request("GET", f"/jobs/{int(job_id)}/"))
+
+    def submit_job(self, spec: str | dict[str, Any]) -> JobDetail:
+        """Submit a job spec: YAML text exactly as the web form takes it, or a mapping."""
+        if isinstance(spec, str):
+            body = self.request(
+                "POST",
+                "/jobs/",
+                content=spec.encode(),
+                headers={"Content-Type": "application/yaml"},
+            )
+        else:
+            body = self.request("POST", "/jobs/", json=spec)
+        return JobDetail.model_validate(body)
+
+    def cancel_job(self, job_id: int) -> Job:
+        return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/cancel/"))
+
+    def job_events(self, job_id: int) -> list[JobEvent]:
+        return self._parse(JobEvent, self._pages(f"/jobs/{int(job_id)}/events/", limit=None))
+
+    def job_logs(
+        self, job_id: int, *, attempt: int | None = None, after: int | None = None, limit: int = 500
+    ) -> list[LogLine]:
+        """One page of output lines (oldest first) of an attempt, the latest by default."""
+        params: dict[str, Any] = {"limit": limit}
+        if attempt is not None:
+            params["attempt"] = attempt
+        if after is not None:
+            params["after"] = after
+        page = self.request("GET", f"/jobs/{int(job_id)}/logs/", params=params)
+        return self._parse(LogLine, page["results"])
+
+    def all_job_logs(self, job_id: int, *, attempt: int | None = None) -> list[LogLine]:
+        """Every line of an attempt, paging with ``after`` so lines arriving meanwhile are kept."""
+        lines: list[LogLine] = []
+        after = None
+        while True:
+            page = self.job_logs(job_id, attempt=attempt, after=after)
+            lines += page
+            if len(page) < 500:
+                return lines
+            after = page[-1].id
+
+    def follow_logs(
+        self, job_id: int, *, poll_s: float = 1.0, from_attempt: int | None = None
+    ) -> Iterator[LogLine | JobDetail]:
+        """Yield log lines as they arrive, across attempts, until the job has ended.
+
+        Also yields the job (a :class:`JobDetail`) whenever its state or attempt changes, so
+        a caller can show state changes between the lines. Lines of an attempt are drained
+        before moving on to the next attempt, and once more after the job ended, because
+        the agent may deliver the last lines after the final status.
+        """
+        attempt = from_attempt
+        after: dict[int, int] = {}  # attempt number -> last line id shown
+        last_seen: tuple[str, int | None] | None = None
+        ended_polls = 0
+        while True:
+            job = self.get_job(job_id)
+            latest = job.latest_attempt.number if job.latest_attempt else None
+            if (job.state, latest) != last_seen:
+                last_seen = (job.state, latest)
+                yield job
+            if attempt is None:
+                attempt = min((a.number for a in job.attempts), default=None)
+            while attempt is not None:
+                page = self.job_logs(job_id, attempt=attempt, after=after.get(attempt))
+                for line in page:
+                    after[attempt] = line.id
+                    yield line
+                if len(page) == 500:
+                    continue
+                if latest is not None and attempt < latest:
+                    attempt += 1
+                    continue
+                break
+            if job.ended:
+                ended_polls += 1
+                if ended_polls > 1:  # one more look for lines that trail the final status
+                    return
+            time.sleep(poll_s)
+
+    # -- the cluster --------------------------------------------------------------------
+
+    def nodes(self) -> list[Node]:
+        return self._parse(Node, self._pages("/nodes/", limit=None))
+
+    def virtual_clusters(self) -> list[VirtualCluster]:
+        return self._parse(VirtualCluster, self._pages("/virtual-clusters/", limit=None))
+
+    def flavors(self) -> list[Flavor]:
+        return self._parse(Flavor, self._pages("/flavors/", limit=None))
+
+    def priority_classes(self) -> list[PriorityClass]:
+        return self._parse(PriorityClass, self._pages("/priority-classes/", limit=None))

@@ -1,0 +1,175 @@
+"""Typed views of the portal's REST resources.
+
+Unknown fields are ignored, so a newer portal that adds fields does not break an older
+client; fields this client needs are declared with the types the API documents.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "timed-out"})
+
+
+class _Resource(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Membership(_Resource):
+    tenant: str
+    role: str
+
+
+class Me(_Resource):
+    username: str
+    is_staff: bool = False
+    memberships: list[Membership] = []
+
+
+class Allocation(_Resource):
+    replica: int
+    node: str
+    gpu_index: int
+    gpu_uuid: str
+    created_at: datetime | None = None
+    released_at: datetime | None = None
+
+
+class Attempt(_Resource):
+    number: int
+    state: str
+    resume: bool = False
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    exit_code: int | None = None
+    end_reason: str = ""
+    allocations: list[Allocation] = []
+
+
+class Job(_Resource):
+    id: int
+    name: str
+    tenant: str = ""
+    vc: str
+    owner: str
+    state: str
+    priority_class: str = ""
+    priority: int = 0
+    preemptible: bool = True
+    gpu_model: str = ""
+    gpus_per_replica: int = 0
+    replicas: int = 1
+    total_gpus: int = 0
+    time_limit_s: int | None = None
+    pending_reason: str = ""
+    pending_message: str = ""
+    estimated_start_at: datetime | None = None
+    queue_position: int | None = None
+    retries_left: int | None = None
+    exit_code: int | None = None
+    end_reason: str = ""
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class JobDetail(Job):
+    spec: dict[str, Any] = {}
+    attempts: list[Attempt] = []
+
+    @property
+    def latest_attempt(self) -> Attempt | None:
+        return max(self.attempts, key=lambda a: a.number) if self.attempts else None
+
+
+class JobEvent(_Resource):
+    id: int
+    created_at: datetime
+    from_state: str = ""
+    to_state: str
+    actor_label: str = ""
+    reason: str = ""
+    data: dict[str, Any] = {}
+
+
+class LogLine(_Resource):
+    id: int
+    attempt: int
+    replica: int = 0
+    stream: str = "stdout"
+    seq: int = 0
+    text: str
+
+
+class Gpu(_Resource):
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int | None = None
+    healthy: bool = True
+    health_reason: str = ""
+    allocated: bool = False
+
+
+class Node(_Resource):
+    id: int
+    name: str
+    rack: str = ""
+    state: str
+    state_reason: str = ""
+    cpu: int | None = None
+    memory_gb: int | None = None
+    last_heartbeat_at: datetime | None = None
+    gpus: list[Gpu] = []
+
+
+class Quota(_Resource):
+    gpu_model: str
+    guaranteed: int
+    borrow_limit: int
+    in_use: int = 0
+
+
+class VirtualCluster(_Resource):
+    id: int
+    name: str
+    tenant: str = ""
+    description: str = ""
+    queueing_policy: str = ""
+    max_gpus_per_user: int | None = None
+    quotas: list[Quota] = []
+
+
+class Flavor(_Resource):
+    id: int
+    name: str
+    gpu_model: str
+    gpus: int
+    cpu: int
+    memory_gb: int
+    max_runtime_hours: int | None = None
+
+
+class PriorityClass(_Resource):
+    id: int
+    name: str
+    value: int
+    preemptible: bool
+    is_default: bool = False
+    description: str = ""
+
+
+class ApiToken(_Resource):
+    id: int
+    name: str
+    prefix: str = ""
+    expires_at: datetime | None = None
+    token: str | None = None
