@@ -1,0 +1,190 @@
+"""The CLI and client without a portal: configuration, error mapping and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpuportal import cli, config
+from gpuportal.client import (
+    AuthError,
+    BadRequest,
+    Conflict,
+    NotFound,
+    PortalClient,
+    Unreachable,
+    flatten_errors,
+)
+from tests.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPORTAL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuportal", *args],
+        env={
+            **base,
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "COLUMNS": "200",
+            **(env or {}),
+        },
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / ".config"))
+    for name in (config.ENV_URL, config.ENV_TOKEN, config.ENV_CONFIG):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+def test_the_token_file_is_private_and_the_environment_wins(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = config.save("https://gpus.example.org/", "gpp_secret", "alice")
+    assert path == home / ".config" / "gpuportal" / "config.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text()) == {
+        "url": "https://gpus.example.org",
+        "token": "gpp_secret",
+        "username": "alice",
+    }
+    settings = config.load()
+    assert (settings.url, settings.token, settings.source) == (
+        "https://gpus.example.org",
+        "gpp_secret",
+        "file",
+    )
+
+    monkeypatch.setenv(config.ENV_TOKEN, "gpp_from_env")
+    assert config.load().token == "gpp_from_env"
+    monkeypatch.delenv(config.ENV_TOKEN)
+    # The stored token belongs to the stored portal and is never sent to another one.
+    monkeypatch.setenv(config.ENV_URL, "https://elsewhere.example.org")
+    assert config.load().token is None
+    assert config.forget() and not path.exists()
+
+
+def test_expected_failures_give_a_message_and_an_exit_code_not_a_traceback(home: Path) -> None:
+    no_login = run_cli(home, "list")
+    assert no_login.returncode == cli.AUTH
+    assert "not signed in" in no_login.stderr or "no portal URL" in no_login.stderr
+
+    port = free_port()  # nothing listens there
+    down = run_cli(home, "list", env={"GPUPORTAL_URL": f"http://127.0.0.1:{port}", "GPUPORTAL_TOKEN": "x"})
+    assert down.returncode == cli.UNREACHABLE
+    assert "cannot reach" in down.stderr
+
+    bad_id = run_cli(
+        home, "status", "abc", env={"GPUPORTAL_URL": "http://127.0.0.1:1", "GPUPORTAL_TOKEN": "x"}
+    )
+    assert bad_id.returncode == cli.USAGE and "a job id is a number" in bad_id.stderr
+
+    missing = run_cli(
+        home, "submit", "no-such.yaml", env={"GPUPORTAL_URL": "http://x", "GPUPORTAL_TOKEN": "x"}
+    )
+    assert missing.returncode == cli.USAGE and "cannot read no-such.yaml" in missing.stderr
+
+    for result in (no_login, down, bad_id, missing):
+        assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_help_lists_every_command_and_the_exit_codes(home: Path) -> None:
+    result = run_cli(home, "--help")
+    assert result.returncode == 0
+    for command in ("login", "submit", "list", "status", "logs", "cancel", "queue", "nodes"):
+        assert command in result.stdout
+    assert "Exit codes" in result.stdout and "130" in result.stdout
+
+
+def test_error_bodies_become_one_message_per_field() -> None:
+    body = {
+        "flavor": ["No flavor named 'xl-A100'."],
+        "retries": {"limit": ["Ensure this value is less than or equal to 10."]},
+        "mounts": [{}, {"path": ["Give an absolute path."]}],
+    }
+    assert flatten_errors(body) == {
+        "flavor": ["No flavor named 'xl-A100'."],
+        "retries.limit": ["Ensure this value is less than or equal to 10."],
+        "mounts[1].path": ["Give an absolute path."],
+    }
+    assert flatten_errors({"detail": "YAML parse error"}) == {"detail": ["YAML parse error"]}
+
+
+def fake_portal(handler: Any) -> PortalClient:
+    return PortalClient("http://portal.test", "gpp_t", transport=httpx.MockTransport(handler))
+
+
+def test_status_codes_map_to_client_errors() -> None:
+    answers = {
+        "/api/v1/jobs/1/": (404, {"detail": "No Job matches the given query."}),
+        "/api/v1/jobs/2/cancel/": (409, {"detail": "job 2 has already ended"}),
+        "/api/v1/me/": (401, {"detail": "Invalid token."}),
+        "/api/v1/nodes/": (502, None),
+        "/api/v1/jobs/": (400, {"name": ["This field is required."]}),
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["Authorization"] == "Bearer gpp_t"
+        code, body = answers[request.url.path]
+        return httpx.Response(code, json=body) if body is not None else httpx.Response(code)
+
+    with fake_portal(handler) as client:
+        with pytest.raises(NotFound):
+            client.get_job(1)
+        with pytest.raises(Conflict, match="already ended"):
+            client.cancel_job(2)
+        with pytest.raises(AuthError):
+            client.me()
+        with pytest.raises(Unreachable):
+            client.nodes()
+        with pytest.raises(BadRequest) as refused:
+            client.submit_job("vc: vision\n")
+        assert refused.value.errors == {"name": ["This field is required."]}
+
+
+def test_lists_follow_the_pages() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        offset = int(request.url.params.get("offset", 0))
+        assert request.url.params.get_list("state") == ["pending", "running"]
+        results = [
+            {"id": i, "name": f"j{i}", "vc": "v", "owner": "o", "state": "pending"}
+            for i in range(offset, offset + 2)
+        ]
+        following = (
+            f"http://portal.test/api/v1/jobs/?state=pending&state=running&offset={offset + 2}"
+            if offset < 4
+            else None
+        )
+        return httpx.Response(200, json={"count": 6, "next": following, "results": results})
+
+    with fake_portal(handler) as client:
+        jobs = client.list_jobs(state=["pending", "running"], limit=None)
+        assert [j.id for j in jobs] == [0, 1, 2, 3, 4, 5]
+        assert [j.id for j in client.list_jobs(state=["pending", "running"], limit=3)] == [0, 1, 2]
+
+
+def test_relative_times_read_like_a_queue() -> None:
+    now = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)
+    assert cli.relative(now + timedelta(minutes=5, seconds=3), now) == "in 5m"
+    assert cli.relative(now - timedelta(hours=2, minutes=7), now) == "2h07m ago"
+    assert cli.relative(now + timedelta(seconds=20), now) == "in 20s"
+    assert cli.relative(None, now) == "-"
