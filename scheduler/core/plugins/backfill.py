@@ -29,14 +29,16 @@ class Reservation:
 
 
 def running_end(job: RunningJob, now: float, default_runtime_s: float) -> float:
-    """When a running job is expected to release its GPUs: the time limit if it has one,
-    else its estimate; a job already past its estimate is expected to run half as long again
-    (long-running jobs tend to keep running)."""
+    """When a running job is expected to release its GPUs: at its time limit if it has one.
+    Otherwise runtimes are heavy-tailed, so the best guess for the rest of a run is about as
+    long as it has run so far (a job that ran a minute likely ends soon, one that ran a day
+    likely runs on), capped by what its history-based estimate leaves; a job already past its
+    estimate is expected to run half its age again. Never less than a minute."""
     if job.time_limit_s is not None:
         return max(job.started_at + job.time_limit_s, now)
     run_so_far = job.attained_gpu_s / max(job.gpus, 1)
     total = expected_runtime(job, default_runtime_s)
-    remaining = max(total - run_so_far, 0.5 * run_so_far, 60.0)
+    remaining = max(min(total - run_so_far, run_so_far), 0.5 * run_so_far, 60.0)
     return now + remaining
 
 
