@@ -9,11 +9,12 @@ desired set is reconciled in full, so a lost message costs a resync, never a job
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -68,6 +69,15 @@ WELCOME_TIMEOUT_S = 30.0
 REMEMBERED_REQUESTS = 1000
 
 
+@contextlib.contextmanager
+def _logged(what: str) -> Iterator[None]:
+    """Keep a lifetime loop alive through an unexpected error; the next round tries again."""
+    try:
+        yield
+    except Exception:
+        log.exception("%s failed; trying again next round", what)
+
+
 class Backoff:
     """Exponential backoff with equal jitter: half the delay is fixed, half is random."""
 
@@ -114,6 +124,7 @@ class Agent:
         # connection arrive in order, so this only lets a queued, superseded set be skipped;
         # it is reset per connection, so a portal whose counter restarted is still obeyed.
         self.newest_revision = -1
+        self.last_desired: DesiredSet | None = None  # of the current connection
         self.reconcile_lock = asyncio.Lock()
         self.refresh_lock = asyncio.Lock()
         self.log_pumps: dict[str, asyncio.Task[None]] = {}
@@ -121,6 +132,7 @@ class Agent:
         self.answers: OrderedDict[UUID, RequestAck | RequestReject | None] = OrderedDict()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.starting: set[str] = set()  # attempts between record and runtime.start
+        self.busy: set[str] = set()  # attempts the agent is stopping or checkpointing right now
         self.sessions = 0  # completed handshakes, for tests and logs
 
     # ------------------------------------------------------------------ main loop
@@ -189,6 +201,7 @@ class Agent:
         self.telemetry_interval_s = first.telemetry_interval_s or self.config.telemetry_interval_s
         self.connected = True
         self.newest_revision = -1
+        self.last_desired = None
         self.backoff.reset()
         self.sessions += 1
         log.info("connected to the portal as node %s", first.node_id)
@@ -206,6 +219,7 @@ class Agent:
                     continue
                 if isinstance(message, DesiredSet):
                     self.newest_revision = max(self.newest_revision, message.revision)
+                    self.last_desired = message
                     self._spawn(self.apply_desired(message))
                 elif isinstance(message, Welcome):
                     continue
@@ -227,27 +241,37 @@ class Agent:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            live = [record.attempt_id for record in self.store.all() if record.state.is_live]
-            self.send(Heartbeat(attempt_ids=live, uptime_s=round(time.monotonic() - self.started_at, 3)))
+            with _logged("heartbeat"):
+                live = [record.attempt_id for record in self.store.all() if record.state.is_live]
+                self.send(Heartbeat(attempt_ids=live, uptime_s=round(time.monotonic() - self.started_at, 3)))
             await asyncio.sleep(self.heartbeat_interval_s)
 
     async def _telemetry_loop(self) -> None:
         while True:
             await asyncio.sleep(self.telemetry_interval_s)
-            samples = [
-                self.health.assess(sample) for sample in self.backend.sample(self.gpu_load(), utc_now())
-            ]
-            if self.connected:
-                self.send(TelemetryBatch(samples=samples, dropped_samples=self.dropped_samples))
-                self.dropped_samples = 0
-            else:
-                self.dropped_samples += len(samples)
+            with _logged("telemetry"):
+                load = self.gpu_load()
+                samples = [self.health.assess(sample) for sample in self.backend.sample(load, utc_now())]
+                if self.connected:
+                    self.send(TelemetryBatch(samples=samples, dropped_samples=self.dropped_samples))
+                    self.dropped_samples = 0
+                else:
+                    self.dropped_samples += len(samples)
 
     async def _monitor_loop(self) -> None:
+        """Track status and logs; now and then apply the last desired set again (level-triggered:
+        an action that failed, say a stop the runtime refused, is retried without a new message)."""
+        loop = asyncio.get_running_loop()
+        next_resync = loop.time() + self.config.resync_interval_s
         while True:
             await asyncio.sleep(self.config.monitor_interval_s)
-            await self.refresh()
-            self.flush_logs()
+            with _logged("monitor"):
+                await self.refresh()
+                self.flush_logs()
+            if loop.time() >= next_resync:
+                next_resync = loop.time() + self.config.resync_interval_s
+                if self.connected and self.last_desired is not None and not self.reconcile_lock.locked():
+                    self._spawn(self.apply_desired(self.last_desired))
 
     def send(self, message: AgentToPortal) -> None:
         self.outbox.append(message)
@@ -419,7 +443,10 @@ class Agent:
                 )
                 return
             await self.refresh()
-            local = [LocalAttempt(r.attempt_id, r.state, r.grace_s) for r in self.store.all()]
+            local = [
+                LocalAttempt(r.attempt_id, r.state, r.grace_s, busy=r.attempt_id in self.busy)
+                for r in self.store.all()
+            ]
             actions = reconcile(desired.attempts, local)
             stops = [action for action in actions if isinstance(action, Stop)]
             await asyncio.gather(
@@ -466,7 +493,11 @@ class Agent:
             return
         if record.state != AttemptState.STOPPING:
             self._set_state(record, AttemptState.STOPPING, stop_reason=reason)
-        await self._quietly(self.runtime.stop(attempt_id, grace_s))
+        self.busy.add(attempt_id)
+        try:
+            await self._quietly(self.runtime.stop(attempt_id, grace_s))
+        finally:
+            self.busy.discard(attempt_id)
         await self.refresh()
 
     async def remove_attempt(self, attempt_id: str) -> None:
@@ -534,7 +565,11 @@ class Agent:
             grace = request.grace_period_s if request.grace_period_s is not None else record.grace_s
             await self.stop_attempt(request.attempt_id, grace, ExitReason.STOPPED)
         elif isinstance(request, CheckpointRequest):
-            return await self._checkpoint(request, record)
+            self.busy.add(record.attempt_id)
+            try:
+                return await self._checkpoint(request, record)
+            finally:
+                self.busy.discard(record.attempt_id)
         return RequestAck(request_id=request.id, attempt_id=request.attempt_id)
 
     async def _checkpoint(

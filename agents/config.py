@@ -30,6 +30,7 @@ class AgentConfig:
     telemetry_interval_s: float = 5.0
     heartbeat_interval_s: float = 10.0
     monitor_interval_s: float = 0.5
+    resync_interval_s: float = 30.0  # how often the last desired set is applied again
     volume_roots: tuple[VolumeRoot, ...] = ()
     checkpoint_roots: tuple[Path, ...] = ()
     docker_host: str | None = None

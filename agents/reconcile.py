@@ -8,8 +8,10 @@ A pure function, run on every desired set (so after every reconnect too). The ru
 - desired, ended here            -> Report its terminal state again; never restart it,
                                     the portal makes a new attempt if it wants another run
 - not desired, live here         -> Stop with the attempt's grace period (moved elsewhere,
-                                    cancelled or preempted); left alone while already
-                                    stopping or checkpointing, which end in a stop anyway
+                                    cancelled or preempted); left alone while the agent is
+                                    busy stopping or checkpointing it, which ends in a stop
+                                    anyway (a stop that failed, or that an agent restart
+                                    interrupted, is not busy: it is stopped again)
 - not desired, ended here        -> Report once more, then Remove (forget it)
 
 Stops come first in the returned list: the agent finishes them before it starts anything,
@@ -31,6 +33,7 @@ class LocalAttempt:
     attempt_id: str
     state: AttemptState
     grace_s: float
+    busy: bool = False  # a stop or checkpoint of the agent is in progress right now
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,6 @@ class Remove:
 Action = Start | Stop | Suspend | Resume | Watch | Report | Remove
 
 _PHASE = {Stop: 0, Suspend: 1, Resume: 2, Start: 3, Watch: 4, Report: 5, Remove: 6}
-_IN_PROGRESS = frozenset({AttemptState.STOPPING, AttemptState.CHECKPOINTING})
 
 
 def reconcile(desired: Sequence[DesiredAttempt], local: Sequence[LocalAttempt]) -> list[Action]:
@@ -98,7 +100,7 @@ def reconcile(desired: Sequence[DesiredAttempt], local: Sequence[LocalAttempt]) 
             continue
         if here.state.is_terminal:
             actions += [Report(here.attempt_id), Remove(here.attempt_id)]
-        elif here.state not in _IN_PROGRESS:
+        elif not here.busy:
             actions.append(Stop(here.attempt_id, here.grace_s))
     return sorted(actions, key=lambda action: (_PHASE[type(action)], _attempt_id(action)))
 

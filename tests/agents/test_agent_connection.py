@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ from agents.protocol import (
     SuspendRequest,
     TelemetryBatch,
 )
+from agents.runtime import RuntimeFailure
 from agents.runtime.policy import HostPolicy
 from agents.runtime.process import ProcessRuntime
 
@@ -375,3 +377,32 @@ async def test_gpu_faults_mark_the_gpu_unhealthy_and_telemetry_gaps_are_counted(
             (again,) = [item for item in portal.hellos[1].gpus if item.uuid == faulty]
             assert not again.healthy and "xid 79" in again.health_reason
             await wait_for(lambda: any(batch.dropped_samples > 0 for batch in portal.of_type(TelemetryBatch)))
+
+
+class StopRefusingOnce(ProcessRuntime):
+    """A runtime whose first stop fails, as a busy container engine might."""
+
+    refused = 0
+
+    async def stop(self, attempt_id: str, grace_s: float) -> int | None:
+        if not self.refused:
+            self.refused += 1
+            raise RuntimeFailure("engine busy")
+        return await super().stop(attempt_id, grace_s)
+
+
+@pytest.mark.asyncio
+async def test_a_failed_action_is_retried_by_the_periodic_resync(state_dir: Path) -> None:
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        agent.config = dataclasses.replace(agent.config, resync_interval_s=0.3)
+        agent.runtime = StopRefusingOnce(state_dir, HostPolicy())
+        portal.desired = [make_attempt("att-1", command=[PY, "-c", FOREVER])]
+        async with running(agent):
+            await wait_for(
+                lambda: (s := portal.last_status("att-1")) is not None and s.state == AttemptState.RUNNING
+            )
+            await portal.set_desired([])
+            await wait_for(lambda: agent.runtime.refused == 1)
+            await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
+            assert portal.last_status("att-1").reason == ExitReason.STOPPED

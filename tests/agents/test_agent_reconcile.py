@@ -13,8 +13,8 @@ B = make_attempt("b")
 A_SUSPENDED = make_attempt("a", run_state="suspended")
 
 
-def local(attempt_id: str, state: S, grace_s: float = 30.0) -> LocalAttempt:
-    return LocalAttempt(attempt_id, state, grace_s)
+def local(attempt_id: str, state: S, grace_s: float = 30.0, busy: bool = False) -> LocalAttempt:
+    return LocalAttempt(attempt_id, state, grace_s, busy)
 
 
 CASES = [
@@ -24,8 +24,10 @@ CASES = [
     ("starting and desired is watched", [A], [local("a", S.STARTING)], [Watch("a")]),
     ("not desired any more is stopped with its grace", [], [local("a", S.RUNNING, 12)], [Stop("a", 12)]),
     ("suspended and not desired is stopped", [], [local("a", S.SUSPENDED)], [Stop("a", 30.0)]),
-    ("already stopping is left alone", [], [local("a", S.STOPPING)], []),
-    ("checkpointing is left alone", [], [local("a", S.CHECKPOINTING)], []),
+    ("being stopped is left alone", [], [local("a", S.STOPPING, busy=True)], []),
+    ("being checkpointed is left alone", [], [local("a", S.CHECKPOINTING, busy=True)], []),
+    ("a stop that failed or was interrupted is retried", [], [local("a", S.STOPPING, 7)], [Stop("a", 7)]),
+    ("an interrupted checkpoint ends in a stop", [], [local("a", S.CHECKPOINTING, 7)], [Stop("a", 7)]),
     ("exited and desired is reported, never restarted", [A], [local("a", S.EXITED)], [Report("a")]),
     ("vanished and desired is reported, never restarted", [A], [local("a", S.VANISHED)], [Report("a")]),
     (
