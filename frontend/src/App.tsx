@@ -1,0 +1,150 @@
+import { useCallback, useEffect, useState } from "react";
+
+import { ApiError, api, setUnauthorizedHandler } from "./api/client";
+import { live, useLiveStatus } from "./api/live";
+import type { Me } from "./api/types";
+import { ErrorBanner, LiveIndicator, Spinner } from "./components/common";
+import { ClusterPage } from "./pages/ClusterPage";
+import { DashboardPage } from "./pages/DashboardPage";
+import { JobDetailPage } from "./pages/JobDetailPage";
+import { JobListPage } from "./pages/JobListPage";
+import { SignInPage } from "./pages/SignInPage";
+import { SubmitPage } from "./pages/SubmitPage";
+import { VirtualClusterPage, VirtualClustersPage } from "./pages/VirtualClusterPage";
+import { Link, useLocation } from "./router";
+import { SessionContext } from "./session";
+
+type SessionState = { kind: "loading" } | { kind: "signed-out" } | { kind: "signed-in"; me: Me } | { kind: "error"; error: Error };
+
+export function App() {
+  const [session, setSession] = useState<SessionState>({ kind: "loading" });
+
+  const probe = useCallback(() => {
+    setSession({ kind: "loading" });
+    api<Me>("/api/v1/session/", { quiet401: true })
+      .then((me) => setSession({ kind: "signed-in", me }))
+      .catch((err: unknown) => {
+        if (err instanceof ApiError && (err.status === 401 || err.status === 403)) setSession({ kind: "signed-out" });
+        else setSession({ kind: "error", error: err instanceof Error ? err : new Error(String(err)) });
+      });
+  }, []);
+
+  useEffect(() => {
+    probe();
+    setUnauthorizedHandler(() => setSession({ kind: "signed-out" }));
+  }, [probe]);
+
+  useEffect(() => {
+    if (session.kind === "signed-in") live.start();
+    else live.stop();
+  }, [session.kind]);
+
+  const signOut = useCallback(() => {
+    api("/api/v1/session/", { method: "DELETE" })
+      .catch(() => undefined)
+      .finally(() => setSession({ kind: "signed-out" }));
+  }, []);
+
+  if (session.kind === "loading") {
+    return (
+      <main className="center-page">
+        <Spinner label="Opening GPU Portal" />
+      </main>
+    );
+  }
+  if (session.kind === "error") {
+    return (
+      <main className="center-page">
+        <ErrorBanner error={session.error} onRetry={probe} />
+      </main>
+    );
+  }
+  if (session.kind === "signed-out") {
+    return <SignInPage onSignedIn={(me) => setSession({ kind: "signed-in", me })} />;
+  }
+  return (
+    <SessionContext.Provider value={{ me: session.me, signOut }}>
+      <Shell me={session.me} signOut={signOut} />
+    </SessionContext.Provider>
+  );
+}
+
+const NAV = [
+  { href: "/", label: "Dashboard" },
+  { href: "/jobs", label: "Jobs" },
+  { href: "/submit", label: "Submit" },
+  { href: "/cluster", label: "Cluster" },
+  { href: "/vcs", label: "Virtual clusters" },
+];
+
+function isCurrent(href: string, path: string): boolean {
+  return href === "/" ? path === "/" : path === href || path.startsWith(`${href}/`);
+}
+
+function Shell({ me, signOut }: { me: Me; signOut: () => void }) {
+  const { path } = useLocation();
+  const status = useLiveStatus();
+  return (
+    <>
+      <a className="skip-link" href="#main">
+        Skip to content
+      </a>
+      <header className="topbar">
+        <Link href="/" className="brand">
+          GPU Portal
+        </Link>
+        <nav aria-label="Main">
+          <ul>
+            {NAV.map((item) => (
+              <li key={item.href}>
+                <Link href={item.href} aria-current={isCurrent(item.href, path) ? "page" : undefined}>
+                  {item.label}
+                </Link>
+              </li>
+            ))}
+          </ul>
+        </nav>
+        <div className="user">
+          <LiveIndicator status={status} />
+          <span className="user-name" title={me.memberships.map((m) => `${m.tenant}: ${m.role}`).join(", ")}>
+            {me.username}
+          </span>
+          <button type="button" className="button small ghost" onClick={signOut}>
+            Sign out
+          </button>
+        </div>
+      </header>
+      <main id="main" tabIndex={-1}>
+        <Page path={path} />
+      </main>
+    </>
+  );
+}
+
+function Page({ path }: { path: string }) {
+  const job = path.match(/^\/jobs\/(\d+)\/?$/);
+  if (job?.[1]) return <JobDetailPage key={job[1]} id={Number(job[1])} />;
+  const vc = path.match(/^\/vcs\/([^/]+)\/?$/);
+  if (vc?.[1]) return <VirtualClusterPage key={vc[1]} name={decodeURIComponent(vc[1])} />;
+  switch (path.replace(/\/$/, "") || "/") {
+    case "/":
+      return <DashboardPage />;
+    case "/jobs":
+      return <JobListPage />;
+    case "/submit":
+      return <SubmitPage />;
+    case "/cluster":
+      return <ClusterPage />;
+    case "/vcs":
+      return <VirtualClustersPage />;
+    default:
+      return (
+        <div className="card">
+          <h1>Not found</h1>
+          <p>
+            There is no page at <code>{path}</code>. <Link href="/">Go to the dashboard</Link>.
+          </p>
+        </div>
+      );
+  }
+}

@@ -1,0 +1,203 @@
+// The live socket (/ws/live/): one connection per tab, subscriptions that survive reconnects,
+// and a "resync" signal after every reconnect so pages refetch over REST what they missed.
+import { useEffect, useState, useSyncExternalStore } from "react";
+
+import { reconnectDelayMs } from "../lib/backoff";
+
+export interface LiveJobMessage {
+  kind: "job";
+  job: number;
+  state: string;
+  pending_reason?: string;
+  pending_message?: string;
+  version?: number;
+}
+export interface LiveLogLine {
+  replica: number;
+  stream: string;
+  seq: number;
+  text: string;
+}
+export interface LiveLogMessage {
+  kind: "log";
+  job: number;
+  attempt: number;
+  lines: LiveLogLine[];
+}
+export interface LiveTelemetrySample {
+  gpu_uuid: string;
+  time: string;
+  utilization_pct: number;
+  memory_used_mib: number;
+  memory_total_mib?: number;
+  power_w: number;
+  temperature_c: number;
+}
+export interface LiveTelemetryMessage {
+  kind: "telemetry";
+  job: number;
+  samples: LiveTelemetrySample[];
+}
+export type LiveMessage = LiveJobMessage | LiveLogMessage | LiveTelemetryMessage;
+
+export type LiveStatus = "connecting" | "live" | "offline";
+
+type Topic = string; // "jobs" or "job:<id>"
+type Listener = (message: LiveMessage) => void;
+
+class LiveConnection {
+  private socket: WebSocket | null = null;
+  private topics = new Map<Topic, number>(); // reference counts
+  private listeners = new Set<Listener>();
+  private resyncListeners = new Set<() => void>();
+  private statusListeners = new Set<() => void>();
+  private attempt = 0;
+  private timer: ReturnType<typeof setTimeout> | null = null;
+  private wanted = false;
+  private everConnected = false;
+  status: LiveStatus = "offline";
+
+  start(): void {
+    this.wanted = true;
+    if (!this.socket && !this.timer) this.connect();
+  }
+
+  stop(): void {
+    this.wanted = false;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    this.socket?.close();
+    this.socket = null;
+    this.everConnected = false;
+    this.setStatus("offline");
+  }
+
+  private setStatus(status: LiveStatus): void {
+    if (this.status === status) return;
+    this.status = status;
+    this.statusListeners.forEach((l) => l());
+  }
+
+  private connect(): void {
+    this.timer = null;
+    const scheme = window.location.protocol === "https:" ? "wss" : "ws";
+    let socket: WebSocket;
+    try {
+      socket = new WebSocket(`${scheme}://${window.location.host}/ws/live/`);
+    } catch {
+      this.scheduleReconnect();
+      return;
+    }
+    this.socket = socket;
+    this.setStatus("connecting");
+    socket.onopen = () => {
+      const reconnected = this.everConnected;
+      this.attempt = 0;
+      this.everConnected = true;
+      this.setStatus("live");
+      for (const topic of this.topics.keys()) this.sendSubscribe(topic);
+      if (reconnected) this.resyncListeners.forEach((l) => l());
+    };
+    socket.onmessage = (event) => {
+      let message: unknown;
+      try {
+        message = JSON.parse(String(event.data));
+      } catch {
+        return;
+      }
+      if (message && typeof message === "object" && "kind" in message) {
+        this.listeners.forEach((l) => l(message as LiveMessage));
+      }
+    };
+    socket.onclose = () => {
+      if (this.socket === socket) this.socket = null;
+      this.setStatus("offline");
+      if (this.wanted) this.scheduleReconnect();
+    };
+  }
+
+  private scheduleReconnect(): void {
+    if (this.timer) return;
+    const delay = reconnectDelayMs(this.attempt++);
+    this.timer = setTimeout(() => this.connect(), delay);
+  }
+
+  private sendSubscribe(topic: Topic): void {
+    if (this.socket?.readyState !== WebSocket.OPEN) return;
+    const message = topic === "jobs" ? { subscribe: "jobs" } : { subscribe: "job", id: Number(topic.slice(4)) };
+    this.socket.send(JSON.stringify(message));
+  }
+
+  subscribe(topic: Topic): () => void {
+    const count = this.topics.get(topic) ?? 0;
+    this.topics.set(topic, count + 1);
+    if (count === 0) this.sendSubscribe(topic);
+    // The server has no unsubscribe; a topic nobody listens to any more is dropped at the next reconnect.
+    return () => {
+      const left = (this.topics.get(topic) ?? 1) - 1;
+      if (left <= 0) this.topics.delete(topic);
+      else this.topics.set(topic, left);
+    };
+  }
+
+  onMessage(listener: Listener): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  onResync(listener: () => void): () => void {
+    this.resyncListeners.add(listener);
+    return () => this.resyncListeners.delete(listener);
+  }
+
+  onStatus(listener: () => void): () => void {
+    this.statusListeners.add(listener);
+    return () => this.statusListeners.delete(listener);
+  }
+}
+
+export const live = new LiveConnection();
+
+export function useLiveStatus(): LiveStatus {
+  return useSyncExternalStore(
+    (cb) => live.onStatus(cb),
+    () => live.status,
+  );
+}
+
+/**
+ * Subscribes to a topic while the component is mounted. `onMessage` receives every live message
+ * (filter by kind and job); `resync` runs after a reconnect and, while the socket is down, every
+ * `pollMs` as the fallback.
+ */
+export function useLive(
+  topic: Topic | null,
+  onMessage: (message: LiveMessage) => void,
+  resync: () => void,
+  pollMs = 10_000,
+): LiveStatus {
+  const status = useLiveStatus();
+  const [handlers] = useState(() => ({ onMessage, resync }));
+  handlers.onMessage = onMessage;
+  handlers.resync = resync;
+
+  useEffect(() => {
+    if (!topic) return;
+    const unsubscribe = live.subscribe(topic);
+    const offMessage = live.onMessage((m) => handlers.onMessage(m));
+    const offResync = live.onResync(() => handlers.resync());
+    return () => {
+      unsubscribe();
+      offMessage();
+      offResync();
+    };
+  }, [topic, handlers]);
+
+  useEffect(() => {
+    if (!topic || status === "live") return;
+    const id = setInterval(() => handlers.resync(), pollMs);
+    return () => clearInterval(id);
+  }, [topic, status, pollMs, handlers]);
+
+  return status;
+}

@@ -1,0 +1,45 @@
+// Names for the API's shapes. Every shape comes from the generated OpenAPI types (schema.d.ts).
+import type { components } from "./schema";
+
+type Schemas = components["schemas"];
+
+export type Me = Schemas["Me"];
+export type Job = Schemas["Job"];
+export type JobDetail = Schemas["JobDetail"];
+export type JobAttempt = Schemas["JobAttempt"];
+export type Allocation = Schemas["Allocation"];
+export type JobEvent = Schemas["JobEvent"];
+export type JobSpec = Schemas["JobSpec"];
+export type JobState = Schemas["JobStateEnum"];
+export type LogLine = Schemas["LogLine"];
+export type TelemetrySample = Schemas["TelemetrySample"];
+export type VirtualCluster = Schemas["VirtualCluster"];
+export type Quota = Schemas["Quota"];
+export type Flavor = Schemas["Flavor"];
+export type PriorityClass = Schemas["PriorityClass"];
+export type ClusterNode = Schemas["Node"];
+export type Gpu = Schemas["Gpu"];
+
+export interface Page<T> {
+  count: number;
+  next?: string | null;
+  previous?: string | null;
+  results: T[];
+}
+
+export const ACTIVE_STATES: JobState[] = [
+  "pending",
+  "scheduled",
+  "starting",
+  "running",
+  "suspended",
+  "checkpointing",
+  "preempted",
+  "lost",
+];
+export const ENDED_STATES: JobState[] = ["succeeded", "failed", "cancelled", "timed-out"];
+export const ALL_STATES: JobState[] = [...ACTIVE_STATES, ...ENDED_STATES];
+
+export function isEnded(state: JobState | undefined): boolean {
+  return state !== undefined && ENDED_STATES.includes(state);
+}

@@ -1,0 +1,44 @@
+import type { LiveTelemetrySample } from "../api/live";
+import type { Allocation, TelemetrySample } from "../api/types";
+import { LineChart, type Series } from "./charts";
+
+export type Sample = Pick<LiveTelemetrySample, "gpu_uuid" | "time" | "utilization_pct" | "memory_used_mib" | "power_w" | "temperature_c">;
+
+export function toSample(s: TelemetrySample | LiveTelemetrySample): Sample {
+  return {
+    gpu_uuid: s.gpu_uuid,
+    time: s.time,
+    utilization_pct: s.utilization_pct ?? 0,
+    memory_used_mib: s.memory_used_mib ?? 0,
+    power_w: s.power_w ?? 0,
+    temperature_c: s.temperature_c ?? 0,
+  };
+}
+
+function gpuName(uuid: string, allocations: Allocation[]): string {
+  const a = allocations.find((x) => x.gpu_uuid === uuid);
+  return a ? `${a.node}/${a.gpu_index}` : uuid.slice(0, 8);
+}
+
+function series(samples: Sample[], allocations: Allocation[], pick: (s: Sample) => number): Series[] {
+  const byGpu = new Map<string, Series>();
+  for (const s of samples) {
+    let entry = byGpu.get(s.gpu_uuid);
+    if (!entry) {
+      entry = { name: gpuName(s.gpu_uuid, allocations), points: [] };
+      byGpu.set(s.gpu_uuid, entry);
+    }
+    entry.points.push({ t: Date.parse(s.time), v: pick(s) });
+  }
+  return [...byGpu.values()].sort((a, b) => a.name.localeCompare(b.name));
+}
+
+export function TelemetryCharts({ samples, allocations }: { samples: Sample[]; allocations: Allocation[] }) {
+  return (
+    <div className="charts">
+      <LineChart title="GPU utilization" unit="%" yMax={100} series={series(samples, allocations, (s) => s.utilization_pct)} />
+      <LineChart title="GPU memory used" unit="GiB" series={series(samples, allocations, (s) => s.memory_used_mib / 1024)} />
+      <LineChart title="Power" unit="W" series={series(samples, allocations, (s) => s.power_w)} />
+    </div>
+  );
+}

@@ -1,0 +1,133 @@
+// Small SVG charts: a quota bar, a stacked bar and a multi-series line chart.
+
+export function QuotaBar({ inUse, guaranteed, borrowLimit, label }: {
+  inUse: number;
+  guaranteed: number;
+  borrowLimit: number;
+  label: string;
+}) {
+  const max = Math.max(guaranteed + borrowLimit, inUse, 1);
+  const pct = (n: number) => `${(100 * n) / max}%`;
+  const borrowed = Math.max(0, inUse - guaranteed);
+  const within = Math.min(inUse, guaranteed);
+  const text = `${label}: ${inUse} in use, ${guaranteed} guaranteed, up to ${borrowLimit} more borrowed`;
+  return (
+    <div className="quota-bar" role="img" aria-label={text} title={text}>
+      <div className="quota-track">
+        <div className="quota-guarantee" style={{ width: pct(guaranteed) }} />
+        <div className="quota-fill" style={{ width: pct(within) }} />
+        <div className="quota-borrowed" style={{ left: pct(within), width: pct(borrowed) }} />
+        <div className="quota-mark" style={{ left: pct(guaranteed) }} />
+      </div>
+    </div>
+  );
+}
+
+export interface StackPart {
+  label: string;
+  value: number;
+  className: string;
+}
+
+export function StackedBar({ parts, label }: { parts: StackPart[]; label: string }) {
+  const total = Math.max(1, parts.reduce((s, p) => s + p.value, 0));
+  const text = `${label}: ${parts.map((p) => `${p.value} ${p.label}`).join(", ")}`;
+  return (
+    <div>
+      <div className="stacked-bar" role="img" aria-label={text} title={text}>
+        {parts.map((p) =>
+          p.value > 0 ? (
+            <div key={p.label} className={p.className} style={{ width: `${(100 * p.value) / total}%` }} />
+          ) : null,
+        )}
+      </div>
+      <ul className="legend">
+        {parts.map((p) => (
+          <li key={p.label}>
+            <span className={`swatch ${p.className}`} aria-hidden="true" />
+            {p.value} {p.label}
+          </li>
+        ))}
+      </ul>
+    </div>
+  );
+}
+
+export interface Series {
+  name: string;
+  points: { t: number; v: number }[];
+}
+
+const PALETTE = ["#2f6fdf", "#d9822b", "#2e9e6b", "#9b59b6", "#c0392b", "#16a2b8", "#7f8c8d", "#b8860b"];
+
+export function seriesColor(i: number): string {
+  return PALETTE[i % PALETTE.length] ?? "#2f6fdf";
+}
+
+/** Lines over time, one per series; y from 0 to `yMax` (or the largest value). */
+export function LineChart({ title, unit, series, yMax }: { title: string; unit: string; series: Series[]; yMax?: number }) {
+  const W = 320;
+  const H = 120;
+  const PAD_L = 34;
+  const PAD_B = 16;
+  const all = series.flatMap((s) => s.points);
+  const latest = series.map((s) => s.points[s.points.length - 1]?.v);
+  const summary = series
+    .map((s, i) => (latest[i] === undefined ? null : `${s.name} ${Math.round(latest[i] ?? 0)} ${unit}`))
+    .filter(Boolean)
+    .join(", ");
+  if (all.length === 0) {
+    return (
+      <figure className="chart">
+        <figcaption>{title}</figcaption>
+        <p className="empty">No samples yet.</p>
+      </figure>
+    );
+  }
+  const t0 = Math.min(...all.map((p) => p.t));
+  const t1 = Math.max(...all.map((p) => p.t), t0 + 1);
+  const top = yMax ?? Math.max(1, ...all.map((p) => p.v)) * 1.1;
+  const x = (t: number) => PAD_L + ((t - t0) / (t1 - t0)) * (W - PAD_L - 4);
+  const y = (v: number) => 4 + (1 - Math.min(v, top) / top) * (H - PAD_B - 8);
+  return (
+    <figure className="chart">
+      <figcaption>
+        {title} <span className="muted">({unit})</span>
+      </figcaption>
+      <svg viewBox={`0 0 ${W} ${H}`} role="img" aria-label={`${title}, latest: ${summary}`}>
+        <line className="axis" x1={PAD_L} x2={W - 4} y1={y(0)} y2={y(0)} />
+        <line className="grid" x1={PAD_L} x2={W - 4} y1={y(top / 2)} y2={y(top / 2)} />
+        <text className="tick" x={PAD_L - 4} y={y(top) + 8} textAnchor="end">
+          {Math.round(top)}
+        </text>
+        <text className="tick" x={PAD_L - 4} y={y(0)} textAnchor="end">
+          0
+        </text>
+        <text className="tick" x={W - 4} y={H - 2} textAnchor="end">
+          now
+        </text>
+        <text className="tick" x={PAD_L} y={H - 2}>
+          {Math.round((t1 - t0) / 1000)} s ago
+        </text>
+        {series.map((s, i) => (
+          <polyline
+            key={s.name}
+            fill="none"
+            stroke={seriesColor(i)}
+            strokeWidth={1.8}
+            strokeLinejoin="round"
+            points={s.points.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ")}
+          />
+        ))}
+      </svg>
+      <ul className="legend">
+        {series.map((s, i) => (
+          <li key={s.name}>
+            <span className="swatch" style={{ background: seriesColor(i) }} aria-hidden="true" />
+            {s.name}: {latest[i] === undefined ? "–" : `${Math.round(latest[i] ?? 0)} ${unit}`}
+          </li>
+        ))}
+      </ul>
+    </figure>
+  );
+}

@@ -1,0 +1,29 @@
+import { describe, expect, it } from "vitest";
+
+import { reconnectDelayMs } from "./backoff";
+import { formatDuration, formatRelative } from "./format";
+
+describe("format", () => {
+  it("formats durations", () => {
+    expect(formatDuration(42)).toBe("42s");
+    expect(formatDuration(90)).toBe("1m 30s");
+    expect(formatDuration(3600 * 36)).toBe("1d 12h");
+    expect(formatDuration(-1)).toBe("–");
+  });
+
+  it("formats relative times", () => {
+    const now = Date.parse("2026-01-01T12:00:00Z");
+    expect(formatRelative("2026-01-01T11:58:00Z", now)).toBe("2m ago");
+    expect(formatRelative("2026-01-01T13:00:00Z", now)).toBe("in 1h");
+    expect(formatRelative(null, now)).toBe("–");
+  });
+});
+
+describe("reconnect backoff", () => {
+  it("grows and stays bounded", () => {
+    expect(reconnectDelayMs(0, () => 1)).toBe(500);
+    expect(reconnectDelayMs(3, () => 1)).toBe(4000);
+    expect(reconnectDelayMs(50, () => 1)).toBe(15000);
+    expect(reconnectDelayMs(50, () => 0)).toBe(7500);
+  });
+});

@@ -1,0 +1,47 @@
+// Formatting for people: durations, relative times, sizes.
+
+export function formatDuration(seconds: number): string {
+  if (!Number.isFinite(seconds) || seconds < 0) return "–";
+  const s = Math.round(seconds);
+  const d = Math.floor(s / 86400);
+  const h = Math.floor((s % 86400) / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const rest = s % 60;
+  if (d > 0) return h ? `${d}d ${h}h` : `${d}d`;
+  if (h > 0) return m ? `${h}h ${m}m` : `${h}h`;
+  if (m > 0) return rest ? `${m}m ${rest}s` : `${m}m`;
+  return `${rest}s`;
+}
+
+export function formatRelative(iso: string | null | undefined, now: number = Date.now()): string {
+  if (!iso) return "–";
+  const t = Date.parse(iso);
+  if (Number.isNaN(t)) return "–";
+  const diff = (t - now) / 1000;
+  const span = formatDuration(Math.abs(diff));
+  if (Math.abs(diff) < 5) return "just now";
+  return diff < 0 ? `${span} ago` : `in ${span}`;
+}
+
+export function formatTime(iso: string | null | undefined): string {
+  if (!iso) return "–";
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return "–";
+  return d.toLocaleString(undefined, {
+    month: "short",
+    day: "numeric",
+    hour: "2-digit",
+    minute: "2-digit",
+    second: "2-digit",
+  });
+}
+
+export function elapsedSeconds(fromIso: string | null | undefined, toIso?: string | null, now = Date.now()): number {
+  if (!fromIso) return NaN;
+  const end = toIso ? Date.parse(toIso) : now;
+  return (end - Date.parse(fromIso)) / 1000;
+}
+
+export function pluralize(n: number, one: string, many = `${one}s`): string {
+  return `${n} ${n === 1 ? one : many}`;
+}

@@ -1,0 +1,63 @@
+import { describe, expect, it } from "vitest";
+
+import { emptyForm, errorsFor, formToSpec, parseSpecYaml, specToForm, specToYaml, unplacedErrors } from "./spec";
+
+describe("form and spec", () => {
+  it("leaves defaults out of the spec", () => {
+    const form = { ...emptyForm(), name: "a", vc: "vision", flavor: "s-A100", command: "python t.py" };
+    expect(formToSpec(form)).toEqual({ name: "a", vc: "vision", flavor: "s-A100", command: "python t.py" });
+  });
+
+  it("round-trips every field through YAML", () => {
+    const form = {
+      ...emptyForm(),
+      name: "resnet",
+      vc: "vision",
+      flavor: "m-A100",
+      image: "pytorch:24",
+      commandMode: "args" as const,
+      command: "python\ntrain.py",
+      env: [{ key: "A", value: "1" }],
+      mounts: [{ name: "datasets", path: "/data", read_only: true }],
+      replicas: "2",
+      priority: "dev",
+      retryLimit: "3",
+      retryBackoff: "30",
+      permanentExitCodes: "2, 3",
+      checkpointEnabled: true,
+      checkpointSignal: "SIGUSR2",
+      checkpointGrace: "60",
+      timeLimit: "36h",
+    };
+    const yaml = specToYaml(formToSpec(form));
+    const parsed = parseSpecYaml(yaml);
+    expect(parsed.ok).toBe(true);
+    if (parsed.ok) expect(specToForm(parsed.spec).form).toEqual(form);
+  });
+
+  it("keeps keys the form does not show", () => {
+    const parsed = parseSpecYaml("name: x\nvc: v\ncommand: c\nresources: {gpus: 2}\nbogus: 1\n");
+    expect(parsed.ok).toBe(true);
+    if (!parsed.ok) return;
+    const { form, extra } = specToForm(parsed.spec);
+    expect(extra).toEqual({ resources: { gpus: 2 }, bogus: 1 });
+    expect(formToSpec(form, extra)).toMatchObject({ resources: { gpus: 2 }, bogus: 1 });
+  });
+
+  it("sends numbers that are not numbers as typed", () => {
+    expect(formToSpec({ ...emptyForm(), replicas: "two" }).replicas).toBe("two");
+    expect(formToSpec({ ...emptyForm(), replicas: "4" }).replicas).toBe(4);
+  });
+
+  it("reports YAML that is not a mapping", () => {
+    expect(parseSpecYaml("- a\n- b").ok).toBe(false);
+    expect(parseSpecYaml("name: [").ok).toBe(false);
+  });
+
+  it("places API errors under their fields", () => {
+    const errors = { "retries.limit": ["too big"], replicas: ["bad"], gpus: ["unknown"] };
+    expect(errorsFor(errors, "retries")).toEqual(["limit: too big"]);
+    expect(errorsFor(errors, "replicas")).toEqual(["bad"]);
+    expect(unplacedErrors(errors)).toEqual([["gpus", ["unknown"]]]);
+  });
+});

@@ -1,0 +1,203 @@
+// The submit form's state, and its conversion to and from a job spec (and so to and from YAML).
+// Keys the form does not show (e.g. `resources`) are kept aside and sent unchanged.
+import { parse, stringify } from "yaml";
+
+export interface EnvVar {
+  key: string;
+  value: string;
+}
+export interface MountRow {
+  name: string;
+  path: string;
+  read_only: boolean;
+}
+export type CommandMode = "shell" | "args";
+
+export interface SpecForm {
+  name: string;
+  vc: string;
+  flavor: string;
+  image: string;
+  commandMode: CommandMode;
+  /** In shell mode one string for `sh -c`; in args mode one argument per line. */
+  command: string;
+  env: EnvVar[];
+  mounts: MountRow[];
+  replicas: string;
+  priority: string;
+  retryLimit: string;
+  retryBackoff: string;
+  permanentExitCodes: string;
+  checkpointEnabled: boolean;
+  checkpointSignal: string;
+  checkpointGrace: string;
+  timeLimit: string;
+}
+
+export type SpecObject = Record<string, unknown>;
+
+export const FORM_KEYS = [
+  "name",
+  "vc",
+  "flavor",
+  "image",
+  "command",
+  "env",
+  "mounts",
+  "replicas",
+  "priority",
+  "retries",
+  "checkpoint",
+  "time_limit",
+];
+
+export function emptyForm(): SpecForm {
+  return {
+    name: "",
+    vc: "",
+    flavor: "",
+    image: "",
+    commandMode: "shell",
+    command: "",
+    env: [],
+    mounts: [],
+    replicas: "1",
+    priority: "",
+    retryLimit: "0",
+    retryBackoff: "60",
+    permanentExitCodes: "",
+    checkpointEnabled: false,
+    checkpointSignal: "SIGUSR1",
+    checkpointGrace: "120",
+    timeLimit: "",
+  };
+}
+
+/** A whole number stays a number; anything else is sent as typed, so the API can say what is wrong. */
+function numberOrText(text: string): number | string {
+  const t = text.trim();
+  return /^-?\d+$/.test(t) ? Number(t) : t;
+}
+
+export function formToSpec(form: SpecForm, extra: SpecObject = {}): SpecObject {
+  const spec: SpecObject = {};
+  spec.name = form.name.trim();
+  spec.vc = form.vc;
+  if (form.flavor) spec.flavor = form.flavor;
+  if (form.image.trim()) spec.image = form.image.trim();
+  if (form.commandMode === "args") {
+    spec.command = form.command.split("\n").filter((line) => line.length > 0);
+  } else {
+    spec.command = form.command;
+  }
+  const env = form.env.filter((e) => e.key.trim() !== "");
+  if (env.length) spec.env = Object.fromEntries(env.map((e) => [e.key.trim(), e.value]));
+  const mounts = form.mounts.filter((m) => m.name.trim() !== "" || m.path.trim() !== "");
+  if (mounts.length) {
+    spec.mounts = mounts.map((m) => ({ name: m.name.trim(), path: m.path.trim(), read_only: m.read_only }));
+  }
+  if (form.replicas.trim() !== "" && form.replicas.trim() !== "1") spec.replicas = numberOrText(form.replicas);
+  if (form.priority) spec.priority = form.priority;
+  const limit = numberOrText(form.retryLimit || "0");
+  if (limit !== 0) {
+    const retries: SpecObject = { limit };
+    if (form.retryBackoff.trim() !== "") retries.backoff_seconds = numberOrText(form.retryBackoff);
+    const codes = form.permanentExitCodes
+      .split(/[\s,]+/)
+      .filter(Boolean)
+      .map(numberOrText);
+    if (codes.length) retries.permanent_exit_codes = codes;
+    spec.retries = retries;
+  }
+  if (form.checkpointEnabled) {
+    spec.checkpoint = {
+      enabled: true,
+      signal: form.checkpointSignal,
+      grace_seconds: numberOrText(form.checkpointGrace || "120"),
+    };
+  }
+  if (form.timeLimit.trim()) spec.time_limit = numberOrText(form.timeLimit);
+  for (const [key, value] of Object.entries(extra)) {
+    if (!FORM_KEYS.includes(key)) spec[key] = value;
+  }
+  return spec;
+}
+
+const text = (v: unknown): string => (v === undefined || v === null ? "" : String(v));
+
+/** Reads a spec (from YAML or a job to clone) into the form; keys the form lacks go to `extra`. */
+export function specToForm(spec: SpecObject): { form: SpecForm; extra: SpecObject } {
+  const form = emptyForm();
+  const extra: SpecObject = {};
+  for (const [key, value] of Object.entries(spec)) {
+    if (!FORM_KEYS.includes(key)) extra[key] = value;
+  }
+  form.name = text(spec.name);
+  form.vc = text(spec.vc);
+  form.flavor = text(spec.flavor);
+  form.image = text(spec.image);
+  if (Array.isArray(spec.command)) {
+    form.commandMode = "args";
+    form.command = spec.command.map(text).join("\n");
+  } else {
+    form.command = text(spec.command);
+  }
+  if (spec.env && typeof spec.env === "object" && !Array.isArray(spec.env)) {
+    form.env = Object.entries(spec.env as Record<string, unknown>).map(([key, value]) => ({ key, value: text(value) }));
+  }
+  if (Array.isArray(spec.mounts)) {
+    form.mounts = spec.mounts.map((m) => {
+      const row = (m ?? {}) as Record<string, unknown>;
+      return { name: text(row.name), path: text(row.path), read_only: row.read_only !== false };
+    });
+  }
+  if (spec.replicas !== undefined) form.replicas = text(spec.replicas);
+  form.priority = text(spec.priority);
+  if (typeof spec.retries === "number" || typeof spec.retries === "string") {
+    form.retryLimit = text(spec.retries);
+  } else if (spec.retries && typeof spec.retries === "object") {
+    const r = spec.retries as Record<string, unknown>;
+    form.retryLimit = text(r.limit ?? 0);
+    if (r.backoff_seconds !== undefined) form.retryBackoff = text(r.backoff_seconds);
+    if (Array.isArray(r.permanent_exit_codes)) form.permanentExitCodes = r.permanent_exit_codes.map(text).join(", ");
+  }
+  if (spec.checkpoint && typeof spec.checkpoint === "object") {
+    const c = spec.checkpoint as Record<string, unknown>;
+    form.checkpointEnabled = c.enabled === true;
+    if (c.signal !== undefined) form.checkpointSignal = text(c.signal);
+    if (c.grace_seconds !== undefined) form.checkpointGrace = text(c.grace_seconds);
+  }
+  if (spec.time_limit !== undefined && spec.time_limit !== null) form.timeLimit = text(spec.time_limit);
+  return { form, extra };
+}
+
+export function specToYaml(spec: SpecObject): string {
+  return stringify(spec, { lineWidth: 0 });
+}
+
+export type YamlResult = { ok: true; spec: SpecObject } | { ok: false; error: string };
+
+export function parseSpecYaml(source: string): YamlResult {
+  let value: unknown;
+  try {
+    value = parse(source);
+  } catch (err) {
+    return { ok: false, error: err instanceof Error ? err.message.split("\n")[0] ?? "Invalid YAML." : "Invalid YAML." };
+  }
+  if (!value || typeof value !== "object" || Array.isArray(value)) {
+    return { ok: false, error: "A job spec is a YAML mapping (name: …, vc: …, command: …)." };
+  }
+  return { ok: true, spec: value as SpecObject };
+}
+
+/** Errors for one form field: its own key and any nested key under it (`retries.limit`). */
+export function errorsFor(errors: Record<string, string[]>, key: string): string[] {
+  return Object.entries(errors)
+    .filter(([k]) => k === key || k.startsWith(`${key}.`))
+    .flatMap(([k, msgs]) => (k === key ? msgs : msgs.map((m) => `${k.slice(key.length + 1)}: ${m}`)));
+}
+
+/** Errors whose key no form field shows. */
+export function unplacedErrors(errors: Record<string, string[]>): [string, string[]][] {
+  return Object.entries(errors).filter(([k]) => !FORM_KEYS.includes(k.split(".")[0] ?? ""));
+}

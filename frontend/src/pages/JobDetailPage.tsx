@@ -1,0 +1,284 @@
+import { useCallback, useEffect, useState } from "react";
+
+import { ApiError, api, fetchAll, query } from "../api/client";
+import { type LiveMessage, useLive } from "../api/live";
+import { type JobDetail, type JobEvent, type Page, type TelemetrySample, isEnded } from "../api/types";
+import { AttemptsTable } from "../components/AttemptsTable";
+import { ErrorBanner, LiveIndicator, PageHeader, Section, Spinner, StateBadge } from "../components/common";
+import { EventTimeline } from "../components/EventTimeline";
+import { LogView, useLogLines } from "../components/LogView";
+import { type Sample, TelemetryCharts, toSample } from "../components/TelemetryCharts";
+import { elapsedSeconds, formatDuration, formatRelative, formatTime } from "../lib/format";
+import { useResource } from "../lib/useResource";
+import { useSoon } from "../lib/useSoon";
+import { Link } from "../router";
+
+const MAX_SAMPLES = 2000;
+
+export function JobDetailPage({ id }: { id: number }) {
+  const job = useResource((signal) => api<JobDetail>(`/api/v1/jobs/${id}/`, { signal }), `job-${id}`);
+  const events = useResource((signal) => fetchAll<JobEvent>(`/api/v1/jobs/${id}/events/`, signal), `events-${id}`);
+  const [resyncToken, setResyncToken] = useState(0);
+  const [chosenAttempt, setChosenAttempt] = useState<number | null>(null);
+  const attempts = (job.data?.attempts ?? []).map((a) => a.number);
+  const latest = attempts.length ? Math.max(...attempts) : null;
+  const attempt = chosenAttempt ?? latest;
+  const logs = useLogLines(id, attempt, resyncToken);
+  const telemetry = useTelemetry(id, attempt, resyncToken);
+
+  const refresh = useSoon(() => {
+    job.reload();
+    events.reload();
+  }, 300);
+  const resync = useCallback(() => {
+    job.reload();
+    events.reload();
+    setResyncToken((t) => t + 1);
+  }, [job, events]);
+
+  const onMessage = (m: LiveMessage) => {
+    if (m.job !== id) return;
+    if (m.kind === "job") refresh();
+    else if (m.kind === "log") {
+      if (latest !== null && m.attempt > latest) refresh();
+      logs.addLive(m.attempt, m.lines);
+    } else if (m.kind === "telemetry" && attempt === latest) telemetry.addLive(m.samples.map(toSample));
+  };
+  const status = useLive(`job:${id}`, onMessage, resync, 5000);
+
+  if (job.loading && !job.data) return <Spinner label="Loading the job" />;
+  if (!job.data) {
+    const notFound = job.error instanceof ApiError && job.error.status === 404;
+    return (
+      <div className="card">
+        <h1>{notFound ? "Job not found" : "The job could not be loaded"}</h1>
+        <ErrorBanner error={notFound ? `There is no job #${id} that you may see.` : job.error} onRetry={notFound ? undefined : job.reload} />
+        <p>
+          <Link href="/jobs">Back to the job list</Link>
+        </p>
+      </div>
+    );
+  }
+  const j = job.data;
+  const allocations = j.attempts.find((a) => a.number === attempt)?.allocations ?? [];
+
+  return (
+    <>
+      <PageHeader
+        title={
+          <>
+            {j.name} <span className="muted">#{j.id}</span> <StateBadge state={j.state} />
+          </>
+        }
+      >
+        <LiveIndicator status={status} />
+        <Link href={`/submit?clone=${j.id}`} className="button">
+          Clone and resubmit
+        </Link>
+        {!isEnded(j.state) && <CancelButton jobId={j.id} onDone={job.reload} />}
+      </PageHeader>
+      <ErrorBanner error={job.error} onRetry={job.reload} />
+      {j.state === "pending" && <PendingCard job={j} />}
+      <div className="grid-2">
+        <Section title="Summary">
+          <JobSummary job={j} />
+        </Section>
+        <Section title="Timeline">
+          <ErrorBanner error={events.error} onRetry={events.reload} />
+          {events.data ? <EventTimeline events={events.data} /> : <Spinner />}
+        </Section>
+      </div>
+      <Section title="Attempts">{j.attempts.length ? <AttemptsTable attempts={j.attempts} /> : <p className="empty">No attempt yet.</p>}</Section>
+      <Section title="Output">
+        <LogView
+          jobId={id}
+          attempts={attempts}
+          attempt={attempt}
+          setAttempt={setChosenAttempt}
+          lines={logs.lines}
+          loading={logs.loading}
+          error={logs.error}
+        />
+      </Section>
+      <Section title="GPU telemetry">
+        <ErrorBanner error={telemetry.error} />
+        <TelemetryCharts samples={telemetry.samples} allocations={allocations} />
+      </Section>
+      <CheckpointSection job={j} />
+    </>
+  );
+}
+
+function useTelemetry(jobId: number, attempt: number | null, resyncToken: number) {
+  const [samples, setSamples] = useState<Sample[]>([]);
+  const [error, setError] = useState<Error | null>(null);
+  useEffect(() => {
+    setSamples([]);
+  }, [jobId, attempt]);
+  useEffect(() => {
+    if (attempt === null) return;
+    let stop = false;
+    (async () => {
+      const rows: TelemetrySample[] = [];
+      let after: string | undefined;
+      for (let i = 0; i < 20; i++) {
+        const page = await api<Page<TelemetrySample>>(`/api/v1/jobs/${jobId}/telemetry/${query({ attempt, after, limit: 1000 })}`);
+        rows.push(...page.results);
+        const last = page.results[page.results.length - 1];
+        if (!page.next || !last) break;
+        after = last.time;
+      }
+      return rows;
+    })()
+      .then((rows) => {
+        if (stop) return;
+        setError(null);
+        setSamples((old) => merge(old, rows.map(toSample)));
+      })
+      .catch((err: unknown) => !stop && setError(err instanceof Error ? err : new Error(String(err))));
+    return () => {
+      stop = true;
+    };
+  }, [jobId, attempt, resyncToken]);
+  const addLive = useCallback((incoming: Sample[]) => setSamples((old) => merge(old, incoming)), []);
+  return { samples, error, addLive };
+}
+
+function merge(old: Sample[], incoming: Sample[]): Sample[] {
+  const seen = new Set(old.map((s) => `${s.gpu_uuid}@${s.time}`));
+  const next = old.concat(incoming.filter((s) => !seen.has(`${s.gpu_uuid}@${s.time}`)));
+  next.sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
+  return next.length > MAX_SAMPLES ? next.slice(next.length - MAX_SAMPLES) : next;
+}
+
+function CancelButton({ jobId, onDone }: { jobId: number; onDone: () => void }) {
+  const [confirming, setConfirming] = useState(false);
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const cancel = async () => {
+    setBusy(true);
+    setError(null);
+    try {
+      await api(`/api/v1/jobs/${jobId}/cancel/`, { method: "POST" });
+      onDone();
+    } catch (err) {
+      setError(err instanceof Error ? err.message : String(err));
+    } finally {
+      setBusy(false);
+      setConfirming(false);
+    }
+  };
+  return (
+    <>
+      {confirming ? (
+        <span className="confirm" role="group" aria-label="Confirm cancel">
+          Cancel this job?{" "}
+          <button type="button" className="button danger" onClick={cancel} disabled={busy} autoFocus>
+            {busy ? "Cancelling…" : "Yes, cancel"}
+          </button>{" "}
+          <button type="button" className="button ghost" onClick={() => setConfirming(false)} disabled={busy}>
+            Keep
+          </button>
+        </span>
+      ) : (
+        <button type="button" className="button danger" onClick={() => setConfirming(true)}>
+          Cancel job
+        </button>
+      )}
+      {error && (
+        <span className="field-error" role="alert">
+          {error}
+        </span>
+      )}
+    </>
+  );
+}
+
+function PendingCard({ job }: { job: JobDetail }) {
+  return (
+    <section className="card pending-card" aria-labelledby="pending-title">
+      <h2 id="pending-title">Why it is waiting</h2>
+      <p className="pending-message">{job.pending_message || "Waiting for the next scheduling cycle."}</p>
+      <dl className="facts">
+        <div>
+          <dt>Reason</dt>
+          <dd>
+            <code>{job.pending_reason || "–"}</code>
+          </dd>
+        </div>
+        <div>
+          <dt>Queue position</dt>
+          <dd>{job.queue_position ?? "–"}</dd>
+        </div>
+        <div>
+          <dt>Estimated start</dt>
+          <dd title={job.estimated_start_at ?? undefined}>
+            {job.estimated_start_at ? `${formatRelative(job.estimated_start_at)} (${formatTime(job.estimated_start_at)})` : "unknown"}
+          </dd>
+        </div>
+      </dl>
+      <p className="hint">
+        See the <Link href={`/vcs/${encodeURIComponent(job.vc)}`}>queue of {job.vc}</Link>.
+      </p>
+    </section>
+  );
+}
+
+function JobSummary({ job }: { job: JobDetail }) {
+  const ran = job.started_at ? formatDuration(elapsedSeconds(job.started_at, job.finished_at)) : "–";
+  const facts: [string, React.ReactNode][] = [
+    ["Virtual cluster", <Link href={`/vcs/${encodeURIComponent(job.vc)}`}>{job.vc}</Link>],
+    ["Owner", job.owner],
+    ["Priority", `${job.priority_class} (${job.priority})${job.preemptible ? ", preemptible" : ""}`],
+    ["GPUs", `${job.replicas ?? 1} × ${job.gpus_per_replica} ${job.gpu_model} = ${job.total_gpus}`],
+    ["Per replica", `${job.cpu_per_replica} CPU, ${job.memory_gb_per_replica} GB`],
+    ["Time limit", formatDuration(job.time_limit_s)],
+    ["Submitted", formatTime(job.submitted_at)],
+    ["Started", formatTime(job.started_at)],
+    ["Finished", formatTime(job.finished_at)],
+    ["Run time", ran],
+    ["Retries left", String(job.retries_left ?? 0)],
+    ["Exit", job.exit_code === null || job.exit_code === undefined ? "–" : `${job.exit_code}${job.end_reason ? ` (${job.end_reason})` : ""}`],
+  ];
+  return (
+    <dl className="facts">
+      {facts.map(([k, v]) => (
+        <div key={k}>
+          <dt>{k}</dt>
+          <dd>{v}</dd>
+        </div>
+      ))}
+    </dl>
+  );
+}
+
+interface CheckpointRow {
+  step: number;
+  path: string;
+  size_bytes: number;
+  written_at: string;
+}
+
+function CheckpointSection({ job }: { job: JobDetail }) {
+  const spec = (job.spec ?? {}) as { checkpoint?: { enabled?: boolean; signal?: string; grace_seconds?: number } };
+  // Listed only when the API includes them in the job.
+  const listed = (job as unknown as { checkpoints?: CheckpointRow[] }).checkpoints;
+  if (!spec.checkpoint?.enabled && !listed?.length) return null;
+  return (
+    <Section title="Checkpoints">
+      <p>
+        Checkpointing on: signal <code>{spec.checkpoint?.signal ?? "SIGUSR1"}</code>, {spec.checkpoint?.grace_seconds ?? 120} s to save.
+        {job.attempts.some((a) => a.resume) && " A later attempt resumed from a checkpoint."}
+      </p>
+      {listed?.length ? (
+        <ul className="plain-list">
+          {listed.map((c) => (
+            <li key={`${c.step}-${c.written_at}`}>
+              step {c.step} · {formatTime(c.written_at)} · <code>{c.path}</code>
+            </li>
+          ))}
+        </ul>
+      ) : null}
+    </Section>
+  );
+}

@@ -1,0 +1,62 @@
+import { type FormEvent, useState } from "react";
+
+import { ApiError, api } from "../api/client";
+import type { Me } from "../api/types";
+
+export function SignInPage({ onSignedIn }: { onSignedIn: (me: Me) => void }) {
+  const [username, setUsername] = useState("");
+  const [password, setPassword] = useState("");
+  const [error, setError] = useState<string | null>(null);
+  const [busy, setBusy] = useState(false);
+
+  const submit = async (event: FormEvent) => {
+    event.preventDefault();
+    setBusy(true);
+    setError(null);
+    try {
+      // The GET sets the CSRF cookie that the POST must echo.
+      await api("/api/v1/session/", { quiet401: true }).catch(() => undefined);
+      const me = await api<Me>("/api/v1/session/", { method: "POST", body: { username, password }, quiet401: true });
+      onSignedIn(me);
+    } catch (err) {
+      setError(err instanceof ApiError || err instanceof Error ? err.message : String(err));
+      setBusy(false);
+    }
+  };
+
+  return (
+    <main className="center-page">
+      <form className="card signin" onSubmit={submit} aria-labelledby="signin-title">
+        <h1 id="signin-title">Sign in to GPU Portal</h1>
+        <label htmlFor="username">User name</label>
+        <input
+          id="username"
+          name="username"
+          autoComplete="username"
+          required
+          autoFocus
+          value={username}
+          onChange={(e) => setUsername(e.target.value)}
+        />
+        <label htmlFor="password">Password</label>
+        <input
+          id="password"
+          name="password"
+          type="password"
+          autoComplete="current-password"
+          required
+          value={password}
+          onChange={(e) => setPassword(e.target.value)}
+        />
+        {error && (
+          <p className="field-error" role="alert">
+            {error}
+          </p>
+        )}
+        <button type="submit" className="button primary" disabled={busy}>
+          {busy ? "Signing in…" : "Sign in"}
+        </button>
+      </form>
+    </main>
+  );
+}

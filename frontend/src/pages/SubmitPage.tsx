@@ -1,0 +1,487 @@
+import { type FormEvent, type ReactNode, useState } from "react";
+
+import { ApiError, type FieldErrors, api, fetchAll } from "../api/client";
+import type { ClusterNode, Flavor, JobDetail, PriorityClass, VirtualCluster } from "../api/types";
+import { ErrorBanner, PageHeader, Spinner } from "../components/common";
+import { replicasThatFitNow } from "../lib/cluster";
+import {
+  type SpecForm,
+  type SpecObject,
+  emptyForm,
+  errorsFor,
+  formToSpec,
+  parseSpecYaml,
+  specToForm,
+  specToYaml,
+  unplacedErrors,
+} from "../lib/spec";
+import { useResource } from "../lib/useResource";
+import { navigate, useLocation } from "../router";
+import { useSession } from "../session";
+
+type Mode = "form" | "yaml";
+
+interface Choices {
+  vcs: VirtualCluster[];
+  flavors: Flavor[];
+  priorities: PriorityClass[];
+  nodes: ClusterNode[];
+}
+
+export function SubmitPage() {
+  const { search } = useLocation();
+  const cloneId = search.get("clone");
+  const choices = useResource<Choices>(
+    async (signal) => {
+      const [vcs, flavors, priorities, nodes] = await Promise.all([
+        fetchAll<VirtualCluster>("/api/v1/virtual-clusters/", signal),
+        fetchAll<Flavor>("/api/v1/flavors/", signal),
+        fetchAll<PriorityClass>("/api/v1/priority-classes/", signal),
+        fetchAll<ClusterNode>("/api/v1/nodes/", signal),
+      ]);
+      return { vcs, flavors, priorities, nodes };
+    },
+    "choices",
+  );
+  const clone = useResource<JobDetail | null>(
+    (signal) => (cloneId ? api<JobDetail>(`/api/v1/jobs/${cloneId}/`, { signal }) : Promise.resolve(null)),
+    `clone-${cloneId ?? ""}`,
+  );
+
+  if ((choices.loading && !choices.data) || (clone.loading && clone.data === undefined)) {
+    return <Spinner label="Loading flavors and virtual clusters" />;
+  }
+  if (!choices.data) return <ErrorBanner error={choices.error} onRetry={choices.reload} />;
+  return (
+    <>
+      <PageHeader title={clone.data ? `Resubmit ${clone.data.name}` : "Submit a job"} />
+      <ErrorBanner error={clone.error} />
+      <SubmitForm key={cloneId ?? "new"} choices={choices.data} cloneOf={clone.data ?? null} />
+    </>
+  );
+}
+
+function initialState(choices: Choices, cloneOf: JobDetail | null, tenants: string[]): { form: SpecForm; extra: SpecObject } {
+  if (cloneOf?.spec && typeof cloneOf.spec === "object") return specToForm(cloneOf.spec as SpecObject);
+  const form = emptyForm();
+  form.vc = choices.vcs.find((vc) => tenants.includes(vc.tenant))?.name ?? choices.vcs[0]?.name ?? "";
+  form.flavor = choices.flavors[0]?.name ?? "";
+  form.priority = choices.priorities.find((p) => p.is_default)?.name ?? "";
+  return { form, extra: {} };
+}
+
+function SubmitForm({ choices, cloneOf }: { choices: Choices; cloneOf: JobDetail | null }) {
+  const { me } = useSession();
+  const tenants = me.memberships.filter((m) => m.role !== "viewer").map((m) => m.tenant);
+  const [state, setState] = useState(() => initialState(choices, cloneOf, tenants));
+  const [mode, setMode] = useState<Mode>("form");
+  const [yamlText, setYamlText] = useState(() => specToYaml(formToSpec(state.form, state.extra)));
+  const [yamlError, setYamlError] = useState<string | null>(null);
+  const [errors, setErrors] = useState<FieldErrors>({});
+  const [failure, setFailure] = useState<string | null>(null);
+  const [busy, setBusy] = useState(false);
+  const { form, extra } = state;
+
+  const update = (patch: Partial<SpecForm>) => {
+    const next = { form: { ...form, ...patch }, extra };
+    setState(next);
+    setYamlText(specToYaml(formToSpec(next.form, next.extra)));
+    setYamlError(null);
+  };
+
+  const editYaml = (source: string) => {
+    setYamlText(source);
+    const parsed = parseSpecYaml(source);
+    if (parsed.ok) {
+      setState(specToForm(parsed.spec));
+      setYamlError(null);
+    } else {
+      setYamlError(parsed.error);
+    }
+  };
+
+  const submit = async (event: FormEvent) => {
+    event.preventDefault();
+    setBusy(true);
+    setErrors({});
+    setFailure(null);
+    try {
+      const job =
+        mode === "yaml"
+          ? await api<JobDetail>("/api/v1/jobs/", { method: "POST", rawBody: yamlText, contentType: "application/yaml" })
+          : await api<JobDetail>("/api/v1/jobs/", { method: "POST", body: formToSpec(form, extra) });
+      navigate(`/jobs/${job.id}`);
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 400) {
+        setErrors(err.fields);
+        setFailure("The portal did not accept the job. See the messages below.");
+      } else {
+        setFailure(err instanceof Error ? err.message : String(err));
+      }
+      setBusy(false);
+    }
+  };
+
+  const fieldErrors = (key: string) => errorsFor(errors, key);
+  const allErrors = Object.entries(errors);
+  const others = unplacedErrors(errors);
+
+  return (
+    <form className="submit-form" onSubmit={submit} noValidate aria-describedby={failure ? "submit-failure" : undefined}>
+      <div className="tabs" role="tablist" aria-label="Edit as">
+        <ModeTab mode="form" current={mode} onSelect={setMode}>
+          Form
+        </ModeTab>
+        <ModeTab mode="yaml" current={mode} onSelect={setMode}>
+          YAML
+        </ModeTab>
+      </div>
+      {failure && (
+        <div className="error-banner" role="alert" id="submit-failure">
+          <span>{failure}</span>
+          {(mode === "yaml" ? allErrors : others).length > 0 && (
+            <ul className="error-list">
+              {(mode === "yaml" ? allErrors : others).map(([key, msgs]) => (
+                <li key={key}>
+                  <code>{key}</code>: {msgs.join(" ")}
+                </li>
+              ))}
+            </ul>
+          )}
+        </div>
+      )}
+      {mode === "yaml" ? (
+        <div className="card" role="tabpanel" aria-label="YAML">
+          <label htmlFor="spec-yaml">Job spec (YAML)</label>
+          <textarea
+            id="spec-yaml"
+            className="code"
+            rows={22}
+            spellCheck={false}
+            value={yamlText}
+            onChange={(e) => editYaml(e.target.value)}
+            aria-invalid={yamlError ? true : undefined}
+            aria-describedby="yaml-help"
+          />
+          <p id="yaml-help" className={yamlError ? "field-error" : "hint"}>
+            {yamlError ?? "Changes here show in the form, and the other way round. See the job spec reference for every field."}
+          </p>
+        </div>
+      ) : (
+        <div role="tabpanel" aria-label="Form">
+          <SpecFields form={form} update={update} choices={choices} errors={fieldErrors} tenants={tenants} />
+        </div>
+      )}
+      <div className="form-actions">
+        <button type="submit" className="button primary" disabled={busy || (mode === "yaml" && yamlError !== null)}>
+          {busy ? "Submitting…" : "Submit job"}
+        </button>
+        {busy && <Spinner label="Submitting" />}
+      </div>
+    </form>
+  );
+}
+
+function ModeTab({ mode, current, onSelect, children }: { mode: Mode; current: Mode; onSelect: (m: Mode) => void; children: ReactNode }) {
+  return (
+    <button
+      type="button"
+      role="tab"
+      id={`tab-${mode}`}
+      aria-selected={mode === current}
+      className={mode === current ? "tab active" : "tab"}
+      onClick={() => onSelect(mode)}
+      onKeyDown={(e) => {
+        if (e.key === "ArrowRight" || e.key === "ArrowLeft") {
+          const other: Mode = mode === "form" ? "yaml" : "form";
+          onSelect(other);
+          document.getElementById(`tab-${other}`)?.focus();
+        }
+      }}
+    >
+      {children}
+    </button>
+  );
+}
+
+function Field({ id, label, errors, hint, children }: { id: string; label: string; errors: string[]; hint?: string; children: ReactNode }) {
+  return (
+    <div className={errors.length ? "field has-error" : "field"}>
+      <label htmlFor={id}>{label}</label>
+      {children}
+      {hint && !errors.length && (
+        <p className="hint" id={`${id}-hint`}>
+          {hint}
+        </p>
+      )}
+      {errors.map((msg) => (
+        <p key={msg} className="field-error" id={`${id}-error`}>
+          {msg}
+        </p>
+      ))}
+    </div>
+  );
+}
+
+function describedBy(id: string, errors: string[], hint?: boolean): string | undefined {
+  if (errors.length) return `${id}-error`;
+  return hint ? `${id}-hint` : undefined;
+}
+
+interface FieldsProps {
+  form: SpecForm;
+  update: (patch: Partial<SpecForm>) => void;
+  choices: Choices;
+  errors: (key: string) => string[];
+  tenants: string[];
+}
+
+function SpecFields({ form, update, choices, errors, tenants }: FieldsProps) {
+  const submittable = choices.vcs.filter((vc) => tenants.includes(vc.tenant));
+  const vcOptions = submittable.length ? submittable : choices.vcs;
+  return (
+    <div className="form-grid">
+      <fieldset className="card">
+        <legend>Job</legend>
+        <Field id="f-name" label="Name" errors={errors("name")} hint="Letters, digits, '.', '_' and '-'.">
+          <input
+            id="f-name"
+            value={form.name}
+            required
+            onChange={(e) => update({ name: e.target.value })}
+            aria-invalid={errors("name").length ? true : undefined}
+            aria-describedby={describedBy("f-name", errors("name"), true)}
+          />
+        </Field>
+        <Field id="f-vc" label="Virtual cluster" errors={errors("vc")}>
+          <select id="f-vc" value={form.vc} onChange={(e) => update({ vc: e.target.value })} aria-describedby={describedBy("f-vc", errors("vc"))}>
+            {!vcOptions.some((vc) => vc.name === form.vc) && <option value={form.vc}>{form.vc || "choose…"}</option>}
+            {vcOptions.map((vc) => (
+              <option key={vc.id} value={vc.name}>
+                {vc.name} ({vc.tenant})
+              </option>
+            ))}
+          </select>
+        </Field>
+        <Field id="f-image" label="Image" errors={errors("image")} hint="Container image; hosts without Docker ignore it.">
+          <input
+            id="f-image"
+            value={form.image}
+            placeholder="registry.example.org/ml/pytorch:24.10"
+            onChange={(e) => update({ image: e.target.value })}
+            aria-describedby={describedBy("f-image", errors("image"), true)}
+          />
+        </Field>
+        <div className="field">
+          <span className="label" id="f-command-mode-label">
+            Command is
+          </span>
+          <div className="radio-row" role="radiogroup" aria-labelledby="f-command-mode-label">
+            <label>
+              <input type="radio" name="command-mode" checked={form.commandMode === "shell"} onChange={() => update({ commandMode: "shell" })} /> a shell
+              line
+            </label>
+            <label>
+              <input type="radio" name="command-mode" checked={form.commandMode === "args"} onChange={() => update({ commandMode: "args" })} /> a list
+              of arguments, one per line
+            </label>
+          </div>
+        </div>
+        <Field id="f-command" label="Command" errors={errors("command")}>
+          <textarea
+            id="f-command"
+            className="code"
+            rows={3}
+            value={form.command}
+            spellCheck={false}
+            placeholder="python train.py --epochs 90"
+            onChange={(e) => update({ command: e.target.value })}
+            aria-describedby={describedBy("f-command", errors("command"))}
+          />
+        </Field>
+      </fieldset>
+
+      <fieldset className="card">
+        <legend>Resources</legend>
+        <FlavorPicker form={form} update={update} choices={choices} errors={errors("flavor")} />
+        <Field id="f-replicas" label="Replicas" errors={errors("replicas")} hint="All replicas start together or none does.">
+          <input
+            id="f-replicas"
+            inputMode="numeric"
+            value={form.replicas}
+            onChange={(e) => update({ replicas: e.target.value })}
+            aria-describedby={describedBy("f-replicas", errors("replicas"), true)}
+          />
+        </Field>
+        {errors("resources").map((msg) => (
+          <p key={msg} className="field-error">
+            resources: {msg}
+          </p>
+        ))}
+      </fieldset>
+
+      <fieldset className="card">
+        <legend>Scheduling</legend>
+        <Field id="f-priority" label="Priority" errors={errors("priority")}>
+          <select id="f-priority" value={form.priority} onChange={(e) => update({ priority: e.target.value })}>
+            <option value="">default</option>
+            {choices.priorities.map((p) => (
+              <option key={p.id} value={p.name}>
+                {p.name} ({p.value}
+                {p.preemptible ? ", preemptible" : ""})
+              </option>
+            ))}
+          </select>
+        </Field>
+        <Field id="f-time-limit" label="Time limit" errors={errors("time_limit")} hint="Seconds, or 90m, 36h, 1d12h. Empty: the flavor's limit.">
+          <input
+            id="f-time-limit"
+            value={form.timeLimit}
+            placeholder="36h"
+            onChange={(e) => update({ timeLimit: e.target.value })}
+            aria-describedby={describedBy("f-time-limit", errors("time_limit"), true)}
+          />
+        </Field>
+        <div className="field-row">
+          <Field id="f-retries" label="Retries" errors={errors("retries")}>
+            <input id="f-retries" inputMode="numeric" value={form.retryLimit} onChange={(e) => update({ retryLimit: e.target.value })} />
+          </Field>
+          <Field id="f-backoff" label="Backoff (s)" errors={[]}>
+            <input
+              id="f-backoff"
+              inputMode="numeric"
+              value={form.retryBackoff}
+              disabled={form.retryLimit.trim() === "0" || form.retryLimit.trim() === ""}
+              onChange={(e) => update({ retryBackoff: e.target.value })}
+            />
+          </Field>
+        </div>
+        <Field id="f-exit-codes" label="Exit codes that fail at once" errors={[]} hint="Comma-separated, e.g. 2, 3.">
+          <input
+            id="f-exit-codes"
+            value={form.permanentExitCodes}
+            disabled={form.retryLimit.trim() === "0" || form.retryLimit.trim() === ""}
+            onChange={(e) => update({ permanentExitCodes: e.target.value })}
+          />
+        </Field>
+        <div className={errors("checkpoint").length ? "field has-error" : "field"}>
+          <label className="checkbox">
+            <input type="checkbox" checked={form.checkpointEnabled} onChange={(e) => update({ checkpointEnabled: e.target.checked })} /> Checkpointing
+            (the job saves when signalled, and may be preempted or migrated)
+          </label>
+          {errors("checkpoint").map((msg) => (
+            <p key={msg} className="field-error">
+              {msg}
+            </p>
+          ))}
+        </div>
+        {form.checkpointEnabled && (
+          <div className="field-row">
+            <Field id="f-signal" label="Signal" errors={[]}>
+              <select id="f-signal" value={form.checkpointSignal} onChange={(e) => update({ checkpointSignal: e.target.value })}>
+                {["SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT"].map((s) => (
+                  <option key={s}>{s}</option>
+                ))}
+              </select>
+            </Field>
+            <Field id="f-grace" label="Grace (s)" errors={[]}>
+              <input id="f-grace" inputMode="numeric" value={form.checkpointGrace} onChange={(e) => update({ checkpointGrace: e.target.value })} />
+            </Field>
+          </div>
+        )}
+      </fieldset>
+
+      <fieldset className="card">
+        <legend>Environment and mounts</legend>
+        <EnvEditor form={form} update={update} errors={errors("env")} />
+        <MountEditor form={form} update={update} errors={errors("mounts")} />
+      </fieldset>
+    </div>
+  );
+}
+
+function FlavorPicker({ form, update, choices, errors }: { form: SpecForm; update: (p: Partial<SpecForm>) => void; choices: Choices; errors: string[] }) {
+  return (
+    <fieldset className={errors.length ? "flavor-picker has-error" : "flavor-picker"}>
+      <legend>Flavor (per replica)</legend>
+      <div className="flavor-list">
+        {choices.flavors.map((flavor) => {
+          const fits = replicasThatFitNow(flavor, choices.nodes);
+          return (
+            <label key={flavor.id} className={form.flavor === flavor.name ? "flavor selected" : "flavor"}>
+              <input type="radio" name="flavor" value={flavor.name} checked={form.flavor === flavor.name} onChange={() => update({ flavor: flavor.name })} />
+              <span className="flavor-name">{flavor.name}</span>
+              <span className="flavor-shape">
+                {flavor.gpus} × {flavor.gpu_model} · {flavor.cpu} CPU · {flavor.memory_gb} GB · ≤ {flavor.max_runtime_hours} h
+              </span>
+              <span className={fits > 0 ? "fits yes" : "fits no"}>{fits > 0 ? `${fits} fit now` : "none free now"}</span>
+            </label>
+          );
+        })}
+      </div>
+      {errors.map((msg) => (
+        <p key={msg} className="field-error">
+          {msg}
+        </p>
+      ))}
+    </fieldset>
+  );
+}
+
+function EnvEditor({ form, update, errors }: { form: SpecForm; update: (p: Partial<SpecForm>) => void; errors: string[] }) {
+  const set = (i: number, patch: Partial<{ key: string; value: string }>) =>
+    update({ env: form.env.map((row, j) => (i === j ? { ...row, ...patch } : row)) });
+  return (
+    <div className={errors.length ? "field has-error" : "field"}>
+      <span className="label">Environment variables</span>
+      {form.env.map((row, i) => (
+        <div className="row-editor" key={i}>
+          <input aria-label={`Variable ${i + 1} name`} placeholder="NAME" value={row.key} onChange={(e) => set(i, { key: e.target.value })} />
+          <input aria-label={`Variable ${i + 1} value`} placeholder="value" value={row.value} onChange={(e) => set(i, { value: e.target.value })} />
+          <button type="button" className="button small ghost" aria-label={`Remove variable ${i + 1}`} onClick={() => update({ env: form.env.filter((_, j) => j !== i) })}>
+            Remove
+          </button>
+        </div>
+      ))}
+      <button type="button" className="button small" onClick={() => update({ env: [...form.env, { key: "", value: "" }] })}>
+        Add variable
+      </button>
+      {errors.map((msg) => (
+        <p key={msg} className="field-error">
+          {msg}
+        </p>
+      ))}
+    </div>
+  );
+}
+
+function MountEditor({ form, update, errors }: { form: SpecForm; update: (p: Partial<SpecForm>) => void; errors: string[] }) {
+  const set = (i: number, patch: Partial<SpecForm["mounts"][number]>) =>
+    update({ mounts: form.mounts.map((row, j) => (i === j ? { ...row, ...patch } : row)) });
+  return (
+    <div className={errors.length ? "field has-error" : "field"}>
+      <span className="label">Mounts</span>
+      {form.mounts.map((row, i) => (
+        <div className="row-editor" key={i}>
+          <input aria-label={`Mount ${i + 1} volume`} placeholder="volume" value={row.name} onChange={(e) => set(i, { name: e.target.value })} />
+          <input aria-label={`Mount ${i + 1} path`} placeholder="/data" value={row.path} onChange={(e) => set(i, { path: e.target.value })} />
+          <label className="checkbox">
+            <input type="checkbox" checked={row.read_only} onChange={(e) => set(i, { read_only: e.target.checked })} /> read-only
+          </label>
+          <button type="button" className="button small ghost" aria-label={`Remove mount ${i + 1}`} onClick={() => update({ mounts: form.mounts.filter((_, j) => j !== i) })}>
+            Remove
+          </button>
+        </div>
+      ))}
+      <button type="button" className="button small" onClick={() => update({ mounts: [...form.mounts, { name: "", path: "", read_only: true }] })}>
+        Add mount
+      </button>
+      {errors.map((msg) => (
+        <p key={msg} className="field-error">
+          {msg}
+        </p>
+      ))}
+    </div>
+  );
+}
+

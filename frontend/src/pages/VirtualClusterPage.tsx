@@ -1,0 +1,123 @@
+import { api, fetchAll, query } from "../api/client";
+import { useLive } from "../api/live";
+import type { Job, Page, VirtualCluster } from "../api/types";
+import { QuotaBar } from "../components/charts";
+import { Empty, ErrorBanner, LiveIndicator, PageHeader, Section, Spinner } from "../components/common";
+import { JobTable } from "../components/JobTable";
+import { useResource } from "../lib/useResource";
+import { useSoon } from "../lib/useSoon";
+import { Link } from "../router";
+import { QuotaLegend } from "./DashboardPage";
+
+const RUNNING = ["scheduled", "starting", "running", "suspended", "checkpointing"];
+
+export function VirtualClustersPage() {
+  const vcs = useResource((signal) => fetchAll<VirtualCluster>("/api/v1/virtual-clusters/", signal), "vcs");
+  const status = useLive("jobs", () => undefined, vcs.reload, 15_000);
+  return (
+    <>
+      <PageHeader title="Virtual clusters">
+        <LiveIndicator status={status} />
+      </PageHeader>
+      <ErrorBanner error={vcs.error} onRetry={vcs.reload} />
+      {vcs.loading && !vcs.data && <Spinner />}
+      {vcs.data?.length === 0 && <Empty>You belong to no virtual cluster.</Empty>}
+      <div className="grid-2">
+        {vcs.data?.map((vc) => (
+          <Section key={vc.id} title={vc.name} actions={<Link href={`/vcs/${encodeURIComponent(vc.name)}`}>Queue and details</Link>}>
+            <VcQuotas vc={vc} />
+          </Section>
+        ))}
+      </div>
+    </>
+  );
+}
+
+function VcQuotas({ vc }: { vc: VirtualCluster }) {
+  return (
+    <>
+      <p className="muted small">
+        Tenant {vc.tenant} · {vc.queueing_policy} order
+        {vc.max_gpus_per_user ? ` · at most ${vc.max_gpus_per_user} GPUs per user` : ""}
+      </p>
+      {vc.description && <p>{vc.description}</p>}
+      <div className="table-wrap">
+        <table className="quotas">
+          <caption className="visually-hidden">Quota of {vc.name}</caption>
+          <thead>
+            <tr>
+              <th scope="col">GPU model</th>
+              <th scope="col">Use</th>
+              <th scope="col">In use</th>
+              <th scope="col">Guaranteed</th>
+              <th scope="col">Borrow limit</th>
+            </tr>
+          </thead>
+          <tbody>
+            {vc.quotas.map((q) => (
+              <tr key={q.gpu_model}>
+                <th scope="row">{q.gpu_model}</th>
+                <td className="bar-cell">
+                  <QuotaBar inUse={q.in_use} guaranteed={q.guaranteed ?? 0} borrowLimit={q.borrow_limit ?? 0} label={`${vc.name} ${q.gpu_model}`} />
+                </td>
+                <td>{q.in_use}</td>
+                <td>{q.guaranteed}</td>
+                <td>+{q.borrow_limit}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
+      <QuotaLegend />
+    </>
+  );
+}
+
+export function VirtualClusterPage({ name }: { name: string }) {
+  const vc = useResource((signal) => api<VirtualCluster>(`/api/v1/virtual-clusters/${encodeURIComponent(name)}/`, { signal }), `vc-${name}`);
+  const queue = useResource(
+    (signal) => api<Page<Job>>(`/api/v1/jobs/${query({ vc: name, state: "pending", limit: 200 })}`, { signal }),
+    `queue-${name}`,
+  );
+  const running = useResource(
+    (signal) => api<Page<Job>>(`/api/v1/jobs/${query({ vc: name, state: RUNNING, limit: 100 })}`, { signal }),
+    `running-${name}`,
+  );
+  const refresh = () => {
+    vc.reload();
+    queue.reload();
+    running.reload();
+  };
+  const soon = useSoon(refresh, 500);
+  const status = useLive("jobs", (m) => m.kind === "job" && soon(), refresh);
+
+  const ordered = [...(queue.data?.results ?? [])].sort(
+    (a, b) => (a.queue_position ?? Number.MAX_SAFE_INTEGER) - (b.queue_position ?? Number.MAX_SAFE_INTEGER) || a.id - b.id,
+  );
+
+  return (
+    <>
+      <PageHeader title={`Virtual cluster ${name}`}>
+        <LiveIndicator status={status} />
+      </PageHeader>
+      <ErrorBanner error={vc.error} onRetry={vc.reload} />
+      {vc.data && (
+        <Section title="Quota and use">
+          <VcQuotas vc={vc.data} />
+        </Section>
+      )}
+      <Section title="Queue">
+        <ErrorBanner error={queue.error} onRetry={queue.reload} />
+        {queue.loading && !queue.data && <Spinner />}
+        {queue.data && ordered.length === 0 && <Empty>No job is waiting.</Empty>}
+        {ordered.length > 0 && <JobTable jobs={ordered} caption={`Queue of ${name}, in order`} showQueue />}
+        {queue.data && queue.data.count > ordered.length && <p className="hint">Showing the first {ordered.length} of {queue.data.count}.</p>}
+      </Section>
+      <Section title="Running">
+        <ErrorBanner error={running.error} onRetry={running.reload} />
+        {running.data && running.data.results.length === 0 && <Empty>Nothing running.</Empty>}
+        {running.data && running.data.results.length > 0 && <JobTable jobs={running.data.results} caption={`Running in ${name}`} />}
+      </Section>
+    </>
+  );
+}
