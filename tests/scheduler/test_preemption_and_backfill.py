@@ -6,6 +6,7 @@ import pytest
 from sched_builders import Snap, profile
 
 from scheduler.core import ReasonCode, decide
+from scheduler.core.plugins.backfill import running_end
 
 PREEMPT = profile(
     queue_sort=["priority", "las", "fifo"],
@@ -221,3 +222,31 @@ def test_defrag_does_not_move_jobs_that_would_find_no_room() -> None:
     plan = decide(snap.build(), DEFRAG, now=5000.0)
     assert not plan.preemptions
     assert plan.pending[0].reason is ReasonCode.FRAGMENTATION
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected_end"),
+    [
+        pytest.param({"time_limit_s": 7200.0}, 7200.0, id="time-limit-wins"),
+        pytest.param(
+            {"estimated_runtime_s": 50_000.0, "attained_gpu_s": 1000.0},
+            1000.0 + 1000.0,
+            id="young-runs-its-age-again",
+        ),
+        pytest.param(
+            {"estimated_runtime_s": 1500.0, "attained_gpu_s": 1000.0}, 1000.0 + 500.0, id="capped-by-estimate"
+        ),
+        pytest.param(
+            {"estimated_runtime_s": 600.0, "attained_gpu_s": 1000.0},
+            1000.0 + 500.0,
+            id="past-estimate-half-age",
+        ),
+        pytest.param(
+            {"estimated_runtime_s": 600.0, "attained_gpu_s": 10.0}, 1000.0 + 60.0, id="at-least-a-minute"
+        ),
+    ],
+)
+def test_expected_end_of_a_running_job(fields: dict[str, float], expected_end: float) -> None:
+    snap = Snap().node("n0", 1).running("r", [("n0", (0,))], started_at=0.0, **fields)
+    (job,) = snap.build().running
+    assert running_end(job, now=1000.0, default_runtime_s=3600.0) == pytest.approx(expected_end)

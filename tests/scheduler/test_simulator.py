@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from scheduler.core import Profile, load_profile
-from scheduler.sim import Simulator, gang_shape, load_trace, summarize
+from scheduler.sim import RuntimeHistory, Simulator, gang_shape, load_trace, summarize
 from scheduler.sim.__main__ import main
-from scheduler.sim.cluster import parse_cluster_spec, uniform_cluster
+from scheduler.sim.cluster import load_topology, parse_cluster_spec, uniform_cluster
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny_itp.csv"
@@ -149,3 +149,40 @@ def test_gang_shape(gpus: int, node: int, shape: tuple[int, int]) -> None:
 def test_bad_cluster_spec(spec: str) -> None:
     with pytest.raises(ValueError):
         parse_cluster_spec(spec)
+
+
+def test_topology_file(tmp_path: Path) -> None:
+    spec = tmp_path / "topology.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "nodes": [
+                    {
+                        "name": "dgx",
+                        "rack": "r0",
+                        "gpus": 8,
+                        "model": "A100",
+                        "nvlink_group_size": 8,
+                        "count": 2,
+                    },
+                    {"name": "t4box", "rack": "r1", "gpus": 2, "model": "T4"},
+                ]
+            }
+        )
+    )
+    nodes = load_topology(spec)
+    assert [n.name for n in nodes] == ["dgx0", "dgx1", "t4box"]
+    assert {g.nvlink_group for g in nodes[0].gpus} == {0}
+    assert [g.pcie_switch for g in nodes[0].gpus] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert nodes[2].gpus[0].model == "T4" and nodes[2].rack == "r1"
+
+
+def test_runtime_history_falls_back_from_user_to_all_jobs() -> None:
+    history = RuntimeHistory(window=10, min_samples=2)
+    assert history.estimate("vc", "alice", 1) is None
+    history.record("vc", "alice", 1, 100.0)
+    history.record("vc", "bob", 1, 300.0)
+    assert history.estimate("vc", "alice", 1) == 200.0  # (vc, gpus): median of 100 and 300
+    history.record("vc", "alice", 1, 120.0)
+    assert history.estimate("vc", "alice", 1) == 110.0  # alice's own history now suffices
+    assert history.estimate("other", "carol", 8) == 120.0  # nothing closer: all jobs
