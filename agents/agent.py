@@ -550,8 +550,10 @@ class Agent:
                 attempt_id=request.attempt_id,
                 reason=f"attempt {request.attempt_id} is not running on this node",
             )
-        needs_running = isinstance(request, SuspendRequest | ResumeRequest | CheckpointRequest)
-        if needs_running and record.state not in (AttemptState.RUNNING, AttemptState.SUSPENDED):
+        # Refused only while the agent itself is busy with the attempt; a stop or checkpoint
+        # that an agent restart interrupted may be asked for again.
+        busy = record.attempt_id in self.busy or record.state == AttemptState.STARTING
+        if busy and isinstance(request, SuspendRequest | ResumeRequest | CheckpointRequest):
             return RequestReject(
                 request_id=request.id,
                 attempt_id=request.attempt_id,
@@ -591,6 +593,8 @@ class Agent:
         grace = request.grace_period_s if request.grace_period_s is not None else spec.grace_period_s
         directory = Path(spec.checkpoint_dir).resolve()
         before = marker_identity(directory)
+        if record.state == AttemptState.SUSPENDED:
+            await self.runtime.resume(record.attempt_id)  # a frozen job cannot save
         self._set_state(record, AttemptState.CHECKPOINTING, stop_reason=ExitReason.CHECKPOINTED)
         await self.runtime.signal(record.attempt_id, spec.checkpoint_signal)
         try:

@@ -406,3 +406,26 @@ async def test_a_failed_action_is_retried_by_the_periodic_resync(state_dir: Path
             await wait_for(lambda: agent.runtime.refused == 1)
             await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
             assert portal.last_status("att-1").reason == ExitReason.STOPPED
+
+
+@pytest.mark.asyncio
+async def test_a_suspended_attempt_is_resumed_to_checkpoint(state_dir: Path, tmp_path: Path) -> None:
+    """Time slicing: the portal suspends via run_state, later preempts with a checkpoint."""
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        job = make_attempt(
+            "att-1", command=[PY, "-c", CHECKPOINTING_JOB], checkpoint_dir=str(tmp_path / "ckpt" / "j")
+        )
+        portal.desired = [job]
+        async with running(agent):
+            await wait_for(lambda: portal.log_lines("att-1").get(0) == "resume=0")
+            await portal.set_desired([job.model_copy(update={"run_state": "suspended"})])
+            await wait_for(lambda: portal.last_status("att-1").state == AttemptState.SUSPENDED)
+            request = CheckpointRequest(attempt_id="att-1", grace_period_s=20)
+            await portal.send(request)
+            await wait_for(lambda: portal.of_type(RequestAck) or portal.of_type(RequestReject))
+            assert [ack.request_id for ack in portal.of_type(RequestAck)] == [request.id]
+            (done,) = portal.of_type(CheckpointDone)
+            assert done.size_bytes == 1000
+            await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
+            assert portal.last_status("att-1").reason == ExitReason.CHECKPOINTED
