@@ -125,12 +125,13 @@ class ProcessRuntime:
             deadline = loop.time() + grace_s
             while self._observe(record).state.is_live and loop.time() < deadline:
                 await asyncio.sleep(POLL_S)
+        exit_path = self._dir(attempt_id) / "exit.json"
+        if self._observe(record).state.is_live and not exit_path.exists():
+            # Written before the kill, so that nobody ever sees the group dead without a code.
+            write_exit_code(str(exit_path), SIGKILL_EXIT_CODE)
         # Also reaps anything the command left behind in its group.
         _kill_group(record["pid"], signal.SIGKILL)
         await self._wait_until_dead(record)
-        exit_path = self._dir(attempt_id) / "exit.json"
-        if not exit_path.exists():
-            write_exit_code(str(exit_path), SIGKILL_EXIT_CODE)
         return self._observe(record).exit_code
 
     async def wait(self, attempt_id: str) -> int | None:
