@@ -539,6 +539,11 @@ class Agent:
             answer = await self._carry_out(request)
         except RuntimeFailure as error:
             answer = RequestReject(request_id=request.id, attempt_id=request.attempt_id, reason=str(error))
+        except Exception as error:  # every request gets its one answer, whatever went wrong
+            log.exception("request %s failed", request.id)
+            answer = RequestReject(
+                request_id=request.id, attempt_id=request.attempt_id, reason=f"agent error: {error}"
+            )
         self.answers[request.id] = answer
         self.send(answer)
 

@@ -14,9 +14,10 @@ their own daemon threads, because they live as long as the container.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import docker
@@ -156,14 +157,15 @@ class DockerRuntime:
         plan = prepare(attempt, self.policy, checkpoint_target=CHECKPOINT_TARGET)
         config = container_config(plan, self.network_mode, self.request_gpus, user=self.user)
         try:
-            container = await asyncio.to_thread(self.client.containers.create, **config)
-        except docker.errors.APIError as error:
-            raise RuntimeFailure(f"cannot create the container: {error.explanation or error}") from error
+            container = await _engine(self.client.containers.create, **config)
+        except RuntimeFailure as error:
+            raise RuntimeFailure(f"cannot create the container: {error}") from error
         try:
-            await asyncio.to_thread(container.start)
-        except docker.errors.APIError as error:
-            await asyncio.to_thread(container.remove, force=True)
-            raise RuntimeFailure(f"cannot start the container: {error.explanation or error}") from error
+            await _engine(container.start)
+        except RuntimeFailure as error:
+            with contextlib.suppress(RuntimeFailure):
+                await _engine(container.remove, force=True)
+            raise RuntimeFailure(f"cannot start the container: {error}") from error
 
     async def list_attempts(self) -> list[ObservedAttempt]:
         containers = await self._list({"label": f"{LABEL_MANAGED}=true"})
@@ -171,16 +173,16 @@ class DockerRuntime:
 
     async def signal(self, attempt_id: str, signal_name: str) -> None:
         container = await self._container(attempt_id)
-        await asyncio.to_thread(container.kill, signal=signal_name)
+        await _engine(container.kill, signal=signal_name)
 
     async def suspend(self, attempt_id: str) -> None:
         container = await self._container(attempt_id)
-        await asyncio.to_thread(container.pause)
+        await _engine(container.pause)
         await self._wait_for_state(attempt_id, AttemptState.SUSPENDED)
 
     async def resume(self, attempt_id: str) -> None:
         container = await self._container(attempt_id)
-        await asyncio.to_thread(container.unpause)
+        await _engine(container.unpause)
         await self._wait_for_state(attempt_id, AttemptState.RUNNING)
 
     async def _wait_for_state(self, attempt_id: str, state: AttemptState) -> None:
@@ -196,9 +198,9 @@ class DockerRuntime:
         """Docker's stop: the stop signal (SIGTERM), SIGKILL after the grace period."""
         container = await self._container(attempt_id)
         if container.status == "paused":
-            await asyncio.to_thread(container.unpause)  # a frozen container cannot handle SIGTERM
+            await _engine(container.unpause)  # a frozen container cannot handle SIGTERM
         if _observe(container.attrs).state.is_live:
-            await asyncio.to_thread(container.stop, timeout=math.ceil(grace_s))
+            await _engine(container.stop, timeout=math.ceil(grace_s))
         return await self.wait(attempt_id)
 
     async def wait(self, attempt_id: str) -> int | None:
@@ -254,7 +256,7 @@ class DockerRuntime:
             return
         if _observe(container.attrs).state.is_live:
             raise RuntimeFailure(f"attempt {attempt_id} is still running; stop it first")
-        await asyncio.to_thread(container.remove, force=True)
+        await _engine(container.remove, force=True)
 
     async def _container(self, attempt_id: str) -> Any:
         containers = await self._list({"label": [f"{LABEL_MANAGED}=true", f"{LABEL_ATTEMPT}={attempt_id}"]})
@@ -270,6 +272,16 @@ class DockerRuntime:
             except docker.errors.NotFound:
                 await asyncio.sleep(POLL_S / 5)
         raise RuntimeFailure("containers keep disappearing while being listed")
+
+
+async def _engine(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call the engine in a worker thread; its errors become the runtime's errors."""
+    try:
+        return await asyncio.to_thread(function, *args, **kwargs)
+    except docker.errors.NotFound as error:
+        raise UnknownAttemptError(str(error.explanation or error)) from error
+    except docker.errors.APIError as error:
+        raise RuntimeFailure(str(error.explanation or error)) from error
 
 
 def _observe(attrs: dict[str, Any]) -> ObservedAttempt:

@@ -289,6 +289,9 @@ async def test_pause_resume_stop_and_reattach(engine, policy: HostPolicy) -> Non
     assert await state() == AttemptState.RUNNING
     await runtime.signal("dk-life", "SIGUSR1")
     assert await bounded(runtime.wait("dk-life")) == 3
+    for operation in (runtime.signal("dk-life", "SIGUSR1"), runtime.suspend("dk-life")):
+        with pytest.raises(RuntimeFailure, match="not running"):  # engine errors become runtime errors
+            await operation
 
     # A new runtime instance (a restarted agent) finds a running container by its labels.
     await runtime.start(_attempt("dk-again", script))
