@@ -88,7 +88,7 @@ class Backoff:
         self.failures = 0
 
     def next_delay(self) -> float:
-        ceiling = min(self.maximum_s, self.initial_s * 2**self.failures)
+        ceiling = min(self.maximum_s, self.initial_s * 2.0**self.failures)
         self.failures += 1
         return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
 

@@ -169,7 +169,8 @@ class NvmlBackend:
 
     def _ecc(self, handle: Any, error_type: int) -> int | None:
         counter = self.nvml.NVML_VOLATILE_ECC
-        return self._optional(self.nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, counter)
+        count = self._optional(self.nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, counter)
+        return int(count) if count is not None else None
 
     def _register_xid_events(self) -> Any:
         nvml = self.nvml

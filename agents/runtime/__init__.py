@@ -59,7 +59,8 @@ class Runtime(Protocol):
     - ``remove`` forgets an ended attempt (container, files); it is idempotent.
     """
 
-    kind: Literal["docker", "process"]
+    @property
+    def kind(self) -> Literal["docker", "process"]: ...
 
     async def info(self) -> RuntimeInfo: ...
 
