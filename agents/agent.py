@@ -39,6 +39,7 @@ from agents.protocol import (
     ExitReason,
     Heartbeat,
     Hello,
+    LogChunk,
     PortalRequest,
     ProtocolError,
     ReportedAttempt,
@@ -64,7 +65,10 @@ from agents.versions import drain_reasons
 
 log = logging.getLogger("agents")
 
-OUTBOX_LIMIT = 20_000  # messages kept while disconnected; the oldest go first
+# What waits for the portal while disconnected: at most this many messages and about this
+# many bytes of log text; beyond that the oldest messages are dropped (and counted).
+OUTBOX_LIMIT = 20_000
+OUTBOX_LOG_BYTES = 64 * 1024 * 1024
 WELCOME_TIMEOUT_S = 30.0
 REMEMBERED_REQUESTS = 1000
 
@@ -113,7 +117,9 @@ class Agent:
         self.store = AttemptStore(config.state_dir)
         self.health = HealthTracker()
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s, random.Random(config.seed))
-        self.outbox: deque[AgentToPortal] = deque(maxlen=OUTBOX_LIMIT)
+        self.outbox: deque[AgentToPortal] = deque()
+        self.outbox_log_bytes = 0
+        self.outbox_dropped = 0
         self.outbox_ready = asyncio.Event()
         self.connected = False
         self.started_at = time.monotonic()
@@ -235,8 +241,10 @@ class Agent:
         while True:
             await self.outbox_ready.wait()
             while self.outbox:
-                await connection.send(encode(self.outbox[0]))
-                self.outbox.popleft()  # only after the send succeeded
+                message = self.outbox[0]
+                await connection.send(encode(message))
+                if self.outbox and self.outbox[0] is message:  # only after the send succeeded
+                    self._pop_outbox()
             self.outbox_ready.clear()
 
     async def _heartbeat_loop(self) -> None:
@@ -275,7 +283,17 @@ class Agent:
 
     def send(self, message: AgentToPortal) -> None:
         self.outbox.append(message)
+        if isinstance(message, LogChunk):
+            self.outbox_log_bytes += len(message.text)
+        while len(self.outbox) > OUTBOX_LIMIT or self.outbox_log_bytes > OUTBOX_LOG_BYTES:
+            self._pop_outbox()
+            self.outbox_dropped += 1
         self.outbox_ready.set()
+
+    def _pop_outbox(self) -> None:
+        message = self.outbox.popleft()
+        if isinstance(message, LogChunk):
+            self.outbox_log_bytes -= len(message.text)
 
     def _spawn(self, awaitable: Awaitable[None]) -> None:
         task = asyncio.ensure_future(awaitable)

@@ -16,6 +16,7 @@ from agents.protocol import AttemptState, DesiredAttempt, LogChunk, RuntimeInfo
 LogStream = Literal["stdout", "stderr"]
 LOG_STREAMS: tuple[LogStream, ...] = ("stdout", "stderr")
 MAX_LOG_LINE = 16384  # longer lines are split; each piece counts as a line
+MAX_CHUNK_CHARS = 256 * 1024  # well below the protocol's limit for one log message
 
 
 class RuntimeFailure(Exception):
@@ -90,14 +91,17 @@ def split_long_line(text: str) -> list[str]:
 
 
 def chunk_lines(attempt_id: str, lines: list[LogLine]) -> list[LogChunk]:
-    """Group consecutive lines of one stream into log chunks (one chunk per run of seqs)."""
+    """Group consecutive lines of one stream into log chunks of at most MAX_CHUNK_CHARS."""
     chunks: list[LogChunk] = []
     run: list[LogLine] = []
+    size = 0
     for line in lines:
-        if run and (line.stream != run[-1].stream or line.seq != run[-1].seq + 1):
+        follows = run and line.stream == run[-1].stream and line.seq == run[-1].seq + 1
+        if run and (not follows or size + len(line.text) + 1 > MAX_CHUNK_CHARS):
             chunks.append(_chunk(attempt_id, run))
-            run = []
+            run, size = [], 0
         run.append(line)
+        size += len(line.text) + 1
     if run:
         chunks.append(_chunk(attempt_id, run))
     return chunks

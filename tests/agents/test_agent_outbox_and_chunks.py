@@ -1,0 +1,60 @@
+"""Log lines become bounded chunks; the outbox stays bounded while the portal is away."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents import agent as agent_module
+from agents.agent import Agent
+from agents.config import AgentConfig
+from agents.devices.simulated import SimulatedBackend, load_description
+from agents.protocol import Heartbeat, LogChunk
+from agents.runtime import MAX_CHUNK_CHARS, LogLine, chunk_lines
+from agents.runtime.policy import HostPolicy
+from agents.runtime.process import ProcessRuntime
+
+
+def test_chunks_follow_streams_and_sequence_runs() -> None:
+    lines = [
+        LogLine("stdout", 0, "a"),
+        LogLine("stdout", 1, "b"),
+        LogLine("stdout", 5, "c"),
+        LogLine("stderr", 0, "x"),
+    ]
+    chunks = chunk_lines("att-1", lines)
+    assert [(chunk.stream, chunk.seq, chunk.text) for chunk in chunks] == [
+        ("stdout", 0, "a\nb\n"),
+        ("stdout", 5, "c\n"),
+        ("stderr", 0, "x\n"),
+    ]
+
+
+def test_chunks_stay_below_the_size_limit() -> None:
+    line = "y" * 10_000
+    lines = [LogLine("stdout", seq, line) for seq in range(100)]
+    chunks = chunk_lines("att-1", lines)
+    assert len(chunks) > 1
+    assert all(len(chunk.text) <= MAX_CHUNK_CHARS for chunk in chunks)
+    assert "".join(chunk.text for chunk in chunks) == "".join(f"{line}\n" for _ in range(100))
+    assert [chunk.seq for chunk in chunks] == sorted(chunk.seq for chunk in chunks)
+
+
+def test_the_outbox_drops_the_oldest_messages_beyond_its_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent_module, "OUTBOX_LOG_BYTES", 1000)
+    monkeypatch.setattr(agent_module, "OUTBOX_LIMIT", 50)
+    config = AgentConfig(portal_url="ws://127.0.0.1:9/ws/agent/", token="t", state_dir=tmp_path)
+    agent = Agent(
+        config, SimulatedBackend(load_description("dgx-a100"), "n"), ProcessRuntime(tmp_path, HostPolicy())
+    )
+    for seq in range(30):
+        agent.send(LogChunk(attempt_id="a", stream="stdout", seq=seq, text="z" * 99 + "\n"))
+    assert agent.outbox_log_bytes <= 1000
+    assert [message.seq for message in agent.outbox] == list(range(20, 30))
+    for _ in range(60):
+        agent.send(Heartbeat(uptime_s=1))
+    assert len(agent.outbox) == 50 and agent.outbox_dropped == 40
+    assert agent.outbox_log_bytes == 0
