@@ -30,7 +30,16 @@ from fake_portal import TOKEN, FakePortal, wait_for
 from agents.agent import Agent
 from agents.config import AgentConfig
 from agents.devices.simulated import SimulatedBackend, load_description
-from agents.protocol import AttemptState, ExitReason, GpuRef, Mount
+from agents.protocol import (
+    AttemptState,
+    CheckpointDone,
+    CheckpointRequest,
+    ExitReason,
+    GpuRef,
+    Mount,
+    RequestAck,
+    RequestReject,
+)
 from agents.runtime import RuntimeFailure
 from agents.runtime.docker import (
     CHECKPOINT_TARGET,
@@ -47,7 +56,7 @@ from agents.versions import MinimumVersions
 IMAGE = "gpuportal-test/busybox:1"
 PR_SET_PDEATHSIG = 1
 BUSYBOX = Path("/bin/busybox")
-BUSYBOX_APPLETS = ("sh", "echo", "sleep", "cat", "env", "ls", "id", "touch", "test")
+BUSYBOX_APPLETS = ("sh", "echo", "sleep", "cat", "env", "ls", "id", "touch", "test", "mv")
 
 
 # -- the template, without an engine ---------------------------------------------
@@ -371,6 +380,53 @@ async def test_the_agent_with_docker_reports_the_version_gate_and_runs_an_attemp
                     not engine.containers.list(all=True, sparse=True, filters={"name": "gpuportal-dk-agent"})
                 )
             )
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+CONTAINER_CHECKPOINT = (
+    "save() { echo weights > $GPUPORTAL_CHECKPOINT_DIR/step-7;"
+    ' echo \'{"step": 7, "path": "step-7"}\' > $GPUPORTAL_CHECKPOINT_DIR/.marker.tmp;'
+    " mv $GPUPORTAL_CHECKPOINT_DIR/.marker.tmp $GPUPORTAL_CHECKPOINT_DIR/checkpoint.json; exit 0; };"
+    " trap save USR1; echo resume=$GPUPORTAL_RESUME; while true; do sleep 0.05; done"
+)
+
+
+@pytest.mark.asyncio
+async def test_a_container_checkpoints_through_the_agent(engine, policy: HostPolicy, tmp_path: Path) -> None:
+    runtime = DockerRuntime(engine, policy, request_gpus=False)
+    checkpoint_dir = tmp_path / "ckpt" / "job-9"
+    async with FakePortal() as portal:
+        config = AgentConfig(
+            portal_url=f"{portal.url.replace('http', 'ws')}/ws/agent/",
+            token=TOKEN,
+            runtime="docker",
+            simulate="dgx-a100",
+            state_dir=tmp_path / "state",
+            monitor_interval_s=0.05,
+        )
+        agent = Agent(config, SimulatedBackend(load_description("dgx-a100"), "n"), runtime)
+        portal.desired = [
+            _attempt("dk-ckpt", CONTAINER_CHECKPOINT, checkpoint_dir=str(checkpoint_dir), resume=True)
+        ]
+        task = asyncio.create_task(agent.run())
+        try:
+            await wait_for(lambda: portal.log_lines("dk-ckpt").get(0) == "resume=1")
+            await wait_for(lambda: portal.last_status("dk-ckpt").state == AttemptState.RUNNING)
+            request = CheckpointRequest(attempt_id="dk-ckpt", grace_period_s=20)
+            await portal.send(request)
+            await wait_for(lambda: portal.of_type(RequestAck) or portal.of_type(RequestReject))
+            assert [ack.request_id for ack in portal.of_type(RequestAck)] == [request.id]
+            (done,) = portal.of_type(CheckpointDone)
+            assert (done.step, done.size_bytes, done.path) == (
+                7,
+                len("weights\n"),
+                str(checkpoint_dir / "step-7"),
+            )
+            await wait_for(lambda: portal.last_status("dk-ckpt").state == AttemptState.EXITED)
+            final = portal.last_status("dk-ckpt")
+            assert (final.exit_code, final.reason) == (0, ExitReason.CHECKPOINTED)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
