@@ -87,8 +87,11 @@ def load_snapshot(now: float) -> LoadedState:
         )
         for vc in VirtualCluster.objects.select_related("tenant").order_by("name")
     )
+    # A job waiting out a retry backoff is not offered to the core until its time has come.
+    retry_later = Q(state=JobState.PENDING, not_before__gt=from_epoch(now))
     jobs = list(
         Job.objects.filter(Q(state__in=ACTIVE_STATES) | Q(state=JobState.PENDING))
+        .exclude(retry_later)
         .select_related("virtual_cluster", "owner")
         .annotate(last_checkpoint=Max("checkpoints__written_at"))
     )

@@ -25,6 +25,7 @@ from scheduler.core.plugins.queue_sort import (
     DiscretizedLas,
     DominantResourceFairness,
     Fifo,
+    GuaranteeFirst,
     PriorityClass,
     ShortestExpectedFirst,
 )
@@ -40,6 +41,7 @@ REGISTRY: dict[str, PluginFactory] = {
     "las": DiscretizedLas,
     "sef": ShortestExpectedFirst,
     "drf": DominantResourceFairness,
+    "guarantee_first": GuaranteeFirst,
     "vc_quota": VcQuota,
     "user_limit": UserLimit,
     "node_resources": NodeResources,

@@ -153,3 +153,32 @@ def test_las_can_order_by_service_inside_a_queue() -> None:
     }
     assert queue_ids(snap, **by_arrival) == ["early-more", "late-less"]
     assert queue_ids(snap, **by_service) == ["late-less", "early-more"]
+
+
+def test_guarantee_first_puts_borrowing_work_last() -> None:
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .vc("owner", 4, borrow=4)
+        .vc("lender", 4, borrow=4)
+        .running("owner-running", [("n0", (0, 1, 2))], vc="owner")
+        .pending("owner-borrows", 2, vc="owner", submitted_at=1)  # 3 + 2 > 4: would borrow
+        .pending("lender-own", 4, vc="lender", submitted_at=2)  # inside lender's guarantee
+        .pending("owner-fits", 1, vc="owner", submitted_at=3)  # 3 + 1 = 4: inside
+    )
+    assert queue_ids(snap, queue_sort=["guarantee_first", "fifo"]) == [
+        "lender-own",
+        "owner-fits",
+        "owner-borrows",
+    ]
+
+
+def test_guarantee_first_leaves_vcs_without_borrowing_alone() -> None:
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .vc("solo", 8)
+        .pending("big", 8, vc="solo", submitted_at=1)
+        .pending("small", 1, vc="solo", submitted_at=2)
+    )
+    assert queue_ids(snap, queue_sort=["guarantee_first", "fifo"]) == ["big", "small"]

@@ -263,3 +263,41 @@ class DominantResourceFairness:
 
     def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
         return (self._keys.get(job.id, 0.0),)
+
+
+class GuaranteeFirst:
+    """Jobs that fit in their VC's guarantee go before jobs that would borrow (as Kueue admits
+    workloads within nominal quota before borrowing ones). Each VC's queued jobs are counted
+    against its guarantee in arrival order, on top of what it already runs; VCs that may not
+    borrow are left in place. Without this, a
+    borrowing job could take the last free GPUs and the owner would have to reclaim them a
+    cycle later, paying a preemption and a grace period for what was its own."""
+
+    name = "guarantee_first"
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        self._keys: dict[str, float] = {}
+
+    def prepare(self, ctx: CycleContext) -> None:
+        state = ctx.state
+        planned: dict[str, int] = {}
+        self._keys = {}
+        for job in sorted(ctx.snapshot.pending, key=lambda j: (j.submitted_at, j.id)):
+            quota = state.quota_for(job.vc, job.gpu_model)
+            if quota is None:
+                self._keys[job.id] = 1.0
+                continue
+            guaranteed, borrow_limit, used = quota
+            if borrow_limit <= 0:
+                # A VC that cannot borrow has no borrowing work to put last.
+                self._keys[job.id] = 0.0
+                continue
+            total = used + planned.get(job.vc, 0) + job.gpus
+            if total <= guaranteed:
+                planned[job.vc] = planned.get(job.vc, 0) + job.gpus
+                self._keys[job.id] = 0.0
+            else:
+                self._keys[job.id] = 1.0
+
+    def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
+        return (self._keys.get(job.id, 1.0),)
