@@ -174,11 +174,17 @@ def test_guarantee_first_puts_borrowing_work_last() -> None:
 
 
 def test_guarantee_first_leaves_vcs_without_borrowing_alone() -> None:
+    # With 4 of 8 in use, "big" would not fit the guarantee; a VC that cannot borrow keeps
+    # its order anyway (only admission decides for it).
     snap = (
         Snap()
-        .node("n0", 8)
+        .node("n0", 16)
         .vc("solo", 8)
+        .running("r", [("n0", (0, 1, 2, 3))], vc="solo")
         .pending("big", 8, vc="solo", submitted_at=1)
         .pending("small", 1, vc="solo", submitted_at=2)
     )
     assert queue_ids(snap, queue_sort=["guarantee_first", "fifo"]) == ["big", "small"]
+    lending = Snap().node("n0", 16).vc("solo", 8, borrow=8).running("r", [("n0", (0, 1, 2, 3))], vc="solo")
+    lending.pending("big", 8, vc="solo", submitted_at=1).pending("small", 1, vc="solo", submitted_at=2)
+    assert queue_ids(lending, queue_sort=["guarantee_first", "fifo"]) == ["small", "big"]
