@@ -358,6 +358,8 @@ class Agent:
     def _fold(self, record: AttemptRecord, observed: ObservedAttempt | None) -> None:
         if record.state.is_terminal:
             return
+        if record.state == AttemptState.CHECKPOINTING and record.attempt_id in self.busy:
+            return  # the checkpoint flow decides the outcome (checkpointed or not) itself
         exit_code, reason, message = None, None, ""
         if observed is None:
             if record.state == AttemptState.STARTING and record.attempt_id in self.starting:

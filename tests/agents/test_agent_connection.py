@@ -429,3 +429,24 @@ async def test_a_suspended_attempt_is_resumed_to_checkpoint(state_dir: Path, tmp
             assert done.size_bytes == 1000
             await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
             assert portal.last_status("att-1").reason == ExitReason.CHECKPOINTED
+
+
+@pytest.mark.asyncio
+async def test_a_job_that_exits_on_the_signal_without_a_marker_is_not_reported_checkpointed(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        quits = "import signal, sys, time\nsignal.signal(signal.SIGUSR1, lambda s, f: sys.exit(0))\n"
+        quits += "print('up', flush=True)\nwhile True: time.sleep(0.02)\n"
+        portal.desired = [
+            make_attempt("att-1", command=[PY, "-c", quits], checkpoint_dir=str(tmp_path / "ckpt" / "j"))
+        ]
+        async with running(agent):
+            await wait_for(lambda: portal.log_lines("att-1").get(0) == "up")
+            await portal.send(CheckpointRequest(attempt_id="att-1", grace_period_s=10))
+            await wait_for(lambda: portal.of_type(RequestReject))
+            await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
+            final = portal.last_status("att-1")
+            assert (final.exit_code, final.reason) == (0, ExitReason.STOPPED)
+            assert not portal.of_type(CheckpointDone)
