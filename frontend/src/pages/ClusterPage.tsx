@@ -2,7 +2,7 @@ import { fetchAll } from "../api/client";
 import { useLive } from "../api/live";
 import type { ClusterNode, Gpu } from "../api/types";
 import { StackedBar } from "../components/charts";
-import { Empty, ErrorBanner, LiveIndicator, PageHeader, Section, Spinner } from "../components/common";
+import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/common";
 import { gpuUseByModel } from "../lib/cluster";
 import { formatRelative } from "../lib/format";
 import { useResource } from "../lib/useResource";
@@ -19,13 +19,11 @@ export function ClusterPage() {
   const nodes = useResource((signal) => fetchAll<ClusterNode>("/api/v1/nodes/", signal), "nodes");
   const soon = useSoon(nodes.reload, 1000);
   // Allocation changes come with job changes; node health is refreshed by the fallback poll.
-  const status = useLive("jobs", (m) => m.kind === "job" && soon(), nodes.reload, 15_000);
+  useLive("jobs", (m) => m.kind === "job" && soon(), nodes.reload, 15_000);
 
   return (
     <>
-      <PageHeader title="Cluster">
-        <LiveIndicator status={status} />
-      </PageHeader>
+      <PageHeader title="Cluster" />
       <ErrorBanner error={nodes.error} onRetry={nodes.reload} />
       {nodes.loading && !nodes.data && <Spinner />}
       {nodes.data && (

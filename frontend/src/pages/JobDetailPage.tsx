@@ -4,7 +4,7 @@ import { ApiError, api, fetchAll, query } from "../api/client";
 import { type LiveMessage, useLive } from "../api/live";
 import { type JobDetail, type JobEvent, type Page, type TelemetrySample, isEnded } from "../api/types";
 import { AttemptsTable } from "../components/AttemptsTable";
-import { ErrorBanner, LiveIndicator, PageHeader, Section, Spinner, StateBadge } from "../components/common";
+import { ErrorBanner, PageHeader, Section, Spinner, StateBadge } from "../components/common";
 import { EventTimeline } from "../components/EventTimeline";
 import { LogView, useLogLines } from "../components/LogView";
 import { type Sample, TelemetryCharts, toSample } from "../components/TelemetryCharts";
@@ -44,7 +44,7 @@ export function JobDetailPage({ id }: { id: number }) {
       logs.addLive(m.attempt, m.lines);
     } else if (m.kind === "telemetry" && attempt === latest) telemetry.addLive(m.samples.map(toSample));
   };
-  const status = useLive(`job:${id}`, onMessage, resync, 5000);
+  useLive(`job:${id}`, onMessage, resync, 5000);
 
   if (job.loading && !job.data) return <Spinner label="Loading the job" />;
   if (!job.data) {
@@ -71,7 +71,6 @@ export function JobDetailPage({ id }: { id: number }) {
           </>
         }
       >
-        <LiveIndicator status={status} />
         <Link href={`/submit?clone=${j.id}`} className="button">
           Clone and resubmit
         </Link>

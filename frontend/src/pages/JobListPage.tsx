@@ -3,7 +3,7 @@ import { type FormEvent, useState } from "react";
 import { ApiError, api, fetchAll, query } from "../api/client";
 import { useLive } from "../api/live";
 import { ALL_STATES, type Job, type JobState, type Page, type VirtualCluster, isEnded } from "../api/types";
-import { Empty, ErrorBanner, LiveIndicator, PageHeader, Spinner } from "../components/common";
+import { Empty, ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { JobTable } from "../components/JobTable";
 import { useResource } from "../lib/useResource";
 import { useSoon } from "../lib/useSoon";
@@ -53,7 +53,7 @@ export function JobListPage() {
   const jobs = useResource((signal) => api<Page<Job>>(`/api/v1/jobs/${apiQuery}`, { signal }), apiQuery);
   const vcs = useResource((signal) => fetchAll<VirtualCluster>("/api/v1/virtual-clusters/", signal), "vcs");
   const soon = useSoon(jobs.reload, 500);
-  const status = useLive("jobs", (m) => m.kind === "job" && soon(), jobs.reload);
+  useLive("jobs", (m) => m.kind === "job" && soon(), jobs.reload);
 
   const [selected, setSelected] = useState<Set<number>>(new Set());
   const [progress, setProgress] = useState<BulkProgress | null>(null);
@@ -102,9 +102,7 @@ export function JobListPage() {
 
   return (
     <>
-      <PageHeader title="Jobs">
-        <LiveIndicator status={status} />
-      </PageHeader>
+      <PageHeader title="Jobs" />
       <form className="card filters" onSubmit={submitSearch} role="search" aria-label="Filter jobs">
         <div className="field">
           <label htmlFor="filter-q">Search</label>

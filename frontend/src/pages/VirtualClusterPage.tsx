@@ -2,7 +2,7 @@ import { api, fetchAll, query } from "../api/client";
 import { useLive } from "../api/live";
 import type { Job, Page, VirtualCluster } from "../api/types";
 import { QuotaBar } from "../components/charts";
-import { Empty, ErrorBanner, LiveIndicator, PageHeader, Section, Spinner } from "../components/common";
+import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/common";
 import { JobTable } from "../components/JobTable";
 import { useResource } from "../lib/useResource";
 import { useSoon } from "../lib/useSoon";
@@ -13,12 +13,10 @@ const RUNNING = ["scheduled", "starting", "running", "suspended", "checkpointing
 
 export function VirtualClustersPage() {
   const vcs = useResource((signal) => fetchAll<VirtualCluster>("/api/v1/virtual-clusters/", signal), "vcs");
-  const status = useLive("jobs", () => undefined, vcs.reload, 15_000);
+  useLive("jobs", () => undefined, vcs.reload, 15_000);
   return (
     <>
-      <PageHeader title="Virtual clusters">
-        <LiveIndicator status={status} />
-      </PageHeader>
+      <PageHeader title="Virtual clusters" />
       <ErrorBanner error={vcs.error} onRetry={vcs.reload} />
       {vcs.loading && !vcs.data && <Spinner />}
       {vcs.data?.length === 0 && <Empty>You belong to no virtual cluster.</Empty>}
@@ -89,7 +87,7 @@ export function VirtualClusterPage({ name }: { name: string }) {
     running.reload();
   };
   const soon = useSoon(refresh, 500);
-  const status = useLive("jobs", (m) => m.kind === "job" && soon(), refresh);
+  useLive("jobs", (m) => m.kind === "job" && soon(), refresh);
 
   const ordered = [...(queue.data?.results ?? [])].sort(
     (a, b) => (a.queue_position ?? Number.MAX_SAFE_INTEGER) - (b.queue_position ?? Number.MAX_SAFE_INTEGER) || a.id - b.id,
@@ -97,9 +95,7 @@ export function VirtualClusterPage({ name }: { name: string }) {
 
   return (
     <>
-      <PageHeader title={`Virtual cluster ${name}`}>
-        <LiveIndicator status={status} />
-      </PageHeader>
+      <PageHeader title={`Virtual cluster ${name}`} />
       <ErrorBanner error={vc.error} onRetry={vc.reload} />
       {vc.data && (
         <Section title="Quota and use">
