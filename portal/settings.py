@@ -158,11 +158,15 @@ CELERY_BEAT_SCHEDULE = {
     "check-node-heartbeats": {"task": "portal.cluster.tasks.check_node_heartbeats", "schedule": 10.0},
     # The safety net: changes request cycles themselves, this catches anything they missed.
     "schedule-cycle": {"task": "scheduler.tasks.schedule_cycle", "schedule": 5.0},
+    "check-time-limits": {"task": "portal.jobs.tasks.check_time_limits", "schedule": 5.0},
 }
 
 # Domain settings.
 API_TOKEN_DEFAULT_DAYS = env_int("API_TOKEN_DEFAULT_DAYS", 90)
 NODE_SILENT_AFTER_S = env_int("NODE_SILENT_AFTER_S", 30)
+NODE_LOST_AFTER_S = env_int("NODE_LOST_AFTER_S", 50)
+TIME_LIMIT_WARNING_S = env_int("TIME_LIMIT_WARNING_S", 300)
+TIME_LIMIT_FORCE_AFTER_S = env_int("TIME_LIMIT_FORCE_AFTER_S", 120)
 # Where jobs' checkpoint directories live on the GPU hosts (shared storage in production).
 CHECKPOINT_ROOT = env_str(
     "CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints") if DEBUG else "/srv/gpuportal/checkpoints"

@@ -216,7 +216,10 @@ def preempt_job(job: Job, preemption: core.Preemption) -> bool:
     ):
         return False
     attempt = job.attempts.order_by("-number").first()
-    checkpointable = bool((job.spec.get("checkpoint") or {}).get("enabled"))
+    checkpoint = job.spec.get("checkpoint") or {}
+    checkpointable = bool(checkpoint.get("enabled"))
+    # The job's own grace (how long it needs to save), never longer than the profile allows.
+    grace = min(preemption.grace_period_s, float(checkpoint.get("grace_seconds", preemption.grace_period_s)))
     replicas = attempt.allocations.values_list("replica", "node_id").distinct() if attempt else []
     for replica, node_id in replicas:
         message_type = CheckpointRequest if checkpointable else StopRequest

@@ -109,6 +109,9 @@ def live_stack(
         "CHECKPOINT_ROOT": str(checkpoints),
         "AGENT_HEARTBEAT_INTERVAL_S": "1",
         "AGENT_TELEMETRY_INTERVAL_S": "1",
+        # Agents heartbeat every second in tests, so a node is suspect after 4 s and lost after 8 s.
+        "NODE_SILENT_AFTER_S": "4",
+        "NODE_LOST_AFTER_S": "8",
     }
     commands = {
         "web": [

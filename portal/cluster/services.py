@@ -67,6 +67,20 @@ def mark_silent_nodes_not_ready(now: datetime, silent_after_s: int) -> list[str]
     return names
 
 
+def lost_nodes(now: datetime, lost_after_s: int) -> list[str]:
+    """Not-ready nodes silent for `lost_after_s` that still hold live allocations."""
+    from portal.jobs.models import Allocation
+
+    cutoff = now - timedelta(seconds=lost_after_s)
+    silent = Node.objects.filter(state=NodeState.NOT_READY).filter(
+        models.Q(last_heartbeat_at__lt=cutoff) | models.Q(last_heartbeat_at__isnull=True)
+    )
+    held = Allocation.objects.filter(released_at__isnull=True, node__in=silent).values_list(
+        "node__name", flat=True
+    )
+    return sorted(set(held))
+
+
 MODEL_RE = re.compile(r"\b([A-Z]{1,2}\d{1,3}[A-Z]?)\b")
 
 
@@ -142,6 +156,9 @@ def record_hello(node: Node, hello: Hello) -> Node:
     elif node.state == NodeState.NOT_READY:
         node.state, node.state_reason = NodeState.READY, ""
     node.save()
+    from portal.jobs.services import request_scheduling_cycle
+
+    request_scheduling_cycle()
     return node
 
 
@@ -149,7 +166,12 @@ def record_heartbeat(node: Node) -> None:
     """A heartbeat keeps the node ready; a node that went not-ready for silence comes back."""
     now = timezone.now()
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now)
-    Node.objects.filter(pk=node.pk, state=NodeState.NOT_READY).update(state=NodeState.READY, state_reason="")
+    if Node.objects.filter(pk=node.pk, state=NodeState.NOT_READY).update(
+        state=NodeState.READY, state_reason=""
+    ):
+        from portal.jobs.services import request_scheduling_cycle
+
+        request_scheduling_cycle()
 
 
 def record_telemetry(node: Node, batch: TelemetryBatch) -> list[str]:

@@ -4,9 +4,20 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from portal.cluster.services import mark_silent_nodes_not_ready
+from portal.cluster.models import Node
+from portal.cluster.services import lost_nodes, mark_silent_nodes_not_ready
+from portal.jobs.services import request_scheduling_cycle, requeue_jobs_of_lost_node
 
 
 @shared_task
-def check_node_heartbeats() -> list[str]:
-    return mark_silent_nodes_not_ready(timezone.now(), settings.NODE_SILENT_AFTER_S)
+def check_node_heartbeats() -> dict[str, list]:
+    """Silent nodes become not-ready (no new work); nodes silent for longer are lost, and their
+    jobs are requeued with a new attempt elsewhere."""
+    now = timezone.now()
+    suspect = mark_silent_nodes_not_ready(now, settings.NODE_SILENT_AFTER_S)
+    requeued = []
+    for node in Node.objects.filter(name__in=lost_nodes(now, settings.NODE_LOST_AFTER_S)):
+        requeued += requeue_jobs_of_lost_node(node)
+    if suspect:
+        request_scheduling_cycle()
+    return {"not_ready": suspect, "requeued": requeued}

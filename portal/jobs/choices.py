@@ -32,11 +32,21 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
     JobState.SCHEDULED: frozenset(
         {JobState.STARTING, JobState.RUNNING, JobState.PENDING, JobState.CANCELLED, JobState.LOST}
     ),
+    # -> pending from starting or running: a transient failure with retries left.
     JobState.STARTING: frozenset(
-        {JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST}
+        {
+            JobState.RUNNING,
+            JobState.PENDING,
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.TIMED_OUT,
+            JobState.LOST,
+        }
     ),
     JobState.RUNNING: frozenset(
         {
+            JobState.PENDING,
             JobState.SUCCEEDED,
             JobState.FAILED,
             JobState.CANCELLED,
@@ -93,3 +103,4 @@ ATTEMPT_ENDED_STATES = frozenset(
 # code instead (scheduler.core.ReasonCode: vc-quota, fragmentation, gang-nodes, ...).
 PENDING_NEW = "new"
 PENDING_REQUEUED = "requeued"
+PENDING_BACKOFF = "backoff"

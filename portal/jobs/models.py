@@ -74,6 +74,11 @@ class Job(models.Model):
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     retries_left = models.PositiveIntegerField(default=0)
+    not_before = models.DateTimeField(null=True, blank=True, help_text="A retry waits until then.")
+    stop_reason = models.CharField(
+        max_length=32, blank=True, help_text="Why the portal asked the agents to stop it, e.g. time-limit."
+    )
+    time_limit_warned = models.BooleanField(default=False)
     exit_code = models.IntegerField(null=True, blank=True)
     end_reason = models.CharField(max_length=500, blank=True)
 

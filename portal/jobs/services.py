@@ -4,6 +4,7 @@ also writes a JobEvent, so a lost race changes nothing and every change leaves a
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import models, transaction
@@ -19,6 +20,7 @@ from portal.cluster.models import Flavor, Gpu, Node, Quota
 from portal.jobs.choices import (
     ACTIVE_STATES,
     ATTEMPT_ENDED_STATES,
+    PENDING_BACKOFF,
     PENDING_NEW,
     PENDING_REQUEUED,
     TERMINAL_STATES,
@@ -217,6 +219,7 @@ def submit_job(user: Any, spec: dict[str, Any]) -> Job:
         reason="submitted",
     )
     record_audit(user, "job.submit", job, tenant=vc.tenant)
+    request_scheduling_cycle()
     return job
 
 
@@ -259,6 +262,8 @@ def cancel_job(job: Job, actor: Any, reason: str = "cancelled by user") -> Job:
     )
     if was_active:
         release_allocations(job)
+    else:
+        request_scheduling_cycle()  # a reservation may have been held for it
     record_audit(actor, "job.cancel", job, tenant=job.tenant)
     return job
 
@@ -358,6 +363,18 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
             end_attempt(job, attempt, AttemptState.STOPPED, None, "preempted")
             requeue_job(job, "requeued after preemption")
         return
+    ended = [s for s in reported if s["state"] in ("exited", "vanished")]
+    if job.stop_reason == "time-limit":
+        if len(ended) == job.replicas and transition_job(
+            job,
+            JobState.TIMED_OUT,
+            label=label,
+            reason="stopped at its time limit",
+            finished_at=now,
+            end_reason="time limit reached",
+        ):
+            end_attempt(job, attempt, AttemptState.STOPPED, None, "time limit reached")
+        return
     failed = [s for s in reported if s["state"] == "exited" and s["reason"] in ("failed", "start_failed")]
     vanished = [s for s in reported if s["state"] == "vanished"]
     if failed:
@@ -365,16 +382,9 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         message = f"replica on {first['node']} exited with code {first['exit_code']}"
         if first["reason"] == "start_failed":
             message = f"replica on {first['node']} could not start: {first['message']}"
-        if transition_job(
-            job,
-            JobState.FAILED,
-            label=label,
-            reason=message,
-            finished_at=now,
-            exit_code=first["exit_code"],
-            end_reason=message,
-        ):
-            end_attempt(job, attempt, AttemptState.FAILED, first["exit_code"], message)
+        fail_or_retry(
+            job, attempt, first["exit_code"], message, label, permanent=first["reason"] == "start_failed"
+        )
         return
     if vanished:
         message = f"replica on {vanished[0]['node']} vanished"
@@ -396,6 +406,9 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         ):
             end_attempt(job, attempt, AttemptState.SUCCEEDED, 0, "succeeded")
         return
+    if len(ended) == job.replicas:
+        fail_or_retry(job, attempt, None, "the replicas stopped without finishing", label, permanent=False)
+        return
     if (
         job.state in (JobState.SCHEDULED, JobState.STARTING)
         and len(reported) == job.replicas
@@ -412,6 +425,49 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         return
     if job.state == JobState.SCHEDULED and reported:
         transition_job(job, JobState.STARTING, label=label, reason="the agent is starting it")
+
+
+def fail_or_retry(
+    job: Job, attempt: JobAttempt, exit_code: int | None, message: str, label: str, permanent: bool
+) -> None:
+    """A failed attempt: retry with backoff while retries remain and the exit code is not one the
+    spec calls permanent; otherwise the job fails."""
+    retries = job.spec.get("retries") or {}
+    permanent_code = exit_code in retries.get("permanent_exit_codes", [])
+    now = timezone.now()
+    if job.retries_left > 0 and not (permanent or permanent_code):
+        used = retries.get("limit", 0) - job.retries_left
+        backoff = retries.get("backoff_seconds", 60) * (2**used)
+        reason = f"{message}; retry {used + 1} of {retries.get('limit', 0)} in {backoff} s"
+        if transition_job(
+            job,
+            JobState.PENDING,
+            label=label,
+            reason=reason,
+            retries_left=job.retries_left - 1,
+            not_before=now + timedelta(seconds=backoff),
+            pending_reason=PENDING_BACKOFF,
+            pending_message=reason,
+        ):
+            end_attempt(job, attempt, AttemptState.FAILED, exit_code, message)
+        return
+    if permanent_code:
+        message = f"{message}, which the spec calls permanent: no retry"
+    if transition_job(
+        job,
+        JobState.FAILED,
+        label=label,
+        reason=message,
+        finished_at=now,
+        exit_code=exit_code,
+        end_reason=message,
+    ):
+        end_attempt(job, attempt, AttemptState.FAILED, exit_code, message)
+
+
+def record_job_event(job: Job, label: str, reason: str, data: dict[str, Any] | None = None) -> None:
+    """An event that is not a transition (a warning, a request sent to the agents)."""
+    JobEvent.objects.create(job=job, actor_label=label, reason=reason[:500], data=data or {})
 
 
 def requeue_job(job: Job, reason: str) -> None:
@@ -471,3 +527,66 @@ def record_checkpoint(node: Node, done: CheckpointDone) -> Checkpoint:
         defaults={"size_bytes": done.size_bytes, "written_at": done.time},
     )
     return checkpoint
+
+
+@transaction.atomic
+def requeue_jobs_of_lost_node(node: Node) -> list[int]:
+    """Every job holding GPUs on a lost node gets a new attempt elsewhere (from its last
+    checkpoint); the node's agent, if it returns, is told to stop what it still runs."""
+    job_ids = set(
+        Allocation.objects.filter(node=node, released_at__isnull=True).values_list(
+            "attempt__job_id", flat=True
+        )
+    )
+    requeued = []
+    for job in Job.objects.select_for_update().filter(pk__in=job_ids, state__in=ACTIVE_STATES).order_by("pk"):
+        attempt = job.attempts.order_by("-number").first()
+        reason = f"node {node.name} lost (no heartbeat)"
+        if attempt is not None and transition_job(job, JobState.LOST, label="portal", reason=reason):
+            end_attempt(job, attempt, AttemptState.LOST, None, reason)
+            requeue_job(job, f"requeued after node {node.name} was lost")
+            requeued.append(job.pk)
+    return requeued
+
+
+def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -> dict[str, int]:
+    """Warns once before a job's time limit, asks its agents to stop it at the limit (the job then
+    ends timed-out), and ends it anyway when the agents have not confirmed within force_after_s."""
+    from agents.protocol import StopRequest, encode
+    from portal.agentgw.desired import agent_attempt_id
+    from portal.agentgw.outbox import send_request
+
+    counts = {"warned": 0, "stopping": 0, "forced": 0}
+    for job in Job.objects.filter(state__in=[JobState.RUNNING, JobState.SUSPENDED]):
+        attempt = job.attempts.order_by("-number").first()
+        if attempt is None or attempt.started_at is None:
+            continue
+        left = job.time_limit_s - (now - attempt.started_at).total_seconds()
+        with transaction.atomic():
+            if 0 < left <= warn_before_s and not job.time_limit_warned:
+                if Job.objects.filter(pk=job.pk, time_limit_warned=False).update(time_limit_warned=True):
+                    record_job_event(job, "portal", f"time limit reached in {int(left)} s")
+                    counts["warned"] += 1
+            elif left <= 0 and not job.stop_reason:
+                if Job.objects.filter(pk=job.pk, stop_reason="").update(stop_reason="time-limit"):
+                    grace = float((job.spec.get("checkpoint") or {}).get("grace_seconds", 30))
+                    for replica, node_id in attempt.allocations.values_list("replica", "node_id").distinct():
+                        request = StopRequest(
+                            attempt_id=agent_attempt_id(attempt, replica), grace_period_s=grace
+                        )
+                        send_request(node_id, encode(request))
+                    record_job_event(job, "portal", f"time limit of {job.time_limit_s} s reached: stopping")
+                    counts["stopping"] += 1
+            elif left <= -force_after_s and job.stop_reason == "time-limit":
+                job = Job.objects.select_for_update().get(pk=job.pk)
+                if transition_job(
+                    job,
+                    JobState.TIMED_OUT,
+                    label="portal",
+                    reason="the agents did not confirm the stop in time",
+                    finished_at=now,
+                    end_reason="time limit reached",
+                ):
+                    end_attempt(job, attempt, AttemptState.STOPPED, None, "time limit reached")
+                    counts["forced"] += 1
+    return counts

@@ -26,6 +26,7 @@ EXPECTED_PATHS = [
     ("succeeded", "pending", False),
     ("cancelled", "running", False),
     ("preempted", "running", False),
+    ("running", "pending", True),
     ("suspended", "succeeded", False),
 ]
 

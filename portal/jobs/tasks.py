@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from portal.jobs.services import enforce_time_limits
+
+
+@shared_task
+def check_time_limits() -> dict[str, int]:
+    return enforce_time_limits(
+        timezone.now(), settings.TIME_LIMIT_WARNING_S, settings.TIME_LIMIT_FORCE_AFTER_S
+    )
