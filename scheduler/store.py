@@ -223,8 +223,6 @@ def preempt_job(job: Job, preemption: core.Preemption) -> bool:
     replicas = attempt.allocations.values_list("replica", "node_id").distinct() if attempt else []
     for replica, node_id in replicas:
         message_type = CheckpointRequest if checkpointable else StopRequest
-        request = message_type(
-            attempt_id=agent_attempt_id(attempt, replica), grace_period_s=preemption.grace_period_s
-        )
+        request = message_type(attempt_id=agent_attempt_id(attempt, replica), grace_period_s=grace)
         send_request(node_id, encode(request))
     return True
