@@ -38,7 +38,7 @@ from agents.runtime import (
     UnknownAttemptError,
     split_long_line,
 )
-from agents.runtime.policy import HostPolicy, prepare
+from agents.runtime.policy import HostPolicy, PolicyError, prepare
 from agents.runtime.wrapper import write_exit_code
 
 WRAPPER = Path(__file__).with_name("wrapper.py")
@@ -66,6 +66,9 @@ class ProcessRuntime:
         directory = self._dir(attempt.attempt_id)
         if directory.exists():
             raise RuntimeFailure(f"attempt {attempt.attempt_id} was already started on this node")
+        if attempt.mounts:
+            # Without a mount namespace a "mount" would silently be just a host path; refuse instead.
+            raise PolicyError("the process runtime cannot mount volumes; this job needs a Docker node")
         plan = prepare(attempt, self.policy)
         directory.mkdir(parents=True)
         env = {**self.base_env, "HOME": str(directory), **plan.env}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from agent_builders import collect_logs, eventually, make_attempt
 
-from agents.protocol import AttemptState, GpuRef
+from agents.protocol import AttemptState, GpuRef, Mount
 from agents.runtime import RuntimeFailure, UnknownAttemptError
 from agents.runtime.policy import HostPolicy, PolicyError
 from agents.runtime.process import ProcessRuntime
@@ -90,8 +90,9 @@ async def test_the_command_runs_in_its_own_process_group(runtime: ProcessRuntime
         {"env": {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}},
         {"env": {"GPUPORTAL_RESUME": "1"}},
         {"checkpoint_dir": "/etc/cron.d"},
+        {"mounts": [Mount(source="/srv/data", target="/data")]},
     ],
-    ids=["ld-preload", "nvidia-visible", "cuda-visible", "gpuportal", "checkpoint-outside-root"],
+    ids=["ld-preload", "nvidia-visible", "cuda-visible", "gpuportal", "checkpoint-outside-root", "mounts"],
 )
 async def test_it_refuses_a_policy_violation_and_starts_nothing(runtime: ProcessRuntime, fields) -> None:
     with pytest.raises(PolicyError):
