@@ -59,10 +59,15 @@ def submit_as(users: dict[str, Any]) -> Callable[..., Awaitable[dict[str, Any]]]
     from rest_framework.test import APIClient
 
     def submit(username: str, **spec: Any) -> dict[str, Any]:
+        from django.db import connection
+
         client = APIClient()
         client.force_authenticate(users[username])
         body = {"vc": "vision", "flavor": "s-A100", "command": "sleep 600", **spec}
-        response = client.post("/api/v1/jobs/", body, format="json")
+        try:
+            response = client.post("/api/v1/jobs/", body, format="json")
+        finally:
+            connection.close()  # this worker thread's own connection; the test database is dropped at the end
         assert response.status_code == 201, response.content
         return dict(response.json())
 
