@@ -255,6 +255,10 @@ def private_services(
             shutil.rmtree(temp, ignore_errors=True)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 class Supervisor:
     """Runs several long-lived processes, prefixes their output, and stops them all together."""
 
@@ -282,7 +286,8 @@ class Supervisor:
             sys.stdout.flush()
 
     def wait(self) -> int:
-        """Blocks until Ctrl-C or until one process exits; returns that process's code."""
+        """Blocks until Ctrl-C (or SIGTERM) or until one process exits; returns that process's code."""
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             while True:
                 for name, proc in self.procs:

@@ -245,6 +245,18 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
+    def kill_jobs(self) -> None:
+        """Job processes outlive their agent by design; a test must not leave them behind."""
+        marker = str(self.state_dir).encode()
+        for proc_dir in Path("/proc").iterdir():
+            if not proc_dir.name.isdigit():
+                continue
+            try:
+                if marker in (proc_dir / "cmdline").read_bytes():
+                    os.killpg(int(proc_dir.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+
     def log(self) -> str:
         return "\n".join(
             p.read_text(errors="replace") for p in sorted(self.state_dir.parent.glob(f"{self.node}-*.log"))
@@ -269,3 +281,4 @@ def start_agent(live_stack: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
     yield start
     for agent in agents:
         agent.stop()
+        agent.kill_jobs()
