@@ -574,6 +574,25 @@ class _CycleRun:
         final = self._fits_after_releasing(job, model, [v for v, _ in chosen])
         assert final is not None, "a victim set that fitted must fit again"
         final.commit()
+        # The victims' GPUs that the job does not take stay busy until the victims are gone
+        # (a quota-driven preemption frees quota, not necessarily the GPUs the job lands on).
+        for victim, _ in chosen:
+            for hold in self.holds[victim.id]:
+                free = self.state.nodes[hold.node_idx].free.get(hold.model, set())
+                still_free = tuple(i for i in hold.gpu_indices if i in free)
+                if still_free:
+                    whole = len(still_free) == len(hold.gpu_indices)
+                    self.state.block(
+                        GpuHold(
+                            hold.node_idx,
+                            hold.model,
+                            still_free,
+                            hold.cpu_milli if whole else 0,
+                            hold.memory_mib if whole else 0,
+                            hold.vc,
+                            hold.user,
+                        )
+                    )
         grace = self.settings.grace_period_s
         for victim, reason in chosen:
             self.released.add(victim.id)

@@ -125,6 +125,15 @@ class ClusterState:
     def take(self, hold: GpuHold) -> None:
         """Claim the hold's GPUs and charge its VC and user. GPUs that are not free (an
         unhealthy GPU a running job still holds) are charged but not removed twice."""
+        self._remove_free(hold)
+        self._add_usage(hold, len(hold.gpu_indices))
+
+    def block(self, hold: GpuHold) -> None:
+        """Mark GPUs busy without charging anyone's quota: the GPUs of a preempted job that
+        its preemptor does not use are free on paper but still busy until the job is gone."""
+        self._remove_free(hold)
+
+    def _remove_free(self, hold: GpuHold) -> None:
         slot = self.nodes[hold.node_idx]
         free = slot.free.setdefault(hold.model, set())
         self.version += 1
@@ -137,7 +146,6 @@ class ClusterState:
             slot.cpu_free -= hold.cpu_milli
         if slot.memory_free is not None:
             slot.memory_free -= hold.memory_mib
-        self._add_usage(hold, len(hold.gpu_indices))
 
     def give(self, hold: GpuHold) -> None:
         """Inverse of take. GPUs that are unhealthy stay out of the free set."""

@@ -65,6 +65,9 @@ class Portal:
         return Snapshot(tuple(self.nodes), vcs, tuple(self.running.values()), tuple(self.pending.values()))
 
     def apply(self, op: tuple[object, ...]) -> None:
+        # Jobs preempted in the previous step have used their grace period: they leave now.
+        for job in [j for j in self.running.values() if j.stopping]:
+            self._requeue(job)
         kind = op[0]
         if kind == "submit":
             _, per, replicas, vc, priority = op
@@ -118,7 +121,8 @@ class Portal:
 
     def apply_plan(self, plan: Plan) -> None:
         for preemption in plan.preemptions:
-            self._requeue(self.running[preemption.job_id])
+            # Like the portal: signal, keep the GPUs through the grace period, then requeue.
+            self.running[preemption.job_id] = replace(self.running[preemption.job_id], stopping=True)
         for start in plan.starts:
             job = self.pending.pop(start.job_id)
             self.running[job.id] = RunningJob(

@@ -250,3 +250,22 @@ def test_expected_end_of_a_running_job(fields: dict[str, float], expected_end: f
     snap = Snap().node("n0", 1).running("r", [("n0", (0,))], started_at=0.0, **fields)
     (job,) = snap.build().running
     assert running_end(job, now=1000.0, default_runtime_s=3600.0) == pytest.approx(expected_end)
+
+
+def test_gpus_of_a_stopping_job_are_not_handed_to_anyone_else() -> None:
+    # "new" is blocked by its VC's quota; the stopping "old" of the same VC frees that quota,
+    # and "new" may land on other GPUs. Old's GPUs are still busy until it is gone, so the
+    # later "other" must not start on them.
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .vc("team", 4)
+        .vc("free", 8)
+        .running("old", [("n0", (4, 5, 6, 7))], vc="team", stopping=True)
+        .pending("new", 4, vc="team", submitted_at=1)
+        .pending("other", 4, vc="free", submitted_at=2)
+    )
+    plan = decide(snap.build(), PREEMPT, now=5000.0)
+    used = {(r.node, i) for s in plan.starts for r in s.placement for i in r.gpu_indices}
+    assert not used & {("n0", i) for i in range(4, 8)}
+    assert next(p for p in plan.pending if p.job_id == "new").reason is ReasonCode.WAITING_FOR_PREEMPTION
