@@ -15,12 +15,28 @@ from scheduler.store import apply_plan, load_snapshot
 
 CYCLE_LOCK = 0x6770_7363  # the advisory lock id: one cycle at a time across workers
 DEBOUNCE_S = 0.2
+PAUSE_KEY = "scheduler:paused"
+
+
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def set_loop_paused(paused: bool) -> None:
+    """Pauses the loop for maintenance: running jobs go on, nothing new starts or is preempted."""
+    if paused:
+        redis_client().set(PAUSE_KEY, 1)
+    else:
+        redis_client().delete(PAUSE_KEY)
+
+
+def loop_paused() -> bool:
+    return bool(redis_client().exists(PAUSE_KEY))
 
 
 def request_cycle() -> None:
     """Asks for a cycle soon. Requests within DEBOUNCE_S share one cycle."""
-    cache = redis.Redis.from_url(settings.REDIS_URL)
-    if cache.set("scheduler:cycle-requested", 1, px=int(DEBOUNCE_S * 1000), nx=True):
+    if redis_client().set("scheduler:cycle-requested", 1, px=int(DEBOUNCE_S * 1000), nx=True):
         schedule_cycle.apply_async(countdown=DEBOUNCE_S)
 
 
@@ -46,6 +62,8 @@ def run_cycle(profile: core.Profile | None = None) -> dict[str, Any] | None:
 
 @shared_task(acks_late=False)
 def schedule_cycle() -> dict[str, Any] | None:
+    if loop_paused():
+        return {"paused": True}
     result = run_cycle()
     if result is None:  # another worker is mid-cycle; make sure this request is not lost
         schedule_cycle.apply_async(countdown=1)

@@ -15,7 +15,7 @@ name to a factory and a profile decides at which points it runs. Contracts every
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
@@ -52,7 +52,6 @@ class CycleContext:
     state: ClusterState
     running_by_id: dict[str, RunningJob]
     borrowed_gpus: dict[str, int]  # running job id -> GPUs above its VC's guarantee
-    args: Mapping[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable

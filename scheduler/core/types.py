@@ -217,4 +217,3 @@ class Plan:
     pending: tuple[PendingStatus, ...] = ()
     reservation: JobId | None = None
     wake_at: float | None = None
-    notes: tuple[str, ...] = field(default=())
