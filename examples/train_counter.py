@@ -52,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         if step % args.report_every == 0:
             print(f"step {step} loss {state['loss']:.4f}", flush=True)
         if ckpt.requested:
+            # Say it before saving: once the marker exists the agent may stop the job at once.
+            print(f"checkpoint requested at step {step}: saving and exiting", flush=True)
             ckpt.save_json(step, state)
-            print(f"checkpoint requested: saved step {step}, exiting", flush=True)
             return 0
         if step % args.save_every == 0:
             ckpt.save_json(step, state)

@@ -41,7 +41,7 @@ def run_cli(live_stack: dict[str, Any], tmp_path: Path) -> RunCli:
     def run(
         token: str | None, *args: str, input: str | None = None, timeout: float = 240, url: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        result = subprocess.run(
             [sys.executable, "-m", "gpuportal", *args, "--poll", "0.5"]
             if args and args[0] in ("submit", "logs")
             else [sys.executable, "-m", "gpuportal", *args],
@@ -52,5 +52,9 @@ def run_cli(live_stack: dict[str, Any], tmp_path: Path) -> RunCli:
             text=True,
             timeout=timeout,
         )
+        if "HTTP 5" in result.stderr:  # a portal bug: keep its traceback with the failure
+            web_log = Path(live_stack["logs"]) / "web.log"
+            result.stderr += "\n--- web.log (tail) ---\n" + "\n".join(web_log.read_text().splitlines()[-60:])
+        return result
 
     return run

@@ -156,7 +156,7 @@ def test_the_example_saves_on_the_signal_as_the_agent_expects_and_resumes(tmp_pa
     output = "".join(seen) + first.stdout.read()
     assert first.wait(10) == 0
     assert found is not None, output
-    assert f"checkpoint requested: saved step {found.step}, exiting" in output
+    assert f"checkpoint requested at step {found.step}: saving and exiting" in output
     assert found.step > 25
     assert json.loads(found.path.read_text())["step"] == found.step
 
