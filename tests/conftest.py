@@ -282,3 +282,14 @@ def start_agent(live_stack: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
     for agent in agents:
         agent.stop()
         agent.kill_jobs()
+
+
+@pytest.fixture
+def paused_loop() -> Iterator[None]:
+    """For tests that drive scheduling cycles by hand: the live stack's worker and beat (started
+    by another test of the session, on the same database) must not run cycles of their own."""
+    from scheduler.tasks import set_loop_paused
+
+    set_loop_paused(True)
+    yield
+    set_loop_paused(False)

@@ -199,3 +199,17 @@ def test_cancelling_a_running_job_frees_its_gpus(api_for, small_job) -> None:  #
     assert not Allocation.objects.filter(attempt__job=job, released_at__isnull=True).exists()
     attempt.refresh_from_db()
     assert attempt.state == "stopped" and attempt.ended_at is not None
+
+
+def test_a_vcs_queue_lists_in_scheduler_order(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    ids = [
+        api_for("alice").post("/api/v1/jobs/", {**small_job, "name": f"q{i}"}, format="json").json()["id"]
+        for i in range(3)
+    ]
+    for position, job_id in zip([2, 3, 1], ids, strict=True):
+        Job.objects.filter(pk=job_id).update(queue_position=position)
+    queue = (
+        api_for("bob").get("/api/v1/jobs/?vc=vision&state=pending&ordering=queue_position").json()["results"]
+    )
+    assert [j["id"] for j in queue] == [ids[2], ids[0], ids[1]]
+    assert [j["queue_position"] for j in queue] == [1, 2, 3]

@@ -4,11 +4,13 @@ from typing import Any
 
 from django.db.models import Prefetch
 from django.utils.dateparse import parse_datetime
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied as DRFPermissionDenied
 from rest_framework.exceptions import ValidationError
+from rest_framework.filters import OrderingFilter
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -29,6 +31,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     """Jobs of your tenants. POST a job spec (JSON or YAML) to submit."""
 
     filterset_class = JobFilterSet
+    filter_backends = [DjangoFilterBackend, OrderingFilter]
+    ordering_fields = ["queue_position", "submitted_at", "priority", "id"]
 
     def get_queryset(self) -> Any:
         qs = Job.objects.for_user(self.request.user).select_related(

@@ -153,7 +153,9 @@ async def state_of(job: Job) -> str:
     return (await Job.objects.aget(pk=job.pk)).state
 
 
-async def test_reports_move_the_job_and_duplicates_late_and_foreign_ones_change_nothing(users) -> None:  # type: ignore[no-untyped-def]
+async def test_reports_move_the_job_and_duplicates_late_and_foreign_ones_change_nothing(
+    users, paused_loop
+) -> None:  # type: ignore[no-untyped-def]
     one, _ = await greet("a100-node-1")
     two, _ = await greet("a100-node-2")
     job = await sync_to_async(place_a_job)(users["alice"])

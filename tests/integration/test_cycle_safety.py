@@ -1,0 +1,131 @@
+"""Two cycles at once never allocate a GPU twice, and a worker killed mid-cycle leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+from rest_framework.test import APIClient
+
+from portal.cluster.models import Node
+from portal.jobs.models import Allocation, Job, JobAttempt
+from scheduler import core
+from scheduler.store import apply_plan, load_snapshot
+from scheduler.tasks import load_profile, run_cycle
+from tests.integration.invariants import assert_invariants
+
+pytestmark = pytest.mark.django_db(transaction=True)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def ready_cluster_with_jobs(users: dict[str, Any], paused_loop: None) -> list[int]:
+    Node.objects.update(state="ready")
+    client = APIClient()
+    client.force_authenticate(users["alice"])
+    ids = []
+    for i in range(6):
+        spec = {"name": f"j{i}", "vc": "vision", "flavor": "m-A100", "command": "true"}
+        ids.append(client.post("/api/v1/jobs/", spec, format="json").json()["id"])
+    return ids
+
+
+def test_two_plans_from_one_snapshot_never_double_book(ready_cluster_with_jobs) -> None:  # type: ignore[no-untyped-def]
+    """Without the lock (as if two workers raced), the second plan loses every compare-and-set."""
+    now = time.time()
+    first, second = load_snapshot(now), load_snapshot(now)
+    profile = load_profile()
+    plan_a, plan_b = core.decide(first.snapshot, profile, now), core.decide(second.snapshot, profile, now)
+    assert plan_a.starts and [s.job_id for s in plan_a.starts] == [s.job_id for s in plan_b.starts]
+    with transaction.atomic():
+        applied_a = apply_plan(plan_a, first, now)
+    with transaction.atomic():
+        applied_b = apply_plan(plan_b, second, now)
+    assert applied_a["started"] == 4  # 16 A100 in vision's reach, 4 GPUs each
+    assert applied_b["started"] == 0
+    assert Allocation.objects.filter(released_at__isnull=True).count() == 16
+    assert_invariants()
+
+
+def test_concurrent_cycles_are_serialised_by_the_advisory_lock(ready_cluster_with_jobs) -> None:  # type: ignore[no-untyped-def]
+    results: list[Any] = []
+    barrier = threading.Barrier(4)
+
+    def cycle() -> None:
+        barrier.wait()
+        try:
+            results.append(run_cycle())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=cycle) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    started = sum(r["started"] for r in results if r is not None)
+    assert started == 4
+    assert Job.objects.filter(state="scheduled").count() == 4
+    assert_invariants()
+
+
+KILL_AFTER_APPLY = """
+import os, signal, django
+django.setup()
+import scheduler.tasks as tasks
+from scheduler.store import apply_plan
+
+def apply_then_die(plan, loaded, now):
+    result = apply_plan(plan, loaded, now)
+    print("applied", result, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # the worker dies before its transaction commits
+
+tasks.apply_plan = apply_then_die
+tasks.run_cycle()
+"""
+
+
+def test_a_worker_killed_mid_cycle_leaves_nothing_half_applied(ready_cluster_with_jobs) -> None:  # type: ignore[no-untyped-def]
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DEBUG": "true",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_APPLY],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == -9, result.stderr[-2000:]
+    assert "'started': 4" in result.stdout  # it really had written four starts before dying
+    assert not Allocation.objects.exists()
+    assert not JobAttempt.objects.exists()
+    assert set(Job.objects.values_list("state", flat=True)) == {"pending"}
+    assert all(job.events.count() == 1 for job in Job.objects.all())
+    # The next cycle starts from a clean slate and the lock was released with the dead session.
+    assert run_cycle()["started"] == 4
+    assert_invariants()
+
+
+def test_a_paused_loop_starts_nothing(ready_cluster_with_jobs, capsys) -> None:  # type: ignore[no-untyped-def]
+    from scheduler.tasks import schedule_cycle
+
+    assert schedule_cycle() == {"paused": True}
+    assert Job.objects.filter(state="pending").count() == 6
+    call_command("scheduler_loop", "status")
+    assert capsys.readouterr().out.strip() == "paused"
