@@ -150,8 +150,9 @@ def resolve_checkpoint_dir(path: str, policy: HostPolicy) -> Path:
     if not path.startswith("/"):
         raise PolicyError(f"checkpoint directory {path!r} is not an absolute path")
     real_path = Path(os.path.realpath(path))
-    if not any(_is_within(real_path, Path(os.path.realpath(root))) for root in policy.checkpoint_roots):
-        raise PolicyError(f"checkpoint directory {path!r} is outside the checkpoint roots of this node")
+    # Strictly below a root: the root itself holds every job's checkpoints.
+    if not any(Path(os.path.realpath(root)) in real_path.parents for root in policy.checkpoint_roots):
+        raise PolicyError(f"checkpoint directory {path!r} is not inside a checkpoint root of this node")
     real_path.mkdir(parents=True, exist_ok=True)
     return real_path
 
@@ -170,10 +171,9 @@ def _normalize_target(target: str) -> str:
 
 
 def _containing_root(path: Path, roots: tuple[VolumeRoot, ...]) -> VolumeRoot | None:
-    for root in roots:
-        if _is_within(path, Path(os.path.realpath(root.path))):
-            return root
-    return None
+    """The most specific root that contains ``path`` (a rw root may sit inside a ro one)."""
+    containing = [root for root in roots if _is_within(path, Path(os.path.realpath(root.path)))]
+    return max(containing, key=lambda root: len(Path(os.path.realpath(root.path)).parts), default=None)
 
 
 def _is_within(path: Path, root: Path) -> bool:

@@ -11,7 +11,14 @@ import pytest
 from agents.agent import Backoff
 from agents.config import agent_url, is_loopback_url, parse_args
 from agents.protocol import RuntimeInfo
-from agents.runtime.policy import HostPolicy, PolicyError, VolumeRoot, env_problems, resolve_mount
+from agents.runtime.policy import (
+    HostPolicy,
+    PolicyError,
+    VolumeRoot,
+    env_problems,
+    resolve_checkpoint_dir,
+    resolve_mount,
+)
 from agents.versions import MinimumVersions, drain_reasons, parse_version
 
 
@@ -154,3 +161,19 @@ def test_mounts_stay_inside_allowed_roots(tmp_path: Path) -> None:
         with pytest.raises(PolicyError, match=message):
             resolve_mount(source, target, read_only, policy)
     assert os.path.realpath(data / "escape") == "/etc"
+
+
+def test_the_most_specific_volume_root_decides_and_checkpoints_stay_below_their_root(tmp_path: Path) -> None:
+    shared, scratch = tmp_path / "shared", tmp_path / "shared" / "scratch"
+    scratch.mkdir(parents=True)
+    policy = HostPolicy(
+        volume_roots=(VolumeRoot(shared), VolumeRoot(scratch, writable=True)),
+        checkpoint_roots=(tmp_path / "ckpt",),
+    )
+    assert not resolve_mount(str(scratch), "/scratch", False, policy).read_only
+    with pytest.raises(PolicyError, match="read-only"):
+        resolve_mount(str(shared), "/shared", False, policy)
+    assert resolve_checkpoint_dir(str(tmp_path / "ckpt" / "job-1"), policy) == tmp_path / "ckpt" / "job-1"
+    for outside in (tmp_path / "ckpt", tmp_path / "ckpt" / ".." / "elsewhere"):
+        with pytest.raises(PolicyError, match="not inside a checkpoint root"):
+            resolve_checkpoint_dir(str(outside), policy)
