@@ -141,15 +141,16 @@ def borrowed_by_job(
 def order_queue(
     pending: Sequence[PendingJob], plugins: PluginSet, ctx: CycleContext, profile: Profile
 ) -> list[PendingJob]:
-    def key(job: PendingJob, sorters: Sequence[QueueSortPlugin]) -> tuple[Any, ...]:
-        parts: list[Any] = []
-        for sorter in sorters:
-            parts.extend(sorter.sort_key(job, ctx))
-        parts.append(job.submitted_at)
-        parts.append(job.id)
-        return tuple(parts)
+    def ordered(jobs: Sequence[PendingJob], sorters: Sequence[QueueSortPlugin]) -> list[PendingJob]:
+        # One column of keys per plugin, then one concatenated tuple per job: cheaper than
+        # building each job's key piece by piece when the queue is long.
+        columns = [[sorter.sort_key(job, ctx) for job in jobs] for sorter in sorters]
+        tails = [(job.submitted_at, job.id) for job in jobs]
+        keys = [sum(parts, ()) for parts in zip(*columns, tails, strict=True)]
+        order = sorted(range(len(jobs)), key=keys.__getitem__)
+        return [jobs[i] for i in order]
 
-    queue = sorted(pending, key=lambda j: key(j, plugins.queue_sort))
+    queue = ordered(pending, plugins.queue_sort)
     for vc in ctx.snapshot.vcs:
         if not vc.queueing_policy:
             continue
@@ -162,7 +163,7 @@ def order_queue(
             plugins.by_name[vc.queueing_policy] = sorter
         assert isinstance(sorter, QueueSortPlugin)
         positions = [i for i, job in enumerate(queue) if job.vc == vc.name]
-        own = sorted((queue[i] for i in positions), key=lambda j, s=sorter: key(j, [s]))
+        own = ordered([queue[i] for i in positions], [sorter])
         for i, job in zip(positions, own, strict=True):
             queue[i] = job
     return queue

@@ -95,7 +95,11 @@ def estimate_starts(
     vc_passing: dict[str, list[tuple[float, int]]] = {}
     next_passing = 0
     cursor = now
-    for job in queue:
+    columns = [[h.horizon_key(job, ctx) for job in queue] for h in horizons]
+    horizon_keys: list[tuple[tuple[float, ...], ...]] = (
+        list(zip(*columns, strict=True)) if columns else [()] * len(queue)
+    )
+    for position, job in enumerate(queue):
         if job.id in started:
             continue
         if job.id in waiting:
@@ -114,7 +118,7 @@ def estimate_starts(
         ):
             estimates[job.id] = None
             continue
-        key = tuple(h.horizon_key(job, ctx) for h in horizons) if horizons else ()
+        key = horizon_keys[position]
         if key != segment and not (len(released_running) == len(running) and cursor >= latest_end):
             # (Once every running job is gone by its expected end, no kind of job can see one
             # later, so the remaining kinds need no recomputation.)
