@@ -1,4 +1,4 @@
-import { useCallback, useEffect, useState } from "react";
+import { useCallback, useEffect, useRef, useState } from "react";
 
 import { ApiError, api, setUnauthorizedHandler } from "./api/client";
 import { live, useLiveStatus } from "./api/live";
@@ -84,6 +84,12 @@ function isCurrent(href: string, path: string): boolean {
 function Shell({ me, signOut }: { me: Me; signOut: () => void }) {
   const { path } = useLocation();
   const status = useLiveStatus();
+  const firstPath = useRef(path);
+  useEffect(() => {
+    // After moving to another page, keyboard and screen-reader users start at its content.
+    if (path !== firstPath.current) document.getElementById("main")?.focus({ preventScroll: true });
+    firstPath.current = "";
+  }, [path]);
   return (
     <>
       <a className="skip-link" href="#main">

@@ -41,7 +41,7 @@ def main() -> int:
 
 
 @pytest.fixture
-def hosts(start_agent: Any) -> list[Any]:
+def hosts(users: Any, start_agent: Any) -> list[Any]:
     from portal.cluster.models import Node
     from tests.conftest import wait_for
 
@@ -134,6 +134,8 @@ async def test_take_screenshots(live_stack: dict[str, Any], hosts: Any, submit_a
     await page.goto(f"{base}/jobs/{train['id']}")
     await page.wait_for_timeout(2000)
     await shot(page, "11-phone-job")
+    await page.goto(base + "/jobs")
+    await shot(page, "12-phone-jobs")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@ import type { LiveTelemetrySample } from "../api/live";
 import type { Allocation, TelemetrySample } from "../api/types";
 import { LineChart, type Series } from "./charts";
 
-export type Sample = Pick<LiveTelemetrySample, "gpu_uuid" | "time" | "utilization_pct" | "memory_used_mib" | "power_w" | "temperature_c">;
+export type Sample = Pick<
+  LiveTelemetrySample,
+  "gpu_uuid" | "time" | "utilization_pct" | "memory_used_mib" | "memory_total_mib" | "power_w" | "temperature_c"
+>;
 
 export function toSample(s: TelemetrySample | LiveTelemetrySample): Sample {
   return {
@@ -12,6 +15,7 @@ export function toSample(s: TelemetrySample | LiveTelemetrySample): Sample {
     memory_used_mib: s.memory_used_mib ?? 0,
     power_w: s.power_w ?? 0,
     temperature_c: s.temperature_c ?? 0,
+    memory_total_mib: "memory_total_mib" in s ? s.memory_total_mib : undefined,
   };
 }
 
@@ -34,10 +38,13 @@ function series(samples: Sample[], allocations: Allocation[], pick: (s: Sample) 
 }
 
 export function TelemetryCharts({ samples, allocations }: { samples: Sample[]; allocations: Allocation[] }) {
+  // The live samples say how much memory a GPU has; the chart then shows use against it.
+  const totals = samples.map((s) => s.memory_total_mib ?? 0).filter((m) => m > 0);
+  const memoryMax = totals.length ? Math.max(...totals) / 1024 : undefined;
   return (
     <div className="charts">
       <LineChart title="GPU utilization" unit="%" yMax={100} series={series(samples, allocations, (s) => s.utilization_pct)} />
-      <LineChart title="GPU memory used" unit="GiB" series={series(samples, allocations, (s) => s.memory_used_mib / 1024)} />
+      <LineChart title="GPU memory used" unit="GiB" yMax={memoryMax} series={series(samples, allocations, (s) => s.memory_used_mib / 1024)} />
       <LineChart title="Power" unit="W" series={series(samples, allocations, (s) => s.power_w)} />
     </div>
   );

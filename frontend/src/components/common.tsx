@@ -1,4 +1,4 @@
-import type { ReactNode } from "react";
+import { type ReactNode, useEffect } from "react";
 
 import type { JobState } from "../api/types";
 import type { LiveStatus } from "../api/live";
@@ -42,7 +42,11 @@ export function LiveIndicator({ status }: { status: LiveStatus }) {
   );
 }
 
-export function PageHeader({ title, children }: { title: ReactNode; children?: ReactNode }) {
+export function PageHeader({ title, docTitle, children }: { title: ReactNode; docTitle?: string; children?: ReactNode }) {
+  const text = docTitle ?? (typeof title === "string" ? title : undefined);
+  useEffect(() => {
+    if (text) document.title = `${text} · GPU Portal`;
+  }, [text]);
   return (
     <div className="page-header">
       <h1>{title}</h1>

@@ -62,7 +62,7 @@ export function DashboardPage() {
             <div key={vc.id} className="vc-summary">
               <h3>
                 <Link href={`/vcs/${encodeURIComponent(vc.name)}`}>{vc.name}</Link>{" "}
-                <span className="muted">{vc.tenant}</span>
+                <span className="muted">tenant {vc.tenant}</span>
               </h3>
               {vc.quotas.map((q) => (
                 <div key={q.gpu_model} className="quota-row">

@@ -65,6 +65,7 @@ export function JobDetailPage({ id }: { id: number }) {
   return (
     <>
       <PageHeader
+        docTitle={`${j.name} #${j.id}`}
         title={
           <>
             {j.name} <span className="muted">#{j.id}</span> <StateBadge state={j.state} />

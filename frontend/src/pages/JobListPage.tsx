@@ -58,6 +58,7 @@ export function JobListPage() {
   const [selected, setSelected] = useState<Set<number>>(new Set());
   const [progress, setProgress] = useState<BulkProgress | null>(null);
   const [qText, setQText] = useState(filters.q);
+  const [ownerText, setOwnerText] = useState(filters.owner);
   const [confirming, setConfirming] = useState(false);
 
   const setFilters = (patch: Partial<Filters>) => {
@@ -97,7 +98,7 @@ export function JobListPage() {
 
   const submitSearch = (event: FormEvent) => {
     event.preventDefault();
-    setFilters({ q: qText.trim() });
+    setFilters({ q: qText.trim(), owner: ownerText.trim() });
   };
 
   return (
@@ -126,11 +127,16 @@ export function JobListPage() {
         </div>
         <div className="field">
           <label htmlFor="filter-owner">Owner</label>
-          <select id="filter-owner" value={filters.owner === "" || filters.owner === "me" ? filters.owner : "other"} onChange={(e) => setFilters({ owner: e.target.value === "other" ? filters.owner : e.target.value })}>
-            <option value="">anyone</option>
-            <option value="me">me</option>
-            {filters.owner !== "" && filters.owner !== "me" && <option value="other">{filters.owner}</option>}
-          </select>
+          <input
+            id="filter-owner"
+            list="owner-choices"
+            placeholder="anyone, me, or a user name"
+            value={ownerText}
+            onChange={(e) => setOwnerText(e.target.value)}
+          />
+          <datalist id="owner-choices">
+            <option value="me" />
+          </datalist>
         </div>
         <fieldset className="state-filter">
           <legend>State</legend>
