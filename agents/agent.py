@@ -37,6 +37,7 @@ from agents.protocol import (
     DesiredAttempt,
     DesiredSet,
     ExitReason,
+    GpuSample,
     Heartbeat,
     Hello,
     LogChunk,
@@ -259,7 +260,10 @@ class Agent:
             await asyncio.sleep(self.telemetry_interval_s)
             with _logged("telemetry"):
                 load = self.gpu_load()
-                samples = [self.health.assess(sample) for sample in self.backend.sample(load, utc_now())]
+                samples = [
+                    self.health.assess(self._attribute(sample))
+                    for sample in self.backend.sample(load, utc_now())
+                ]
                 if self.connected:
                     self.send(TelemetryBatch(samples=samples, dropped_samples=self.dropped_samples))
                     self.dropped_samples = 0
@@ -414,6 +418,18 @@ class Agent:
             reason=record.reason,
             message=record.message[:4096],
         )
+
+    def _attribute(self, sample: GpuSample) -> GpuSample:
+        """Name the attempt of each GPU process; a process of no attempt stays unnamed (worth a look)."""
+        if not any(process.attempt_id is None for process in sample.processes):
+            return sample
+        processes = [
+            process
+            if process.attempt_id is not None
+            else process.model_copy(update={"attempt_id": self.runtime.attempt_of_pid(process.pid)})
+            for process in sample.processes
+        ]
+        return sample.model_copy(update={"processes": processes})
 
     def gpu_load(self) -> dict[str, list[GpuLoad]]:
         load: dict[str, list[GpuLoad]] = {}

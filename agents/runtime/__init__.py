@@ -58,6 +58,8 @@ class Runtime(Protocol):
     - ``logs`` yields complete lines from ``from_seq`` on and ends after the attempt ended
       and its output was read; it may be started again at any time (after a restart).
     - ``remove`` forgets an ended attempt (container, files); it is idempotent.
+    - ``attempt_of_pid`` is cheap and never raises; it may only know attempts that
+      ``list_attempts`` has seen.
     """
 
     @property
@@ -82,6 +84,10 @@ class Runtime(Protocol):
     def logs(self, attempt_id: str, stream: LogStream, from_seq: int = 0) -> AsyncIterator[LogLine]: ...
 
     async def remove(self, attempt_id: str) -> None: ...
+
+    def attempt_of_pid(self, pid: int) -> str | None:
+        """Which attempt a host pid belongs to (labels GPU processes in telemetry); None if none."""
+        ...
 
 
 def split_long_line(text: str) -> list[str]:

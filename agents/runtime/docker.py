@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import re
 import threading
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import docker
@@ -42,6 +44,7 @@ LABEL_JOB = "gpuportal.job-id"
 LABEL_GPUS = "gpuportal.gpu-uuids"
 CHECKPOINT_TARGET = "/gpuportal/checkpoint"
 POLL_S = 0.1
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 
 # What an ordinary training job may need, and nothing that reaches beyond its container:
 # no NET_RAW, MKNOD, SYS_CHROOT, SETFCAP, SETPCAP or AUDIT_WRITE from Docker's default set.
@@ -147,6 +150,7 @@ class DockerRuntime:
         self.network_mode = network_mode
         self.request_gpus = request_gpus
         self.user = user
+        self._attempt_by_container: dict[str, str] = {}  # refreshed by list_attempts
 
     async def info(self) -> RuntimeInfo:
         version = await asyncio.to_thread(self.client.version)
@@ -169,7 +173,21 @@ class DockerRuntime:
 
     async def list_attempts(self) -> list[ObservedAttempt]:
         containers = await self._list({"label": f"{LABEL_MANAGED}=true"})
+        self._attempt_by_container = {
+            container.id: container.attrs["Config"]["Labels"][LABEL_ATTEMPT] for container in containers
+        }
         return [_observe(container.attrs) for container in containers]
+
+    def attempt_of_pid(self, pid: int) -> str | None:
+        """A container's processes carry its id in their cgroup paths (cgroup v1 and v2 alike)."""
+        try:
+            cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return None
+        for container_id in _CONTAINER_ID.findall(cgroups):
+            if container_id in self._attempt_by_container:
+                return self._attempt_by_container[container_id]
+        return None
 
     async def signal(self, attempt_id: str, signal_name: str) -> None:
         container = await self._container(attempt_id)

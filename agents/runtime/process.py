@@ -170,6 +170,18 @@ class ProcessRuntime:
                     return
                 await asyncio.sleep(POLL_S)
 
+    def attempt_of_pid(self, pid: int) -> str | None:
+        """Every process of an attempt is in the wrapper's process group."""
+        try:
+            group = os.getpgid(pid)
+        except (ProcessLookupError, PermissionError):
+            return None
+        for directory in self.root.iterdir():
+            record = _read_json(directory / "record.json")
+            if record is not None and record["pid"] == group:
+                return str(record["attempt_id"])
+        return None
+
     async def remove(self, attempt_id: str) -> None:
         directory = self._dir(attempt_id)
         record = _read_json(directory / "record.json")

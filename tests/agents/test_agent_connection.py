@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,9 @@ from agents.protocol import (
     CheckpointDone,
     CheckpointRequest,
     ExitReason,
+    GpuProcess,
     GpuRef,
+    GpuSample,
     Heartbeat,
     RequestAck,
     RequestReject,
@@ -450,3 +453,23 @@ async def test_a_job_that_exits_on_the_signal_without_a_marker_is_not_reported_c
             final = portal.last_status("att-1")
             assert (final.exit_code, final.reason) == (0, ExitReason.STOPPED)
             assert not portal.of_type(CheckpointDone)
+
+
+@pytest.mark.asyncio
+async def test_gpu_processes_are_labelled_with_their_attempt(state_dir: Path) -> None:
+    agent = make_agent("http://127.0.0.1:9", state_dir)  # never connects: only the labelling is used
+    script = "import os, time\nprint(os.getpid(), flush=True)\nwhile True: time.sleep(0.02)\n"
+    await agent.runtime.start(make_attempt("att-1", command=[PY, "-c", script]))
+    stdout = state_dir / "process" / "att-1" / "stdout.log"
+    await wait_for(lambda: stdout.read_text().strip() != "")
+    job_pid = int(stdout.read_text())
+    sample = GpuSample(
+        gpu_uuid="GPU-x",
+        time=datetime.now(UTC),
+        processes=[
+            GpuProcess(pid=job_pid, used_memory_mib=100),
+            GpuProcess(pid=os.getpid(), used_memory_mib=5),
+        ],
+    )
+    labelled = agent._attribute(sample)
+    assert [process.attempt_id for process in labelled.processes] == ["att-1", None]

@@ -308,6 +308,9 @@ async def test_pause_resume_stop_and_reattach(engine, policy: HostPolicy) -> Non
     found = {item.attempt_id: item.state for item in await restarted.list_attempts()}
     assert found["dk-again"] in (AttemptState.STARTING, AttemptState.RUNNING)
     await eventually(lambda: _logs_start_with(restarted, "dk-again", "ready"))
+    container_pid = engine.api.inspect_container("gpuportal-dk-again")["State"]["Pid"]
+    assert restarted.attempt_of_pid(container_pid) == "dk-again"  # found through the cgroup
+    assert restarted.attempt_of_pid(os.getpid()) is None
     await restarted.suspend("dk-again")
     assert (
         await bounded(restarted.stop("dk-again", grace_s=10)) == 0

@@ -265,3 +265,15 @@ async def test_an_attempt_whose_wrapper_died_without_an_exit_code_is_vanished(
 
 async def _is_vanished(runtime: ProcessRuntime) -> bool:
     return (await observed(runtime, "att-1")).state == AttemptState.VANISHED
+
+
+@pytest.mark.asyncio
+async def test_it_tells_which_attempt_a_pid_belongs_to(runtime: ProcessRuntime) -> None:
+    script = "import os, time\nprint(os.getpid(), flush=True)\nwhile True: time.sleep(0.02)\n"
+    await runtime.start(make_attempt(command=[PY, "-c", script]))
+    await eventually(lambda: (runtime.root / "att-1" / "stdout.log").read_text().strip() != "")
+    job_pid = int((runtime.root / "att-1" / "stdout.log").read_text())
+    assert runtime.attempt_of_pid(job_pid) == "att-1"
+    assert runtime.attempt_of_pid(os.getpid()) is None
+    await runtime.stop("att-1", grace_s=5)
+    assert runtime.attempt_of_pid(job_pid) is None
