@@ -45,7 +45,7 @@ export type LiveStatus = "connecting" | "live" | "offline";
 type Topic = string; // "jobs" or "job:<id>"
 type Listener = (message: LiveMessage) => void;
 
-class LiveConnection {
+export class LiveConnection {
   private socket: WebSocket | null = null;
   private topics = new Map<Topic, number>(); // reference counts
   private listeners = new Set<Listener>();
