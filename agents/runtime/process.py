@@ -104,7 +104,11 @@ class ProcessRuntime:
 
     async def signal(self, attempt_id: str, signal_name: str) -> None:
         record = self._live_record(attempt_id)
-        _kill_group(record["pid"], signal.Signals[signal_name])
+        signum = signal.Signals[signal_name]
+        exit_path = self._dir(attempt_id) / "exit.json"
+        if signum == signal.SIGKILL and not exit_path.exists():
+            write_exit_code(str(exit_path), SIGKILL_EXIT_CODE)  # SIGKILL takes the wrapper along
+        _kill_group(record["pid"], signum)
 
     async def suspend(self, attempt_id: str) -> None:
         record = self._live_record(attempt_id)

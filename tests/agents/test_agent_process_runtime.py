@@ -277,3 +277,11 @@ async def test_it_tells_which_attempt_a_pid_belongs_to(runtime: ProcessRuntime) 
     assert runtime.attempt_of_pid(os.getpid()) is None
     await runtime.stop("att-1", grace_s=5)
     assert runtime.attempt_of_pid(job_pid) is None
+
+
+@pytest.mark.asyncio
+async def test_a_sigkill_request_still_leaves_an_exit_code(runtime: ProcessRuntime) -> None:
+    await runtime.start(make_attempt(command=[PY, "-c", STUBBORN]))
+    await eventually(lambda: _first_line_is_ready(runtime))
+    await runtime.signal("att-1", "SIGKILL")
+    assert await runtime.wait("att-1") == 137
