@@ -1,3 +1,5 @@
+import { useEffect } from "react";
+
 import { fetchAll } from "../api/client";
 import { useLive } from "../api/live";
 import type { ClusterNode, Gpu } from "../api/types";
@@ -20,6 +22,11 @@ export function ClusterPage() {
   const soon = useSoon(nodes.reload, 1000);
   // Allocation changes come with job changes; node health is refreshed by the fallback poll.
   useLive("jobs", (m) => m.kind === "job" && soon(), nodes.reload, 15_000);
+  // Node health and heartbeats have no live topic yet: refresh them now and then.
+  useEffect(() => {
+    const id = setInterval(nodes.reload, 30_000);
+    return () => clearInterval(id);
+  }, [nodes.reload]);
 
   return (
     <>
