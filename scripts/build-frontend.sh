@@ -35,11 +35,19 @@ GENERATED=$FE/src/api/schema.d.ts
 (cd "$FE" && npx --no-install openapi-typescript "$TMP/schema.yaml" -o "$TMP/schema.d.ts" >/dev/null)
 if ! cmp -s "$TMP/schema.d.ts" "$GENERATED"; then cp "$TMP/schema.d.ts" "$GENERATED"; fi
 
-# 3. type-check, build, unit tests
+# 3. type-check, build, unit tests; skipped when nothing that goes into the build changed
+BUILD_STAMP=$FE/dist/.build-stamp
+SOURCES_SUM=$(cd "$FE" && find src index.html vite.config.ts tsconfig.json package-lock.json -type f -print0 \
+  | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
+if [ -f "$BUILD_STAMP" ] && [ -f "$FE/dist/index.html" ] && [ "$(cat "$BUILD_STAMP")" = "$SOURCES_SUM" ]; then
+  step "frontend/dist is up to date"
+  exit 0
+fi
 step "type-check"
 (cd "$FE" && npx --no-install tsc --noEmit)
 step "vite build"
 (cd "$FE" && npx --no-install vite build --logLevel warn)
 step "unit tests"
 (cd "$FE" && npx --no-install vitest run --reporter=dot)
+echo "$SOURCES_SUM" > "$BUILD_STAMP"
 step "built frontend/dist"
