@@ -38,11 +38,11 @@ describe("live connection", () => {
     vi.unstubAllGlobals();
   });
 
-  it("subscribes again and asks for a resync after a reconnect", () => {
+  it("subscribes again after a reconnect and reports each confirmation for a resync", () => {
     const live = new LiveConnection();
     const resync = vi.fn();
     const messages: unknown[] = [];
-    live.onResync(resync);
+    live.onSubscribed(resync);
     live.onMessage((m) => messages.push(m));
     live.subscribe("jobs");
     live.subscribe("job:7");
@@ -53,10 +53,11 @@ describe("live connection", () => {
     first.open();
     expect(first.sent).toEqual([{ subscribe: "jobs" }, { subscribe: "job", id: 7 }]);
     expect(live.status).toBe("live");
-    expect(resync).not.toHaveBeenCalled();
 
+    first.onmessage?.({ data: JSON.stringify({ subscribed: "jobs", id: null }) });
+    first.onmessage?.({ data: JSON.stringify({ subscribed: "job", id: 7 }) });
+    expect(resync.mock.calls).toEqual([["jobs"], ["job:7"]]);
     first.onmessage?.({ data: JSON.stringify({ kind: "job", job: 7, state: "running" }) });
-    first.onmessage?.({ data: JSON.stringify({ subscribed: "jobs" }) });
     expect(messages).toEqual([{ kind: "job", job: 7, state: "running" }]);
 
     first.close();
@@ -65,7 +66,8 @@ describe("live connection", () => {
     const second = FakeSocket.all[1]!;
     second.open();
     expect(second.sent).toEqual([{ subscribe: "jobs" }, { subscribe: "job", id: 7 }]);
-    expect(resync).toHaveBeenCalledTimes(1);
+    second.onmessage?.({ data: JSON.stringify({ subscribed: "job", id: 7 }) });
+    expect(resync).toHaveBeenCalledTimes(3);
   });
 
   it("stops reconnecting when stopped", () => {

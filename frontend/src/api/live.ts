@@ -1,5 +1,6 @@
-// The live socket (/ws/live/): one connection per tab, subscriptions that survive reconnects,
-// and a "resync" signal after every reconnect so pages refetch over REST what they missed.
+// The live socket (/ws/live/): one connection per tab and subscriptions that survive reconnects.
+// Whenever the server confirms a subscription (the first time, and again after every reconnect)
+// the pages behind it refetch over REST what they may have missed: the resync.
 import { useEffect, useState, useSyncExternalStore } from "react";
 
 import { reconnectDelayMs } from "../lib/backoff";
@@ -49,12 +50,11 @@ export class LiveConnection {
   private socket: WebSocket | null = null;
   private topics = new Map<Topic, number>(); // reference counts
   private listeners = new Set<Listener>();
-  private resyncListeners = new Set<() => void>();
+  private subscribedListeners = new Set<(topic: Topic) => void>();
   private statusListeners = new Set<() => void>();
   private attempt = 0;
   private timer: ReturnType<typeof setTimeout> | null = null;
   private wanted = false;
-  private everConnected = false;
   status: LiveStatus = "offline";
 
   start(): void {
@@ -68,7 +68,6 @@ export class LiveConnection {
     this.timer = null;
     this.socket?.close();
     this.socket = null;
-    this.everConnected = false;
     this.setStatus("offline");
   }
 
@@ -91,12 +90,9 @@ export class LiveConnection {
     this.socket = socket;
     this.setStatus("connecting");
     socket.onopen = () => {
-      const reconnected = this.everConnected;
       this.attempt = 0;
-      this.everConnected = true;
       this.setStatus("live");
       for (const topic of this.topics.keys()) this.sendSubscribe(topic);
-      if (reconnected) this.resyncListeners.forEach((l) => l());
     };
     socket.onmessage = (event) => {
       let message: unknown;
@@ -105,8 +101,12 @@ export class LiveConnection {
       } catch {
         return;
       }
-      if (message && typeof message === "object" && "kind" in message) {
-        this.listeners.forEach((l) => l(message as LiveMessage));
+      if (!message || typeof message !== "object") return;
+      if ("kind" in message) this.listeners.forEach((l) => l(message as LiveMessage));
+      else if ("subscribed" in message) {
+        const m = message as { subscribed: string; id?: number | null };
+        const topic = m.subscribed === "job" ? `job:${m.id}` : m.subscribed;
+        this.subscribedListeners.forEach((l) => l(topic));
       }
     };
     socket.onclose = () => {
@@ -145,9 +145,10 @@ export class LiveConnection {
     return () => this.listeners.delete(listener);
   }
 
-  onResync(listener: () => void): () => void {
-    this.resyncListeners.add(listener);
-    return () => this.resyncListeners.delete(listener);
+  /** Called with the topic each time the server confirms a subscription to it. */
+  onSubscribed(listener: (topic: Topic) => void): () => void {
+    this.subscribedListeners.add(listener);
+    return () => this.subscribedListeners.delete(listener);
   }
 
   onStatus(listener: () => void): () => void {
@@ -167,8 +168,9 @@ export function useLiveStatus(): LiveStatus {
 
 /**
  * Subscribes to a topic while the component is mounted. `onMessage` receives every live message
- * (filter by kind and job); `resync` runs after a reconnect and, while the socket is down, every
- * `pollMs` as the fallback.
+ * (filter by kind and job); `resync` runs when the server confirms the subscription (so nothing
+ * between the first REST load and the subscription is lost, and again after each reconnect) and,
+ * while the socket is down, every `pollMs` as the fallback.
  */
 export function useLive(
   topic: Topic | null,
@@ -185,7 +187,7 @@ export function useLive(
     if (!topic) return;
     const unsubscribe = live.subscribe(topic);
     const offMessage = live.onMessage((m) => handlers.onMessage(m));
-    const offResync = live.onResync(() => handlers.resync());
+    const offResync = live.onSubscribed((t) => t === topic && handlers.resync());
     return () => {
       unsubscribe();
       offMessage();

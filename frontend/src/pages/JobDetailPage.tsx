@@ -40,7 +40,7 @@ export function JobDetailPage({ id }: { id: number }) {
     if (m.job !== id) return;
     if (m.kind === "job") refresh();
     else if (m.kind === "log") {
-      if (latest !== null && m.attempt > latest) refresh();
+      if (latest === null || m.attempt > latest) refresh();
       logs.addLive(m.attempt, m.lines);
     } else if (m.kind === "telemetry" && attempt === latest) telemetry.addLive(m.samples.map(toSample));
   };
