@@ -58,7 +58,18 @@ from agents.protocol import (
     encode,
     utc_now,
 )
-from agents.reconcile import LocalAttempt, Remove, Report, Resume, Start, Stop, Suspend, Watch, reconcile
+from agents.reconcile import (
+    Checkpoint,
+    LocalAttempt,
+    Remove,
+    Report,
+    Resume,
+    Start,
+    Stop,
+    Suspend,
+    Watch,
+    reconcile,
+)
 from agents.runtime import LOG_STREAMS, LogLine, ObservedAttempt, Runtime, RuntimeFailure, chunk_lines
 from agents.runtime.policy import PolicyError
 from agents.store import AttemptRecord, AttemptStore
@@ -72,6 +83,7 @@ OUTBOX_LIMIT = 20_000
 OUTBOX_LOG_BYTES = 64 * 1024 * 1024
 WELCOME_TIMEOUT_S = 30.0
 REMEMBERED_REQUESTS = 1000
+CHECKPOINTABLE_STATES = (AttemptState.RUNNING, AttemptState.SUSPENDED, AttemptState.CHECKPOINTING)
 
 
 @contextlib.contextmanager
@@ -491,6 +503,9 @@ class Agent:
             for action in actions:
                 if isinstance(action, Start):
                     await self.start_attempt(action.attempt)
+                elif isinstance(action, Checkpoint):
+                    if self.claim_checkpoint(action.attempt_id) is None:
+                        self._spawn(self._checkpoint_quietly(action.attempt_id))
                 elif isinstance(action, Suspend | Resume):
                     await self._quietly(
                         self._suspend_or_resume(action.attempt_id, isinstance(action, Suspend))
@@ -594,7 +609,7 @@ class Agent:
         # Refused only while the agent itself is busy with the attempt; a stop or checkpoint
         # that an agent restart interrupted may be asked for again.
         busy = record.attempt_id in self.busy or record.state == AttemptState.STARTING
-        if busy and isinstance(request, SuspendRequest | ResumeRequest | CheckpointRequest):
+        if busy and isinstance(request, SuspendRequest | ResumeRequest):
             return RequestReject(
                 request_id=request.id,
                 attempt_id=request.attempt_id,
@@ -608,59 +623,81 @@ class Agent:
             grace = request.grace_period_s if request.grace_period_s is not None else record.grace_s
             await self.stop_attempt(request.attempt_id, grace, ExitReason.STOPPED)
         elif isinstance(request, CheckpointRequest):
-            self.busy.add(record.attempt_id)
-            try:
-                return await self._checkpoint(request, record)
-            finally:
-                self.busy.discard(record.attempt_id)
+            problem = self.claim_checkpoint(request.attempt_id)
+            if problem is None:
+                problem = await self.checkpoint_attempt(
+                    request.attempt_id, request.grace_period_s, request.id
+                )
+            if problem is not None:
+                return RequestReject(request_id=request.id, attempt_id=request.attempt_id, reason=problem)
         return RequestAck(request_id=request.id, attempt_id=request.attempt_id)
 
-    async def _checkpoint(
-        self, request: CheckpointRequest, record: AttemptRecord
-    ) -> RequestAck | RequestReject:
+    def claim_checkpoint(self, attempt_id: str) -> str | None:
+        """Mark the attempt busy for a checkpoint; the reason it cannot be checkpointed otherwise.
+
+        Synchronous on purpose: the claim and the check happen without a suspension point,
+        so a request and a desired set cannot both start a checkpoint of one attempt.
+        """
+        record = self.store.get(attempt_id)
+        if record is None or record.state not in CHECKPOINTABLE_STATES:
+            state = record.state if record is not None else "unknown"
+            return f"attempt {attempt_id} cannot be checkpointed: it is {state} on this node"
+        if attempt_id in self.busy:
+            return f"attempt {attempt_id} is already being stopped or checkpointed"
+        if record.spec is None or record.spec.checkpoint_dir is None:
+            return f"attempt {attempt_id} has no checkpoint directory"
+        self.busy.add(attempt_id)
+        return None
+
+    async def checkpoint_attempt(
+        self, attempt_id: str, grace_s: float | None, request_id: UUID | None
+    ) -> str | None:
         """Signal, wait for a new marker up to the grace period, stop, report checkpoint_done.
 
-        Without a marker in time the attempt is stopped all the same (the portal wants the
-        GPUs back) and the request is rejected: the job resumes from its last complete
+        Call only after a successful :meth:`claim_checkpoint`. Returns None when a checkpoint
+        was taken, else the problem. Without a marker in time the attempt is stopped all the
+        same (the portal wants the GPUs back): the job resumes from its last complete
         checkpoint.
         """
-        spec = record.spec
-        if spec is None or spec.checkpoint_dir is None:
-            return RequestReject(
-                request_id=request.id,
-                attempt_id=record.attempt_id,
-                reason="the attempt has no checkpoint directory",
-            )
-        grace = request.grace_period_s if request.grace_period_s is not None else spec.grace_period_s
-        directory = Path(spec.checkpoint_dir).resolve()
-        before = marker_identity(directory)
-        if record.state == AttemptState.SUSPENDED:
-            await self.runtime.resume(record.attempt_id)  # a frozen job cannot save
-        self._set_state(record, AttemptState.CHECKPOINTING, stop_reason=ExitReason.CHECKPOINTED)
-        await self.runtime.signal(record.attempt_id, spec.checkpoint_signal)
         try:
-            found = await wait_for_new_marker(
-                directory, before, grace, self._still_running(record.attempt_id)
-            )
-            problem = None if found else f"no new checkpoint marker within {grace:g}s"
-        except BadMarkerError as error:
-            found, problem = None, str(error)
-        if found is not None:
-            self.send(
-                CheckpointDone(
-                    attempt_id=record.attempt_id,
-                    request_id=request.id,
-                    path=str(found.path),
-                    size_bytes=found.size_bytes,
-                    step=found.step,
-                    time=found.time,
+            record = self.store.get(attempt_id)
+            assert record is not None and record.spec is not None  # claim_checkpoint checked both
+            spec = record.spec
+            assert spec.checkpoint_dir is not None
+            grace = grace_s if grace_s is not None else spec.grace_period_s
+            directory = Path(spec.checkpoint_dir).resolve()
+            before = marker_identity(directory)
+            if record.state == AttemptState.SUSPENDED:
+                await self.runtime.resume(attempt_id)  # a frozen job cannot save
+            if record.state != AttemptState.CHECKPOINTING:
+                self._set_state(record, AttemptState.CHECKPOINTING, stop_reason=ExitReason.CHECKPOINTED)
+            await self.runtime.signal(attempt_id, spec.checkpoint_signal)
+            try:
+                found = await wait_for_new_marker(directory, before, grace, self._still_running(attempt_id))
+                problem = None if found else f"no new checkpoint marker within {grace:g}s"
+            except BadMarkerError as error:
+                found, problem = None, str(error)
+            if found is not None:
+                self.send(
+                    CheckpointDone(
+                        attempt_id=attempt_id,
+                        request_id=request_id,
+                        path=str(found.path),
+                        size_bytes=found.size_bytes,
+                        step=found.step,
+                        time=found.time,
+                    )
                 )
-            )
+        finally:
+            self.busy.discard(attempt_id)
         reason = ExitReason.CHECKPOINTED if found is not None else ExitReason.STOPPED
-        await self.stop_attempt(record.attempt_id, grace, reason)
+        await self.stop_attempt(attempt_id, grace, reason)
+        return problem
+
+    async def _checkpoint_quietly(self, attempt_id: str) -> None:
+        problem = await self.checkpoint_attempt(attempt_id, None, None)
         if problem is not None:
-            return RequestReject(request_id=request.id, attempt_id=record.attempt_id, reason=problem)
-        return RequestAck(request_id=request.id, attempt_id=record.attempt_id)
+            log.warning("checkpoint of %s: %s", attempt_id, problem)
 
     def _still_running(self, attempt_id: str) -> Callable[[], Awaitable[bool]]:
         async def still_running() -> bool:

@@ -4,7 +4,9 @@ A pure function, run on every desired set (so after every reconnect too). The ru
 
 - desired, unknown here          -> Start (an attempt runs at most once: see below)
 - desired, live here             -> Watch (make sure logs stream), and Suspend or Resume
-                                    until the live state matches ``run_state``
+                                    until the live state matches ``run_state``; with
+                                    ``checkpoint_and_stop`` set: Checkpoint instead, unless
+                                    the agent is busy with the attempt already
 - desired, ended here            -> Report its terminal state again; never restart it,
                                     the portal makes a new attempt if it wants another run
 - not desired, live here         -> Stop with the attempt's grace period (moved elsewhere,
@@ -58,6 +60,11 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    attempt_id: str
+
+
+@dataclass(frozen=True)
 class Watch:
     attempt_id: str
 
@@ -72,9 +79,11 @@ class Remove:
     attempt_id: str
 
 
-Action = Start | Stop | Suspend | Resume | Watch | Report | Remove
+Action = Start | Stop | Checkpoint | Suspend | Resume | Watch | Report | Remove
 
-_PHASE = {Stop: 0, Suspend: 1, Resume: 2, Start: 3, Watch: 4, Report: 5, Remove: 6}
+# A checkpoint interrupted by an agent restart is started again; a stop is never undone.
+_CHECKPOINTABLE = frozenset({AttemptState.RUNNING, AttemptState.SUSPENDED, AttemptState.CHECKPOINTING})
+_PHASE = {Stop: 0, Checkpoint: 1, Suspend: 2, Resume: 3, Start: 4, Watch: 5, Report: 6, Remove: 7}
 
 
 def reconcile(desired: Sequence[DesiredAttempt], local: Sequence[LocalAttempt]) -> list[Action]:
@@ -91,7 +100,10 @@ def reconcile(desired: Sequence[DesiredAttempt], local: Sequence[LocalAttempt]) 
             actions.append(Report(attempt.attempt_id))
         else:
             actions.append(Watch(attempt.attempt_id))
-            if attempt.run_state == "suspended" and here.state == AttemptState.RUNNING:
+            if attempt.checkpoint_and_stop:
+                if not here.busy and here.state in _CHECKPOINTABLE:
+                    actions.append(Checkpoint(attempt.attempt_id))
+            elif attempt.run_state == "suspended" and here.state == AttemptState.RUNNING:
                 actions.append(Suspend(attempt.attempt_id))
             elif attempt.run_state == "running" and here.state == AttemptState.SUSPENDED:
                 actions.append(Resume(attempt.attempt_id))

@@ -150,8 +150,11 @@ class DesiredAttempt(_Model):
     """One attempt that should exist on the node, with everything needed to start it.
 
     ``run_state`` is the level-triggered suspend switch used by time slicing: the agent
-    pauses or unpauses the attempt until it matches. ``image`` is ignored by the
-    process runtime.
+    pauses or unpauses the attempt until it matches. ``checkpoint_and_stop`` is the
+    level-triggered form of a checkpoint request (preemption): while it is set, the agent
+    checkpoints the attempt (signal, marker, stop) unless it is already doing so, so a
+    request lost with a connection cannot turn a preemption into a plain kill. ``image`` is
+    ignored by the process runtime.
     """
 
     attempt_id: Identifier
@@ -168,6 +171,7 @@ class DesiredAttempt(_Model):
     grace_period_s: Seconds = 30.0
     time_sliced: bool = False
     run_state: Literal["running", "suspended"] = "running"
+    checkpoint_and_stop: bool = False
 
 
 # ---------------------------------------------------------------------------

@@ -473,3 +473,27 @@ async def test_gpu_processes_are_labelled_with_their_attempt(state_dir: Path) ->
     )
     labelled = agent._attribute(sample)
     assert [process.attempt_id for process in labelled.processes] == ["att-1", None]
+
+
+@pytest.mark.asyncio
+async def test_checkpoint_and_stop_in_the_desired_set_preempts_without_a_request(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """The level-triggered preemption: nothing is lost if a request would have been."""
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        job = make_attempt(
+            "att-1", command=[PY, "-c", CHECKPOINTING_JOB], checkpoint_dir=str(tmp_path / "ckpt" / "j")
+        )
+        portal.desired = [job]
+        async with running(agent):
+            await wait_for(lambda: portal.log_lines("att-1").get(0) == "resume=0")
+            preempt = job.model_copy(update={"checkpoint_and_stop": True})
+            await portal.set_desired([preempt])
+            await portal.set_desired([preempt])  # repeated sets do not start a second checkpoint
+            await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
+            final = portal.last_status("att-1")
+            assert (final.exit_code, final.reason) == (0, ExitReason.CHECKPOINTED)
+            (done,) = portal.of_type(CheckpointDone)
+            assert done.request_id is None and done.size_bytes == 1000
+            assert not portal.of_type(RequestAck) and not portal.of_type(RequestReject)

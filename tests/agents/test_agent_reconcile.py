@@ -6,11 +6,24 @@ import pytest
 from agent_builders import make_attempt
 
 from agents.protocol import AttemptState as S
-from agents.reconcile import LocalAttempt, Remove, Report, Resume, Start, Stop, Suspend, Watch, reconcile
+from agents.reconcile import (
+    Checkpoint,
+    LocalAttempt,
+    Remove,
+    Report,
+    Resume,
+    Start,
+    Stop,
+    Suspend,
+    Watch,
+    reconcile,
+)
 
 A = make_attempt("a")
 B = make_attempt("b")
 A_SUSPENDED = make_attempt("a", run_state="suspended")
+A_CKPT = make_attempt("a", run_state="suspended", checkpoint_and_stop=True)
+CKPT = Checkpoint("a")
 
 
 def local(attempt_id: str, state: S, grace_s: float = 30.0, busy: bool = False) -> LocalAttempt:
@@ -39,7 +52,29 @@ CASES = [
     ("desired suspended while running", [A_SUSPENDED], [local("a", S.RUNNING)], [Suspend("a"), Watch("a")]),
     ("desired running while suspended", [A], [local("a", S.SUSPENDED)], [Resume("a"), Watch("a")]),
     ("desired suspended and suspended", [A_SUSPENDED], [local("a", S.SUSPENDED)], [Watch("a")]),
-    ("no suspend while checkpointing", [A_SUSPENDED], [local("a", S.CHECKPOINTING)], [Watch("a")]),
+    ("no suspend while checkpointing", [A_SUSPENDED], [local("a", S.CHECKPOINTING, busy=True)], [Watch("a")]),
+    (
+        "checkpoint_and_stop checkpoints a running attempt",
+        [A_CKPT],
+        [local("a", S.RUNNING)],
+        [Checkpoint("a"), Watch("a")],
+    ),
+    (
+        "... and a suspended one (no resume first)",
+        [A_CKPT],
+        [local("a", S.SUSPENDED)],
+        [Checkpoint("a"), Watch("a")],
+    ),
+    ("... not twice", [A_CKPT], [local("a", S.CHECKPOINTING, busy=True)], [Watch("a")]),
+    (
+        "... again after an agent restart",
+        [A_CKPT],
+        [local("a", S.CHECKPOINTING)],
+        [Checkpoint("a"), Watch("a")],
+    ),
+    ("... never undoing a stop", [A_CKPT], [local("a", S.STOPPING)], [Watch("a")]),
+    ("... not before it started", [A_CKPT], [local("a", S.STARTING)], [Watch("a")]),
+    ("... and never a new one", [A_CKPT], [], [Start(A_CKPT)]),
     (
         "moved: stop the old one before starting the new one",
         [B],
