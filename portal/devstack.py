@@ -262,8 +262,9 @@ def _interrupt(signum: int, frame: object) -> None:
 class Supervisor:
     """Runs several long-lived processes, prefixes their output, and stops them all together."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], quiet: bool = False) -> None:
         self.env = env
+        self.quiet = quiet
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(self, name: str, cmd: list[str]) -> None:
@@ -278,12 +279,12 @@ class Supervisor:
         self.procs.append((name, proc))
         threading.Thread(target=self._pump, args=(name, proc), daemon=True).start()
 
-    @staticmethod
-    def _pump(name: str, proc: subprocess.Popen[bytes]) -> None:
+    def _pump(self, name: str, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            sys.stdout.write(f"{name:>8} | {line.decode(errors='replace')}")
-            sys.stdout.flush()
+            if not self.quiet:  # a benchmark still drains the pipe, so no process blocks on it
+                sys.stdout.write(f"{name:>8} | {line.decode(errors='replace')}")
+                sys.stdout.flush()
 
     def wait(self) -> int:
         """Blocks until Ctrl-C (or SIGTERM) or until one process exits; returns that process's code."""
@@ -322,66 +323,73 @@ def cmd_up(args: argparse.Namespace) -> int:
     with private_services(run_dir, pg_port=args.pg_port, redis_port=args.redis_port, keep=True) as services:
         services._stops.clear()  # make up leaves PostgreSQL and Redis running for the next start
         env = {**os.environ, **services.env, "DEBUG": os.environ.get("DEBUG", "true")}
-        env.setdefault("AGENT_STATE_ROOT", str(run_dir / "agents"))
-        manage(env, "migrate", "--no-input", "-v", "0")
         manage(env, "collectstatic", "--no-input", "-v", "0")
-        manage(env, "seed_demo", "--agent-token-dir", str(run_dir / "agents"))
-        supervisor = Supervisor(env)
-        supervisor.start(
-            "web",
-            [
-                str(VENV_BIN / "uvicorn"),
-                "portal.asgi:application",
-                "--host",
-                args.host,
-                "--port",
-                str(args.port),
-                "--lifespan",
-                "off",
-            ],
-        )
-        supervisor.start(
-            "worker",
-            [
-                str(VENV_BIN / "celery"),
-                "-A",
-                "portal",
-                "worker",
-                "-l",
-                "info",
-                "--concurrency",
-                "2",
-                "-n",
-                f"worker-{args.port}@%h",
-            ],
-        )
-        supervisor.start(
-            "beat",
-            [
-                str(VENV_BIN / "celery"),
-                "-A",
-                "portal",
-                "beat",
-                "-l",
-                "info",
-                "-s",
-                str(run_dir / "celerybeat-schedule"),
-            ],
-        )
-        for name, cmd in demo_agent_commands(env, args.port, run_dir / "agents"):
-            supervisor.start(name, cmd)
-        wait_until(lambda: port_open(args.port), 30, "the web server")
-        url = f"http://{args.host}:{args.port}/"
-        print(DEMO_BANNER.format(url=url), flush=True)
+        supervisor = start_demo_cluster(env, run_dir, args.host, args.port)
+        print(DEMO_BANNER.format(url=f"http://{args.host}:{args.port}/"), flush=True)
         code = supervisor.wait()
         supervisor.stop()
         return code
 
 
-def demo_agent_commands(env: dict[str, str], port: int, token_dir: Path) -> list[tuple[str, list[str]]]:
-    """One simulated agent per demo node whose token file seed_demo wrote (empty until agents exist)."""
-    if not (REPO / "agents" / "__main__.py").exists():
-        return []
+def start_demo_cluster(
+    env: dict[str, str], run_dir: Path, host: str, port: int, quiet: bool = False
+) -> Supervisor:
+    """Migrates, loads the demo, and starts web, worker, beat and one simulated agent per demo
+    node; returns once the web server answers. `make up` and the benchmarks share it."""
+    env = {**env, "CHECKPOINT_ROOT": str(run_dir / "checkpoints")}  # where the agents keep them
+    manage(env, "migrate", "--no-input", "-v", "0")
+    manage(env, "seed_demo", "--agent-token-dir", str(run_dir / "agents"))
+    supervisor = Supervisor(env, quiet=quiet)
+    supervisor.start(
+        "web",
+        [
+            str(VENV_BIN / "uvicorn"),
+            "portal.asgi:application",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--lifespan",
+            "off",
+        ],
+    )
+    supervisor.start(
+        "worker",
+        [
+            str(VENV_BIN / "celery"),
+            "-A",
+            "portal",
+            "worker",
+            "-l",
+            "info",
+            "--concurrency",
+            "2",
+            "-n",
+            f"worker-{port}@%h",
+        ],
+    )
+    supervisor.start(
+        "beat",
+        [
+            str(VENV_BIN / "celery"),
+            "-A",
+            "portal",
+            "beat",
+            "-l",
+            "info",
+            "-s",
+            str(run_dir / "celerybeat-schedule"),
+        ],
+    )
+    for name, cmd in demo_agent_commands(port, run_dir):
+        supervisor.start(name, cmd)
+    wait_until(lambda: port_open(port), 30, "the web server")
+    return supervisor
+
+
+def demo_agent_commands(port: int, run_dir: Path) -> list[tuple[str, list[str]]]:
+    """One simulated agent (process runtime) per demo node whose token file seed_demo wrote."""
+    token_dir = run_dir / "agents"
     commands = []
     for token_file in sorted(token_dir.glob("*.token")):
         node = token_file.stem
@@ -406,7 +414,7 @@ def demo_agent_commands(env: dict[str, str], port: int, token_dir: Path) -> list
                     "--state-dir",
                     str(token_dir / node),
                     "--checkpoint-root",
-                    str(REPO / "var" / "checkpoints"),
+                    str(run_dir / "checkpoints"),
                 ],
             )
         )

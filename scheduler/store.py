@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 
 from agents.protocol import CheckpointRequest, StopRequest, encode
@@ -19,7 +19,7 @@ from portal.agentgw.outbox import desired_set_changed, send_request
 from portal.cluster.models import Gpu, Node, Quota, VirtualCluster
 from portal.jobs.choices import ACTIVE_STATES, JobState
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
-from portal.jobs.services import transition_job
+from portal.jobs.services import transition_job, transition_jobs
 from scheduler import core
 
 
@@ -145,63 +145,116 @@ def load_snapshot(now: float) -> LoadedState:
 
 def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, int]:
     """Writes the plan. Must run inside the cycle's transaction; returns what it did."""
-    started = preempted = 0
     jobs = Job.objects.select_for_update().in_bulk([int(j) for j in loaded.versions])
-    for start in plan.starts:
-        job = jobs.get(int(start.job_id))
-        if job is None or job.version != loaded.versions[start.job_id] or job.state != JobState.PENDING:
-            continue
-        if start_job(job, start, loaded):
-            started += 1
+
+    def unchanged(job_id: core.JobId, state: str) -> Job | None:
+        job = jobs.get(int(job_id))
+        if job is None or job.version != loaded.versions[job_id] or job.state != state:
+            return None
+        return job
+
+    starts = [(job, start) for start in plan.starts if (job := unchanged(start.job_id, JobState.PENDING))]
+    started = start_jobs(starts, loaded)
+    preempted = 0
     for preemption in plan.preemptions:
-        job = jobs.get(int(preemption.job_id))
-        if job is None or job.version != loaded.versions[preemption.job_id] or job.state != JobState.RUNNING:
-            continue
-        if preempt_job(job, preemption):
+        job = unchanged(preemption.job_id, JobState.RUNNING)
+        if job is not None and preempt_job(job, preemption):
             preempted += 1
-    for position, status in enumerate(plan.pending, start=1):
-        Job.objects.filter(pk=int(status.job_id), state=JobState.PENDING).update(
-            pending_reason=status.reason.value,
-            pending_message=status.message[:500],
-            estimated_start_at=from_epoch(status.estimated_start),
-            queue_position=position,
-        )
+    record_pending_statuses(plan.pending)
     return {"started": started, "preempted": preempted, "pending": len(plan.pending)}
 
 
-def start_job(job: Job, start: core.Start, loaded: LoadedState) -> bool:
-    """pending -> scheduled with a new attempt and its allocations, all or nothing."""
-    resume = Checkpoint.objects.filter(job=job).exists()
-    number = (job.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
-    placement = "; ".join(f"{r.node}:{','.join(map(str, r.gpu_indices))}" for r in start.placement)
-    with transaction.atomic():  # a savepoint: a lost GPU race undoes only this job
-        if not transition_job(
-            job,
-            JobState.SCHEDULED,
-            label="scheduler",
-            reason=f"placed on {placement}",
-            data={"placement": placement, "borrowed_gpus": start.borrowed_gpus},
-            pending_reason="",
-            pending_message="",
-            estimated_start_at=None,
-            queue_position=None,
-        ):
-            return False
-        attempt = JobAttempt.objects.create(job=job, number=number, resume=resume)
-        Allocation.objects.bulk_create(
-            [
+def placement_text(start: core.Start) -> str:
+    return "; ".join(f"{r.node}:{','.join(map(str, r.gpu_indices))}" for r in start.placement)
+
+
+def start_jobs(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> int:
+    """pending -> scheduled for every start, each with a new attempt and its allocations, in a few
+    statements whatever the number of jobs. Should the database refuse an allocation (the GPU
+    constraint: a stale view), the batch is undone and the jobs are started one by one, so only
+    the job that lost its GPU stays pending."""
+    if not starts:
+        return 0
+    try:
+        with transaction.atomic():
+            return _start_batch(starts, loaded)
+    except IntegrityError:
+        started = 0
+        for job, start in starts:
+            job.refresh_from_db()
+            try:
+                with transaction.atomic():
+                    started += _start_batch([(job, start)], loaded)
+            except IntegrityError:
+                continue
+        return started
+
+
+def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> int:
+    by_id = {job.pk: start for job, start in starts}
+    moved = transition_jobs(
+        [job for job, _ in starts],
+        JobState.SCHEDULED,
+        label="scheduler",
+        reasons={job.pk: f"placed on {placement_text(start)}" for job, start in starts},
+        data={
+            job.pk: {"placement": placement_text(start), "borrowed_gpus": start.borrowed_gpus}
+            for job, start in starts
+        },
+        pending_reason="",
+        pending_message="",
+        estimated_start_at=None,
+        queue_position=None,
+    )
+    ids = [job.pk for job in moved]
+    numbers = dict(
+        JobAttempt.objects.filter(job_id__in=ids)
+        .values("job_id")
+        .annotate(n=Max("number"))
+        .values_list("job_id", "n")
+    )
+    resumable = set(Checkpoint.objects.filter(job_id__in=ids).values_list("job_id", flat=True))
+    attempts = JobAttempt.objects.bulk_create(
+        [JobAttempt(job=job, number=numbers.get(job.pk, 0) + 1, resume=job.pk in resumable) for job in moved]
+    )
+    allocations, nodes = [], set()
+    for attempt in attempts:
+        for r, replica in enumerate(by_id[attempt.job_id].placement):
+            nodes.add(loaded.node_ids[replica.node])
+            allocations.extend(
                 Allocation(
                     attempt=attempt,
                     node_id=loaded.node_ids[replica.node],
                     gpu_id=loaded.gpu_ids[(replica.node, index)],
                     replica=r,
                 )
-                for r, replica in enumerate(start.placement)
                 for index in replica.gpu_indices
-            ]
+            )
+    Allocation.objects.bulk_create(allocations)
+    desired_set_changed(nodes)
+    return len(moved)
+
+
+def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
+    """Reason, message, estimated start and queue position of every job left pending, in one
+    statement; a job that left pending meanwhile is not touched."""
+    if not statuses:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs_job SET pending_reason = s.reason, pending_message = s.message, "
+            "estimated_start_at = s.estimate, queue_position = s.position "
+            "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[]) "
+            "AS s(id, reason, message, estimate, position) "
+            "WHERE jobs_job.id = s.id AND jobs_job.state = 'pending'",
+            [
+                [int(st.job_id) for st in statuses],
+                [st.reason.value for st in statuses],
+                [st.message[:500] for st in statuses],
+                [from_epoch(st.estimated_start) for st in statuses],
+                list(range(1, len(statuses) + 1)),
+            ],
         )
-    desired_set_changed(loaded.node_ids[r.node] for r in start.placement)
-    return True
 
 
 def preempt_job(job: Job, preemption: core.Preemption) -> bool:

@@ -14,7 +14,7 @@ from scheduler import core
 from scheduler.store import apply_plan, load_snapshot
 
 CYCLE_LOCK = 0x6770_7363  # the advisory lock id: one cycle at a time across workers
-DEBOUNCE_S = 0.2
+DEBOUNCE_S = 0.05
 PAUSE_KEY = "scheduler:paused"
 
 

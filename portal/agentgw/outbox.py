@@ -7,12 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models import F
 
 from portal.cluster.models import Node
+from portal.lib.channels import group_send
 
 
 def node_group(node_id: int) -> str:
@@ -34,8 +33,5 @@ def send_request(node_id: int, message_json: str) -> None:
 
 
 def _send_all(node_ids: list[int], event: dict[str, Any]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
     for node_id in node_ids:
-        async_to_sync(layer.group_send)(node_group(node_id), event)
+        group_send(node_group(node_id), event)

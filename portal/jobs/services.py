@@ -4,11 +4,11 @@ also writes a JobEvent, so a lost race changes nothing and every change leaves a
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import models, transaction
-from django.db.models import F
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from agents.protocol import AttemptState as AgentAttemptState
@@ -69,29 +69,75 @@ def transition_job(
     InvalidTransition when the table in choices.py does not allow the move. Must run inside a
     transaction; updates `job` in place on success.
     """
-    from_state = job.state
-    if not can_transition(from_state, to_state):
-        raise InvalidTransition(f"job {job.pk}: {from_state} -> {to_state} is not allowed")
-    updated = Job.objects.filter(pk=job.pk, state=from_state, version=job.version).update(
-        state=to_state, version=F("version") + 1, **fields
+    moved = transition_jobs(
+        [job],
+        to_state,
+        actor=actor,
+        label=label,
+        reasons={job.pk: reason},
+        data={job.pk: data or {}},
+        **fields,
     )
-    if not updated:
-        return False
-    job.state = to_state
-    job.version += 1
+    return bool(moved)
+
+
+def transition_jobs(
+    jobs: Sequence[Job],
+    to_state: str,
+    *,
+    actor: Any = None,
+    label: str = "",
+    reasons: Mapping[int, str],
+    data: Mapping[int, dict[str, Any]] | None = None,
+    **fields: Any,
+) -> list[Job]:
+    """transition_job for many jobs in three statements: one compare-and-set UPDATE over all of
+    them, one INSERT of their events, and the browser hints after commit. Returns the jobs that
+    moved (in place), leaving out those another writer moved first."""
+    for job in jobs:
+        if not can_transition(job.state, to_state):
+            raise InvalidTransition(f"job {job.pk}: {job.state} -> {to_state} is not allowed")
+    if not jobs:
+        return []
+    assignments, params = ["state = %s", "version = jobs_job.version + 1"], [to_state]
     for name, value in fields.items():
-        setattr(job, name, value)
-    publish_job_change(job)
-    JobEvent.objects.create(
-        job=job,
-        from_state=from_state,
-        to_state=to_state,
-        actor=actor if getattr(actor, "is_authenticated", False) else None,
-        actor_label=label or actor_label(actor),
-        reason=reason[:500],
-        data=data or {},
+        field = Job._meta.get_field(name)
+        assignments.append(f'"{field.column}" = %s')
+        params.append(field.get_db_prep_save(value, connection))
+    sql = (
+        f"UPDATE jobs_job SET {', '.join(assignments)} "
+        "FROM unnest(%s::bigint[], %s::integer[], %s::text[]) AS seen(id, version, state) "
+        "WHERE jobs_job.id = seen.id AND jobs_job.version = seen.version AND jobs_job.state = seen.state "
+        "RETURNING jobs_job.id"
     )
-    return True
+    params += [[j.pk for j in jobs], [j.version for j in jobs], [j.state for j in jobs]]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        moved_ids = {row[0] for row in cursor.fetchall()}
+    moved, events = [], []
+    person = actor if getattr(actor, "is_authenticated", False) else None
+    for job in jobs:
+        if job.pk not in moved_ids:
+            continue
+        events.append(
+            JobEvent(
+                job=job,
+                from_state=job.state,
+                to_state=to_state,
+                actor=person,
+                actor_label=label or actor_label(actor),
+                reason=reasons.get(job.pk, "")[:500],
+                data=(data or {}).get(job.pk) or {},
+            )
+        )
+        job.state = to_state
+        job.version += 1
+        for name, value in fields.items():
+            setattr(job, name, value)
+        publish_job_change(job)
+        moved.append(job)
+    JobEvent.objects.bulk_create(events)
+    return moved
 
 
 def resolve_resources(spec: dict[str, Any]) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import transaction
+
+from portal.lib.channels import group_send
 
 
 def job_group(job_id: int) -> str:
@@ -49,8 +49,5 @@ def publish_telemetry(job_id: int, samples: list[dict[str, Any]]) -> None:
 
 
 def _send(groups: list[str], payload: dict[str, Any]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
     for group in groups:
-        async_to_sync(layer.group_send)(group, {"type": "live.message", "payload": payload})
+        group_send(group, {"type": "live.message", "payload": payload})

@@ -1,0 +1,68 @@
+"""Sending to channel-layer groups from synchronous code without waiting for Redis.
+
+async_to_sync spins up an event loop per call (milliseconds each), which a scheduling cycle that
+starts thousands of jobs cannot afford. Messages go instead to one background event loop per
+process that sends them one at a time, in order, fire and forget: they are hints (the design is
+level-triggered), so one lost in a crash costs a resync, never a fact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from typing import Any
+
+from channels.layers import get_channel_layer
+
+log = logging.getLogger(__name__)
+
+Outgoing = asyncio.Queue[tuple[str, dict[str, Any]]]
+
+
+class _BackgroundSender:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: Outgoing | None = None
+        self._pid: int | None = None
+
+    def _start(self) -> tuple[asyncio.AbstractEventLoop, Outgoing]:
+        with self._lock:
+            # A forked Celery worker inherits the object but not the thread: start a new one.
+            if self._loop is None or self._queue is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                queue: Outgoing = asyncio.Queue()
+                threading.Thread(target=_run, args=(loop, queue), name="channel-sender", daemon=True).start()
+                self._loop, self._queue, self._pid = loop, queue, os.getpid()
+            return self._loop, self._queue
+
+    def send(self, group: str, event: dict[str, Any]) -> None:
+        loop, queue = self._start()
+        loop.call_soon_threadsafe(queue.put_nowait, (group, event))
+
+
+def _run(loop: asyncio.AbstractEventLoop, queue: Outgoing) -> None:
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(_drain(queue))
+
+
+async def _drain(queue: Outgoing) -> None:
+    """One message at a time: one Redis connection, however many messages a burst brings."""
+    layer = get_channel_layer()
+    while True:
+        group, event = await queue.get()
+        if layer is None:
+            continue
+        try:
+            await layer.group_send(group, event)
+        except Exception as exc:  # a hint lost; the receiver resyncs
+            log.warning("channel layer send to %s failed: %s", group, exc)
+
+
+_sender = _BackgroundSender()
+
+
+def group_send(group: str, event: dict[str, Any]) -> None:
+    _sender.send(group, event)
