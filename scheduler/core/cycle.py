@@ -195,6 +195,7 @@ class _CycleRun:
         self._failed_preemptions: dict[tuple[Any, ...], int] = {}
         self._horizons = [p for p in plugins.preemption if isinstance(p, PreemptionHorizonPlugin)]
         self._blocked_shapes: dict[tuple[str, int, int], tuple[int, Status]] = {}
+        self._admissions: dict[tuple[str, str, str, int, int], tuple[int, Status]] = {}
         self._rack_nodes: dict[str, list[int]] | None = None
 
     # -- step 4 ------------------------------------------------------------------------
@@ -285,11 +286,20 @@ class _CycleRun:
         return job.gpu_model if job.gpu_model != ANY_MODEL else model
 
     def _admit(self, job: PendingJob, model: str) -> Status:
+        """Admission plugins decide from the job's VC, user, model, width and priority and the
+        working state (their contract), so an answer is reused until the state changes: in a
+        long queue most jobs repeat a question asked a moment ago."""
+        key = (job.vc, job.user, model, job.gpus, job.priority)
+        cached = self._admissions.get(key)
+        if cached is not None and cached[0] == self.state.version:
+            return cached[1]
+        status = SUCCESS
         for plugin in self.plugins.admission:
             status = plugin.admit(job, model, self.ctx)
             if not status.ok:
-                return status
-        return SUCCESS
+                break
+        self._admissions[key] = (self.state.version, status)
+        return status
 
     def _start(self, job: PendingJob, statement: Statement, model: str) -> None:
         reserved = statement.reserved()

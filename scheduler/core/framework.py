@@ -66,8 +66,10 @@ class QueueSortPlugin(Protocol):
 
 @runtime_checkable
 class AdmissionPlugin(Protocol):
-    """May this job take `gpus` GPUs of `model` now, quota-wise? Returns UNSCHEDULABLE with a
-    reason when not; never looks at where the GPUs are."""
+    """May this job take its GPUs of `model` now, quota-wise? Returns UNSCHEDULABLE with a
+    reason when not; never looks at where the GPUs are. Decides from the job's VC, user,
+    width and priority and the working state only: the cycle reuses an answer for jobs that
+    agree on those until the state changes."""
 
     def admit(self, job: PendingJob, model: str, ctx: CycleContext) -> Status: ...
 
