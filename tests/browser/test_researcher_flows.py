@@ -166,3 +166,41 @@ async def test_pages_fit_a_phone_screen(live_stack: dict[str, Any], submit_as: A
         await expect(page.locator("main h1").first).to_be_visible()
         overflow = await page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, f"{path} is {overflow} px wider than a phone screen"
+
+
+async def test_the_page_catches_up_after_losing_its_socket(
+    live_stack: dict[str, Any], submit_as: Any, page: Page
+) -> None:
+    base = live_stack["http"]
+    job = await submit_as("alice", name="resync-me")  # no agent runs: it waits
+    blocked = False
+    routes: list[Any] = []
+
+    async def live_socket(ws: Any) -> None:
+        if blocked:  # the portal is unreachable: the socket closes at once
+            await ws.close()
+            return
+        ws.connect_to_server()
+        routes.append(ws)
+
+    await page.route_web_socket(re.compile(r"/ws/live/$"), live_socket)
+    await sign_in(page, base, "alice")
+    await page.goto(f"{base}/jobs/{job['id']}")
+    indicator = page.get_by_role("status", name="Live updates")
+    badge = page.get_by_role("heading", level=1).locator(".badge")
+    await expect(indicator).to_have_text("Live")
+    await expect(badge).to_have_text("pending")
+
+    blocked = True
+    for ws in routes:
+        await ws.close()
+    await expect(indicator).not_to_have_text("Live")
+    # The change happens while the page has no socket; it must not be lost.
+    csrf = {c["name"]: c["value"] for c in await page.context.cookies()}["csrftoken"]
+    response = await page.request.post(
+        f"{base}/api/v1/jobs/{job['id']}/cancel/", headers={"X-CSRFToken": csrf, "Referer": base + "/"}
+    )
+    assert response.ok, await response.text()
+    blocked = False
+    await expect(indicator).to_have_text("Live", timeout=LONG)
+    await expect(badge).to_have_text("cancelled", timeout=LONG)
