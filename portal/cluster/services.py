@@ -175,11 +175,13 @@ def record_heartbeat(node: Node) -> None:
 
 
 def record_telemetry(node: Node, batch: TelemetryBatch) -> list[str]:
-    """Keeps the latest sample per GPU in Redis and marks GPUs unhealthy (Xid, ECC, NVML errors).
-
-    Returns the uuids of GPUs that became unhealthy with this batch; their jobs are the
-    scheduling loop's business.
+    """Keeps the latest sample per GPU in Redis and marks GPUs unhealthy (Xid, ECC, NVML errors):
+    an unhealthy GPU gets no new placements, and the job on it is requeued with the reason.
+    Returns the uuids of GPUs that became unhealthy with this batch.
     """
+    from portal.jobs.models import Allocation
+    from portal.jobs.services import requeue_jobs_holding
+
     latest = {s.gpu_uuid: s for s in batch.samples}
     if latest:
         cache = redis.Redis.from_url(settings.REDIS_URL)
@@ -194,6 +196,12 @@ def record_telemetry(node: Node, batch: TelemetryBatch) -> list[str]:
                 healthy=False, health_reason=reason
             ):
                 newly_unhealthy.append(sample.gpu_uuid)
+                requeue_jobs_holding(
+                    Allocation.objects.filter(
+                        gpu__node=node, gpu__uuid=sample.gpu_uuid, released_at__isnull=True
+                    ),
+                    f"GPU {sample.gpu_uuid} on {node.name} failed: {reason}",
+                )
     return newly_unhealthy
 
 

@@ -575,22 +575,26 @@ def record_checkpoint(node: Node, done: CheckpointDone) -> Checkpoint:
     return checkpoint
 
 
-@transaction.atomic
 def requeue_jobs_of_lost_node(node: Node) -> list[int]:
     """Every job holding GPUs on a lost node gets a new attempt elsewhere (from its last
     checkpoint); the node's agent, if it returns, is told to stop what it still runs."""
-    job_ids = set(
-        Allocation.objects.filter(node=node, released_at__isnull=True).values_list(
-            "attempt__job_id", flat=True
-        )
+    return requeue_jobs_holding(
+        Allocation.objects.filter(node=node, released_at__isnull=True),
+        f"node {node.name} lost (no heartbeat)",
     )
+
+
+@transaction.atomic
+def requeue_jobs_holding(allocations: models.QuerySet[Allocation], reason: str) -> list[int]:
+    """The jobs holding these allocations are lost (their attempt ends, GPUs freed) and go back to
+    the queue, to resume from their last checkpoint on a new attempt."""
+    job_ids = set(allocations.values_list("attempt__job_id", flat=True))
     requeued = []
     for job in Job.objects.select_for_update().filter(pk__in=job_ids, state__in=ACTIVE_STATES).order_by("pk"):
         attempt = job.attempts.order_by("-number").first()
-        reason = f"node {node.name} lost (no heartbeat)"
         if attempt is not None and transition_job(job, JobState.LOST, label="portal", reason=reason):
             end_attempt(job, attempt, AttemptState.LOST, None, reason)
-            requeue_job(job, f"requeued after node {node.name} was lost")
+            requeue_job(job, f"requeued: {reason}")
             requeued.append(job.pk)
     return requeued
 

@@ -208,3 +208,41 @@ async def test_reports_move_the_job_and_duplicates_late_and_foreign_ones_change_
     assert events == ["pending", "scheduled", "starting", "running", "succeeded"]
     await one.disconnect()
     await two.disconnect()
+
+
+async def test_a_gpu_failure_marks_it_unhealthy_and_requeues_its_job(users, paused_loop) -> None:  # type: ignore[no-untyped-def]
+    from agents.protocol import GpuSample, TelemetryBatch
+    from portal.jobs.models import JobAttempt
+
+    one, _ = await greet("a100-node-1")
+    two, _ = await greet("a100-node-2")
+    job = await sync_to_async(place_a_job)(users["alice"])
+    (replica_one,) = decode_from_portal(await one.receive_from(timeout=10)).attempts
+    (replica_two,) = decode_from_portal(await two.receive_from(timeout=10)).attempts
+    await one.send_to(text_data=status(replica_one.attempt_id, job, AttemptState.RUNNING, 1))
+    await two.send_to(text_data=status(replica_two.attempt_id, job, AttemptState.RUNNING, 1))
+    await two.receive_nothing(timeout=0.5)
+    assert await state_of(job) == "running"
+    samples = [
+        GpuSample(
+            gpu_uuid=f"GPU-a100-node-1-real-{i}",
+            time=utc_now(),
+            utilization_pct=90.0,
+            healthy=i != 3,
+            health_reason="xid 79 (fallen off the bus)" if i == 3 else None,
+        )
+        for i in range(8)
+    ]
+    await one.send_to(text_data=encode(TelemetryBatch(samples=samples)))
+    # Both nodes are told to stop the gang: its GPUs are released, and it waits for a new attempt.
+    assert decode_from_portal(await one.receive_from(timeout=10)).attempts == []
+    assert decode_from_portal(await two.receive_from(timeout=10)).attempts == []
+    gpu = await Gpu.objects.aget(uuid="GPU-a100-node-1-real-3")
+    assert not gpu.healthy and "xid 79" in gpu.health_reason
+    assert await state_of(job) == "pending"
+    attempt = await JobAttempt.objects.aget(job=job)
+    assert attempt.state == "lost" and "xid 79" in attempt.end_reason
+    healthy_others = await Gpu.objects.filter(node__name="a100-node-1", healthy=True).acount()
+    assert healthy_others == 7
+    await one.disconnect()
+    await two.disconnect()
