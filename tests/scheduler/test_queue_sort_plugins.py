@@ -188,3 +188,16 @@ def test_guarantee_first_leaves_vcs_without_borrowing_alone() -> None:
     lending = Snap().node("n0", 16).vc("solo", 8, borrow=8).running("r", [("n0", (0, 1, 2, 3))], vc="solo")
     lending.pending("big", 8, vc="solo", submitted_at=1).pending("small", 1, vc="solo", submitted_at=2)
     assert queue_ids(lending, queue_sort=["guarantee_first", "fifo"]) == ["small", "big"]
+
+
+def test_las_does_not_wake_for_a_crossing_that_changes_nothing() -> None:
+    # The waiting job is already in queue 1; the running job crossing from queue 0 into
+    # queue 1 does not let it preempt, so no cycle is needed for that.
+    snap = (
+        Snap()
+        .node("n0", 2)
+        .running("r", [("n0", (0, 1))], attained_gpu_s=1000)
+        .pending("p", gpus_=2, submitted_at=0, attained_gpu_s=5000)
+    )
+    p = profile(queue_sort=["las"], post_cycle=["las"], plugin_args={"las": {"thresholds": [3000]}})
+    assert decide(snap.build(), p, now=100.0).wake_at is None

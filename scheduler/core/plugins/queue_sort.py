@@ -167,8 +167,14 @@ class DiscretizedLas:
         return ctx.now + max(self.thresholds[level] - service, 0.0) / max(rate, 1e-9)
 
     def wake_at(self, ctx: CycleContext) -> float | None:
+        """The next time a running job's demotion lets a waiting job preempt it. Only
+        crossings out of a queue that holds a waiting job of at least the same priority
+        count: any other crossing changes no decision, and each needless wake is a cycle."""
         if not self._pending:
             return None
+        waiting_levels: dict[int, set[int]] = {}
+        for pending in self._pending:
+            waiting_levels.setdefault(pending.priority, set()).add(self.pending_level(pending, ctx.now))
         earliest: float | None = None
         for job in ctx.snapshot.running:
             if job.stopping or not job.preemptible:
@@ -176,6 +182,8 @@ class DiscretizedLas:
             service = self.service_of(job.attained_gpu_s, job.gpus)
             i = bisect.bisect_right(self.thresholds, service)
             if i >= len(self.thresholds):
+                continue
+            if not any(i in levels for p, levels in waiting_levels.items() if p >= job.priority):
                 continue
             rate = float(job.gpus) if self.service == "gpu_time" else 1.0
             if rate <= 0:
