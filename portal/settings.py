@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "portal.jobs",
     "portal.agentgw",
     "portal.live",
+    "portal.metrics",
     "portal.web",
 ]
 
@@ -171,6 +172,9 @@ TIME_LIMIT_FORCE_AFTER_S = env_int("TIME_LIMIT_FORCE_AFTER_S", 120)
 CHECKPOINT_ROOT = env_str(
     "CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints") if DEBUG else "/srv/gpuportal/checkpoints"
 )
+# /metrics answers scrapers that show this token (Authorization: Bearer) or come from these addresses.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
 # A shipped scheduler profile (default, fifo, tiresias) or the path of a profile JSON file.
 SCHEDULER_PROFILE = env_str("SCHEDULER_PROFILE", "default")
 AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 10)

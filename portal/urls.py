@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from portal.lib.views import healthz
+from portal.metrics.views import metrics
 
 api_v1 = [
     path("", include("portal.accounts.api.urls")),
@@ -17,5 +18,6 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api-auth/", include("rest_framework.urls")),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),
     path("", include("portal.web.urls")),
 ]

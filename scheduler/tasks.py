@@ -10,6 +10,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
 
+from portal.metrics.cycle_timing import record_cycle_duration
 from scheduler import core
 from scheduler.store import apply_plan, load_snapshot
 
@@ -55,9 +56,12 @@ def run_cycle(profile: core.Profile | None = None) -> dict[str, Any] | None:
             if not cursor.fetchone()[0]:
                 return None
         now = time.time()
+        started = time.perf_counter()
         loaded = load_snapshot(now)
         plan = core.decide(loaded.snapshot, profile or load_profile(), now)
-        return apply_plan(plan, loaded, now)
+        result = apply_plan(plan, loaded, now)
+    record_cycle_duration(time.perf_counter() - started)
+    return result
 
 
 @shared_task(acks_late=False)

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class MetricsConfig(AppConfig):
+    name = "portal.metrics"
+    label = "metrics"
+    verbose_name = "Metrics"

@@ -1,0 +1,162 @@
+"""Everything /metrics reports, read fresh from PostgreSQL and Redis on each scrape.
+
+Labels are bounded: nodes, GPUs, VCs, tenants, states and reason codes are finite sets, and a
+GPU's job label names only the job holding it now.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from datetime import timedelta
+
+import redis
+from django.conf import settings
+from django.db.models import Count
+from django.utils import timezone
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from portal.cluster.models import Gpu, Node, Quota
+from portal.jobs.models import Allocation, Job, JobEvent
+from portal.metrics.cycle_timing import cycle_histogram
+
+
+class PortalCollector:
+    def collect(self) -> Iterator[Metric]:
+        yield from self.gpus_per_node()
+        yield from self.gpus_per_vc()
+        yield from self.jobs()
+        yield from self.scheduling()
+        yield from self.agents()
+        yield from self.gpu_telemetry()
+
+    def gpus_per_node(self) -> Iterator[Metric]:
+        total = GaugeMetricFamily("gpuportal_node_gpus", "GPUs per node and model.", labels=["node", "model"])
+        healthy = GaugeMetricFamily("gpuportal_node_gpus_healthy", "Healthy GPUs.", labels=["node", "model"])
+        allocated = GaugeMetricFamily(
+            "gpuportal_node_gpus_allocated", "Allocated GPUs.", labels=["node", "model"]
+        )
+        counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        live = set(Allocation.objects.filter(released_at__isnull=True).values_list("gpu_id", flat=True))
+        for gpu_id, node, model, ok in Gpu.objects.values_list("id", "node__name", "model", "healthy"):
+            key = (node, model)
+            counts[key]["total"] += 1
+            counts[key]["healthy"] += ok
+            counts[key]["allocated"] += gpu_id in live
+        for (node, model), c in sorted(counts.items()):
+            total.add_metric([node, model], c["total"])
+            healthy.add_metric([node, model], c["healthy"])
+            allocated.add_metric([node, model], c["allocated"])
+        yield from (total, healthy, allocated)
+
+    def gpus_per_vc(self) -> Iterator[Metric]:
+        labels = ["vc", "tenant", "model"]
+        allocated = GaugeMetricFamily(
+            "gpuportal_vc_gpus_allocated", "GPUs held by a VC's jobs.", labels=labels
+        )
+        guaranteed = GaugeMetricFamily(
+            "gpuportal_vc_gpus_guaranteed", "A VC's guaranteed GPUs.", labels=labels
+        )
+        borrow = GaugeMetricFamily("gpuportal_vc_gpus_borrow_limit", "A VC's borrow limit.", labels=labels)
+        tenant_allocated = GaugeMetricFamily(
+            "gpuportal_tenant_gpus_allocated", "GPUs held by a tenant's jobs.", labels=["tenant", "model"]
+        )
+        held = Counter(
+            Allocation.objects.filter(released_at__isnull=True).values_list(
+                "attempt__job__virtual_cluster__name", "attempt__job__tenant__name", "gpu__model"
+            )
+        )
+        per_tenant: Counter[tuple[str, str]] = Counter()
+        for quota in Quota.objects.select_related("virtual_cluster__tenant"):
+            vc, tenant = quota.virtual_cluster.name, quota.virtual_cluster.tenant.name
+            guaranteed.add_metric([vc, tenant, quota.gpu_model], quota.guaranteed)
+            borrow.add_metric([vc, tenant, quota.gpu_model], quota.borrow_limit)
+            allocated.add_metric([vc, tenant, quota.gpu_model], held.get((vc, tenant, quota.gpu_model), 0))
+        for (_, tenant, model), n in held.items():
+            per_tenant[(tenant, model)] += n
+        for (tenant, model), n in sorted(per_tenant.items()):
+            tenant_allocated.add_metric([tenant, model], n)
+        yield from (allocated, guaranteed, borrow, tenant_allocated)
+
+    def jobs(self) -> Iterator[Metric]:
+        by_state = GaugeMetricFamily("gpuportal_jobs", "Jobs by state.", labels=["state"])
+        for state, n in sorted(
+            Job.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n")
+        ):
+            by_state.add_metric([state], n)
+        pending = GaugeMetricFamily(
+            "gpuportal_pending_jobs", "Pending jobs by reason code.", labels=["reason"]
+        )
+        rows = Job.objects.filter(state="pending").values_list("pending_reason").annotate(n=Count("id"))
+        for reason, n in sorted(rows.values_list("pending_reason", "n")):
+            pending.add_metric([reason or "none"], n)
+        yield from (by_state, pending)
+
+    def scheduling(self) -> Iterator[Metric]:
+        buckets, total = cycle_histogram()
+        histogram = HistogramMetricFamily(
+            "gpuportal_scheduling_cycle_seconds", "Duration of scheduling cycles."
+        )
+        histogram.add_metric([], buckets, total)
+        yield histogram
+        preemptions = CounterMetricFamily(
+            "gpuportal_preemptions", "Jobs asked to checkpoint and stop, by why.", labels=["reason"]
+        )
+        rows = JobEvent.objects.filter(to_state="checkpointing").values_list("data__preemption")
+        for reason, n in sorted(Counter(r for (r,) in rows).items(), key=lambda x: str(x[0])):
+            preemptions.add_metric([reason or "other"], n)
+        requeues = CounterMetricFamily(
+            "gpuportal_requeues", "Jobs put back in the queue after preemption, node loss or GPU failure."
+        )
+        requeues.add_metric(
+            [], JobEvent.objects.filter(to_state="pending", reason__startswith="requeued").count()
+        )
+        yield from (preemptions, requeues)
+
+    def agents(self) -> Iterator[Metric]:
+        connected = GaugeMetricFamily("gpuportal_agents_connected", "Agents heard from recently.")
+        cutoff = timezone.now() - timedelta(seconds=settings.NODE_SILENT_AFTER_S)
+        connected.add_metric([], Node.objects.filter(last_heartbeat_at__gte=cutoff).count())
+        yield connected
+
+    def gpu_telemetry(self) -> Iterator[Metric]:
+        labels = ["node", "gpu", "uuid", "job", "vc", "tenant"]
+        families = {
+            "utilization_pct": GaugeMetricFamily(
+                "gpuportal_gpu_utilization_percent", "GPU utilization.", labels=labels
+            ),
+            "memory_used_mib": GaugeMetricFamily(
+                "gpuportal_gpu_memory_used_bytes", "GPU memory in use.", labels=labels
+            ),
+            "power_w": GaugeMetricFamily("gpuportal_gpu_power_watts", "GPU power draw.", labels=labels),
+            "temperature_c": GaugeMetricFamily(
+                "gpuportal_gpu_temperature_celsius", "GPU temperature.", labels=labels
+            ),
+        }
+        owners = {
+            uuid: (str(job), vc, tenant)
+            for uuid, job, vc, tenant in Allocation.objects.filter(released_at__isnull=True).values_list(
+                "gpu__uuid",
+                "attempt__job_id",
+                "attempt__job__virtual_cluster__name",
+                "attempt__job__tenant__name",
+            )
+        }
+        cache = redis.Redis.from_url(settings.REDIS_URL)
+        for node_id, node_name in Node.objects.values_list("id", "name"):
+            indexes = dict(Gpu.objects.filter(node_id=node_id).values_list("uuid", "index"))
+            for uuid_raw, raw in cache.hgetall(f"telemetry:node:{node_id}").items():
+                uuid = uuid_raw.decode()
+                if uuid not in indexes:
+                    continue
+                sample = json.loads(raw)
+                job, vc, tenant = owners.get(uuid, ("", "", ""))
+                values = [node_name, str(indexes[uuid]), uuid, job, vc, tenant]
+                for field, family in families.items():
+                    value = sample.get(field)
+                    if value is not None:
+                        family.add_metric(
+                            values, value * 1024 * 1024 if field == "memory_used_mib" else value
+                        )
+        yield from families.values()
