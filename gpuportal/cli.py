@@ -210,7 +210,12 @@ def cmd_submit(ctx: Context) -> int:
         raise UsageError(f"{args.file} is not UTF-8 text") from None
     if not text.strip():
         raise UsageError(f"{args.file} is empty")
-    job = ctx.client().submit_job(text)
+    try:
+        job = ctx.client().submit_job(text)
+    except BadRequest as error:
+        if set(error.errors) != {"detail"}:  # field errors: say which file they are about
+            raise BadRequest(f"the portal refused the job spec in {args.file}", error.errors) from None
+        raise
     if args.quiet:
         ctx.out.print(str(job.id))
     else:
@@ -411,7 +416,13 @@ def cmd_cancel(ctx: Context) -> int:
 def cmd_queue(ctx: Context) -> int:
     args = ctx.args
     jobs = ctx.client().list_jobs(state="pending", owner=None if args.all else "me", limit=None)
-    jobs.sort(key=lambda j: (j.queue_position is None, j.queue_position or 0, j.submitted_at or datetime.min))
+    jobs.sort(
+        key=lambda j: (
+            j.queue_position is None,
+            j.queue_position or 0,
+            j.submitted_at.timestamp() if j.submitted_at else 0.0,
+        )
+    )
     if args.output == "json":
         print_json(ctx, dump(jobs))
         return OK

@@ -51,7 +51,7 @@ def no_traceback(*results: Any) -> None:
         assert "Traceback" not in result.stdout + result.stderr, result.stderr
 
 
-def test_login_stores_a_private_token_and_wrong_passwords_exit_4(run_cli, users, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_login_stores_a_private_token_and_wrong_passwords_exit_4(run_cli, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
     wrong = run_cli(None, "login", "--username", "alice", "--password-stdin", input="nope\n")
     assert wrong.returncode == cli.AUTH
     assert "Wrong user name or password" in wrong.stderr
@@ -68,7 +68,16 @@ def test_login_stores_a_private_token_and_wrong_passwords_exit_4(run_cli, users,
     # Later commands use the stored token (no GPUPORTAL_TOKEN in the environment).
     whoami = run_cli(None, "whoami")
     assert whoami.returncode == 0 and whoami.stdout.startswith("alice on ")
-    no_traceback(wrong, login, whoami)
+
+    # An existing token can be stored instead; a made-up one is refused and not stored.
+    refused = run_cli(None, "login", "--token", "gpp_made_up")
+    assert refused.returncode == cli.AUTH
+    assert run_cli(None, "whoami").stdout.startswith("alice on ")
+    assert run_cli(None, "login", "--token", tokens["bob"]).returncode == 0
+    assert run_cli(None, "whoami").stdout.startswith("bob on ")
+    assert run_cli(None, "logout").returncode == 0
+    assert run_cli(None, "whoami").returncode == cli.AUTH
+    no_traceback(wrong, login, whoami, refused)
 
 
 def test_a_bad_field_is_printed_per_field_and_exits_2(run_cli, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
