@@ -75,6 +75,26 @@ def submit_as(users: dict[str, Any]) -> Callable[..., Awaitable[dict[str, Any]]]
 
 
 @pytest.fixture
+def cancel_as(users: dict[str, Any]) -> Callable[[str, int], Awaitable[None]]:
+    """await cancel_as("alice", job_id): cancels over the REST API in-process (in a worker thread)."""
+    from asgiref.sync import sync_to_async
+    from rest_framework.test import APIClient
+
+    def cancel(username: str, job_id: int) -> None:
+        from django.db import connection
+
+        client = APIClient()
+        client.force_authenticate(users[username])
+        try:
+            response = client.post(f"/api/v1/jobs/{job_id}/cancel/")
+        finally:
+            connection.close()
+        assert response.status_code == 200, response.content
+
+    return sync_to_async(cancel)
+
+
+@pytest.fixture
 def a100_agent(start_agent: Any) -> Any:
     """One simulated DGX-A100 host that really runs jobs (process runtime)."""
     from portal.cluster.models import Node

@@ -19,3 +19,17 @@ export function useSoon(fn: () => void, delayMs = 400): () => void {
     }, delayMs);
   }, [delayMs]);
 }
+
+/**
+ * Runs `fn` every `ms` while `enabled`: only for figures the live socket does not carry yet
+ * (node health, a pending job's reason, queue position and estimated start).
+ */
+export function useEvery(ms: number, fn: () => void, enabled = true): void {
+  const fnRef = useRef(fn);
+  fnRef.current = fn;
+  useEffect(() => {
+    if (!enabled) return;
+    const id = setInterval(() => fnRef.current(), ms);
+    return () => clearInterval(id);
+  }, [ms, enabled]);
+}

@@ -1,5 +1,3 @@
-import { useEffect } from "react";
-
 import { fetchAll } from "../api/client";
 import { useLive } from "../api/live";
 import type { ClusterNode, Gpu } from "../api/types";
@@ -8,7 +6,7 @@ import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/
 import { gpuUseByModel } from "../lib/cluster";
 import { formatRelative } from "../lib/format";
 import { useResource } from "../lib/useResource";
-import { useSoon } from "../lib/useSoon";
+import { useEvery, useSoon } from "../lib/useSoon";
 
 function gpuStatus(gpu: Gpu, node: ClusterNode): "allocated" | "free" | "unhealthy" | "unavailable" {
   if (gpu.healthy === false) return "unhealthy";
@@ -22,11 +20,7 @@ export function ClusterPage() {
   const soon = useSoon(nodes.reload, 1000);
   // Allocation changes come with job changes; node health is refreshed by the fallback poll.
   useLive("jobs", (m) => m.kind === "job" && soon(), nodes.reload, 15_000);
-  // Node health and heartbeats have no live topic yet: refresh them now and then.
-  useEffect(() => {
-    const id = setInterval(nodes.reload, 30_000);
-    return () => clearInterval(id);
-  }, [nodes.reload]);
+  useEvery(30_000, nodes.reload);
 
   return (
     <>

@@ -6,7 +6,7 @@ import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/
 import { JobTable } from "../components/JobTable";
 import { gpuUseByModel } from "../lib/cluster";
 import { useResource } from "../lib/useResource";
-import { useSoon } from "../lib/useSoon";
+import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
 
 export function DashboardPage() {
@@ -23,6 +23,7 @@ export function DashboardPage() {
   };
   const soon = useSoon(refresh, 500);
   useLive("jobs", (m) => m.kind === "job" && soon(), refresh);
+  useEvery(30_000, refresh);
 
   const running = jobs.data?.results.filter((j) => j.state !== "pending") ?? [];
   const pending = jobs.data?.results.filter((j) => j.state === "pending") ?? [];

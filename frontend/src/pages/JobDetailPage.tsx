@@ -10,7 +10,7 @@ import { LogView, useLogLines } from "../components/LogView";
 import { type Sample, TelemetryCharts, toSample } from "../components/TelemetryCharts";
 import { elapsedSeconds, formatDuration, formatRelative, formatTime } from "../lib/format";
 import { useResource } from "../lib/useResource";
-import { useSoon } from "../lib/useSoon";
+import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
 
 const MAX_SAMPLES = 2000;
@@ -45,6 +45,7 @@ export function JobDetailPage({ id }: { id: number }) {
     } else if (m.kind === "telemetry" && attempt === latest) telemetry.addLive(m.samples.map(toSample));
   };
   useLive(`job:${id}`, onMessage, resync, 5000);
+  useEvery(30_000, job.reload, job.data?.state === "pending");
 
   if (job.loading && !job.data) return <Spinner label="Loading the job" />;
   if (!job.data) {

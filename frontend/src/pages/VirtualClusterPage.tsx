@@ -5,7 +5,7 @@ import { QuotaBar } from "../components/charts";
 import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/common";
 import { JobTable } from "../components/JobTable";
 import { useResource } from "../lib/useResource";
-import { useSoon } from "../lib/useSoon";
+import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
 import { QuotaLegend } from "./DashboardPage";
 
@@ -13,7 +13,8 @@ const RUNNING = ["scheduled", "starting", "running", "suspended", "checkpointing
 
 export function VirtualClustersPage() {
   const vcs = useResource((signal) => fetchAll<VirtualCluster>("/api/v1/virtual-clusters/", signal), "vcs");
-  useLive("jobs", () => undefined, vcs.reload, 15_000);
+  const soonVcs = useSoon(vcs.reload, 1000);
+  useLive("jobs", (m) => m.kind === "job" && soonVcs(), vcs.reload, 15_000);
   return (
     <>
       <PageHeader title="Virtual clusters" />
@@ -88,6 +89,7 @@ export function VirtualClusterPage({ name }: { name: string }) {
   };
   const soon = useSoon(refresh, 500);
   useLive("jobs", (m) => m.kind === "job" && soon(), refresh);
+  useEvery(30_000, queue.reload);
 
   const ordered = [...(queue.data?.results ?? [])].sort(
     (a, b) => (a.queue_position ?? Number.MAX_SAFE_INTEGER) - (b.queue_position ?? Number.MAX_SAFE_INTEGER) || a.id - b.id,
