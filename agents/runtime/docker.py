@@ -36,7 +36,7 @@ from agents.runtime import (
     UnknownAttemptError,
     split_long_line,
 )
-from agents.runtime.policy import HostPolicy, LaunchPlan, prepare
+from agents.runtime.policy import HostPolicy, LaunchPlan, PolicyError, image_problems, prepare
 
 LABEL_MANAGED = "gpuportal.managed"
 LABEL_ATTEMPT = "gpuportal.attempt-id"
@@ -158,6 +158,9 @@ class DockerRuntime:
         return RuntimeInfo(kind="docker", version=version.get("Version"), runc_version=components.get("runc"))
 
     async def start(self, attempt: DesiredAttempt) -> None:
+        problems = image_problems(attempt.image)
+        if problems:
+            raise PolicyError("; ".join(problems))
         plan = prepare(attempt, self.policy, checkpoint_target=CHECKPOINT_TARGET)
         config = container_config(plan, self.network_mode, self.request_gpus, user=self.user)
         try:

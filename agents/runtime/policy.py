@@ -9,6 +9,7 @@ to give the same answer at submit time.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -22,6 +23,15 @@ RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
 # Container paths a mount may never cover.
 FORBIDDEN_TARGETS = ("/", "/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64")
+
+
+# A Docker image reference: [registry[:port]/]path[:tag][@sha256:digest], lower-case path
+# components. Anything else (shell syntax, options, upper case) never reaches the engine.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REFERENCE = re.compile(
+    rf"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
 
 
 class PolicyError(ValueError):
@@ -80,6 +90,13 @@ def env_problems(env: dict[str, str]) -> list[str]:
         for name in sorted(env)
         if is_reserved_env(name)
     ]
+
+
+def image_problems(image: str) -> list[str]:
+    """Why an image reference is refused; empty when it is a plain, well-formed reference."""
+    if len(image) > 255 or not _IMAGE_REFERENCE.match(image):
+        return [f"image {image[:80]!r} is not a valid image reference"]
+    return []
 
 
 def agent_env(attempt: DesiredAttempt, checkpoint_dir_seen_by_job: str | None) -> dict[str, str]:

@@ -16,6 +16,7 @@ from agents.runtime.policy import (
     PolicyError,
     VolumeRoot,
     env_problems,
+    image_problems,
     resolve_checkpoint_dir,
     resolve_mount,
 )
@@ -177,3 +178,36 @@ def test_the_most_specific_volume_root_decides_and_checkpoints_stay_below_their_
     for outside in (tmp_path / "ckpt", tmp_path / "ckpt" / ".." / "elsewhere"):
         with pytest.raises(PolicyError, match="not inside a checkpoint root"):
             resolve_checkpoint_dir(str(outside), policy)
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "ubuntu",
+        "ubuntu:22.04",
+        "registry.example.org:5000/team/train:1.4",
+        "nvcr.io/nvidia/pytorch:24.05-py3",
+        "gpuportal-test/busybox:1",
+        "library/ubuntu@sha256:" + "a" * 64,
+    ],
+)
+def test_plain_image_references_pass(image: str) -> None:
+    assert image_problems(image) == []
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "ubuntu; rm -rf /",
+        "--privileged",
+        "$(id)",
+        "Ubuntu",
+        "a" * 300,
+        "ubuntu@sha256:bad",
+        "",
+        "../etc:1",
+        "a b",
+    ],
+)
+def test_bad_image_references_are_refused(image: str) -> None:
+    assert image_problems(image)
