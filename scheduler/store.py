@@ -273,9 +273,12 @@ def preempt_job(job: Job, preemption: core.Preemption) -> bool:
     checkpointable = bool(checkpoint.get("enabled"))
     # The job's own grace (how long it needs to save), never longer than the profile allows.
     grace = min(preemption.grace_period_s, float(checkpoint.get("grace_seconds", preemption.grace_period_s)))
-    replicas = attempt.allocations.values_list("replica", "node_id").distinct() if attempt else []
+    replicas = list(attempt.allocations.values_list("replica", "node_id").distinct()) if attempt else []
     for replica, node_id in replicas:
         message_type = CheckpointRequest if checkpointable else StopRequest
         request = message_type(attempt_id=agent_attempt_id(attempt, replica), grace_period_s=grace)
         send_request(node_id, encode(request))
+    # The desired set says it too (checkpoint_and_stop), so a request lost with a connection
+    # still ends in a checkpoint, not a kill.
+    desired_set_changed(node_id for _, node_id in replicas)
     return True

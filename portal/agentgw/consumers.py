@@ -84,7 +84,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         try:
             await self.handle(message)
         except job_services.StaleReport as exc:
-            log.info("node %s: refused a report: %s", self.node.name, exc)
+            log.info("node %s: refused a report: %s", self.node.name, exc, extra={"node": self.node.name})
 
     async def handle(self, message: Any) -> None:
         node = self.node
