@@ -144,7 +144,12 @@ SPECTACULAR_SETTINGS = {
 }
 
 CHANNEL_LAYERS = {
-    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # The layer waits on blocking pops; redis-py 8 would otherwise cut every idle read after
+        # its 5 s default socket timeout and tear down every websocket with it.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
+    },
 }
 
 CELERY_BROKER_URL = REDIS_URL

@@ -12,6 +12,7 @@ if [ "$mode" = test ]; then
   [ -x /usr/bin/chromium ] || need+=(chromium)
   command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
   command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
+  [ -x /bin/busybox ] || need+=(busybox-static)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -236,6 +236,7 @@ def record_job_telemetry(batch: TelemetryBatch) -> None:
                 memory_used_mib=sample.memory_used_mib,
                 power_w=sample.power_w,
                 temperature_c=sample.temperature_c,
+                energy_j=sample.energy_j,
             )
         )
         by_job[jobs[attempt_id]].append(sample.model_dump(mode="json", include=TELEMETRY_FIELDS))

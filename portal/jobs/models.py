@@ -220,6 +220,7 @@ class TelemetrySample(models.Model):
     memory_used_mib = models.IntegerField(null=True)
     power_w = models.FloatField(null=True)
     temperature_c = models.FloatField(null=True)
+    energy_j = models.FloatField(null=True, help_text="The GPU's energy counter (NVML), when it has one.")
 
     class Meta:
         ordering = ["attempt", "time"]

@@ -246,3 +246,21 @@ async def test_a_gpu_failure_marks_it_unhealthy_and_requeues_its_job(users, paus
     assert healthy_others == 7
     await one.disconnect()
     await two.disconnect()
+
+
+async def test_an_idle_agent_connection_stays_open(users) -> None:  # type: ignore[no-untyped-def]
+    """Regression: with redis-py's 5 s default read timeout the channel layer's blocking receive
+    failed after 5 idle seconds and took the websocket down with it."""
+    communicator, _ = await greet("a100-node-1")
+    assert await communicator.receive_nothing(timeout=6.5)
+    await communicator.send_to(text_data=encode(Heartbeat(uptime_s=7)))
+    await communicator.receive_nothing(timeout=0.5)
+    node = await Node.objects.aget(name="a100-node-1")
+    assert node.state == "ready"
+    # The socket still receives pushes from the portal.
+    from portal.agentgw.outbox import node_group
+    from portal.lib.channels import group_send
+
+    await sync_to_async(group_send)(node_group(node.pk), {"type": "desired.changed"})
+    assert decode_from_portal(await communicator.receive_from(timeout=10)).type == "desired_set"
+    await communicator.disconnect()
