@@ -25,7 +25,7 @@ from rich.table import Table
 
 from gpuportal import __version__, config
 from gpuportal.client import AuthError, BadRequest, PortalClient, PortalError
-from gpuportal.models import Job, JobDetail, LogLine
+from gpuportal.models import Job, JobDetail, JobEvent, LogLine
 
 OK = 0
 JOB_FAILED = 1
@@ -228,20 +228,21 @@ def cmd_submit(ctx: Context) -> int:
     return follow(ctx, job.id)
 
 
-def follow(ctx: Context, job_id: int, *, attempt: int | None = None, show_states: bool = True) -> int:
-    """Stream the job's states (stderr) and output (stdout) until it ends; the job's outcome
-    becomes the exit status."""
+def follow(ctx: Context, job_id: int, *, attempt: int | None = None) -> int:
+    """Stream the job's transitions and waiting reasons (stderr) and its output (stdout) until
+    it ends; the job's outcome becomes the exit status."""
     client = ctx.client()
     last: JobDetail | None = None
     with ctx.err.status(f"job {job_id}: waiting", spinner="dots") as spinner:
-        for item in client.follow_logs(job_id, poll_s=ctx.args.poll, from_attempt=attempt):
+        for item in client.follow_logs(job_id, poll_s=ctx.args.poll, from_attempt=attempt, events=True):
             if isinstance(item, LogLine):
                 write_line(item, last)
-                continue
-            if show_states:
-                report_change(ctx, last, item)
-            spinner.update(f"job {job_id}: {item.state}")
-            last = item
+            elif isinstance(item, JobEvent):
+                report_event(ctx, job_id, item)
+            else:
+                report_waiting(ctx, last, item)
+                spinner.update(f"job {job_id}: {item.state}")
+                last = item
     assert last is not None
     return finish(ctx, last)
 
@@ -252,23 +253,31 @@ def write_line(line: LogLine, job: JobDetail | None) -> None:
     sys.stdout.flush()
 
 
-def report_change(ctx: Context, before: JobDetail | None, job: JobDetail) -> None:
-    now = datetime.now().strftime("%H:%M:%S")
-    attempt = job.latest_attempt
-    if before is None or before.state != job.state:
-        detail = ""
-        if job.state == "pending" and job.pending_reason:
-            detail = f": {job.pending_reason}"
-            if job.pending_message:
-                detail += f", {job.pending_message}"
-            if job.estimated_start_at:
-                detail += f" (estimated start {relative(job.estimated_start_at)})"
-        elif job.state in ("scheduled", "running") and attempt is not None:
-            nodes = sorted({a.node for a in attempt.allocations})
-            detail = f": attempt {attempt.number}" + (f" on {', '.join(nodes)}" if nodes else "")
-            if attempt.resume:
-                detail += ", resuming from its checkpoint"
-        ctx.err.print(f"[dim]{now}[/] job {job.id} {styled_state(job.state)}{escape(detail)}")
+def report_event(ctx: Context, job_id: int, event: JobEvent) -> None:
+    """One line per transition, with who moved the job and why (placement, preemption, ...)."""
+    when = event.created_at.astimezone().strftime("%H:%M:%S")
+    why = f" ({event.reason})" if event.reason else ""
+    by = f" by {event.actor_label}" if event.actor_label else ""
+    ctx.err.print(f"[dim]{when}[/] job {job_id} {styled_state(event.to_state)}{escape(why + by)}")
+
+
+def report_waiting(ctx: Context, before: JobDetail | None, job: JobDetail) -> None:
+    """While the job waits, say why and when it may start, whenever that changes."""
+    if job.state != "pending" or not job.pending_reason:
+        return
+    if before is not None and (before.pending_reason, before.pending_message) == (
+        job.pending_reason,
+        job.pending_message,
+    ):
+        return
+    detail = f"waiting: {job.pending_reason}"
+    if job.pending_message:
+        detail += f", {job.pending_message}"
+    if job.queue_position is not None:
+        detail += f"; position {job.queue_position}"
+    if job.estimated_start_at:
+        detail += f"; estimated start {relative(job.estimated_start_at)}"
+    ctx.err.print(f"[dim]{datetime.now().strftime('%H:%M:%S')}[/]   {escape(detail)}")
 
 
 def finish(ctx: Context, job: JobDetail) -> int:
@@ -397,7 +406,7 @@ def cmd_logs(ctx: Context) -> int:
     args = ctx.args
     client = ctx.client()
     if args.follow:
-        return follow(ctx, args.job_id, attempt=args.attempt, show_states=True)
+        return follow(ctx, args.job_id, attempt=args.attempt)
     job = client.get_job(args.job_id)
     if not job.attempts:
         ctx.err.print(f"Job {job.id} has not started yet ({job.state}); no output.")

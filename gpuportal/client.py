@@ -315,33 +315,46 @@ class PortalClient:
             after = page[-1].id
 
     def follow_logs(
-        self, job_id: int, *, poll_s: float = 1.0, from_attempt: int | None = None
-    ) -> Iterator[LogLine | JobDetail]:
+        self, job_id: int, *, poll_s: float = 1.0, from_attempt: int | None = None, events: bool = False
+    ) -> Iterator[LogLine | JobDetail | JobEvent]:
         """Yield log lines as they arrive, across attempts, until the job has ended.
 
-        Also yields the job (a :class:`JobDetail`) whenever its state or attempt changes, so
-        a caller can show state changes between the lines. Lines of an attempt are drained
-        before moving on to the next attempt, and once more after the job ended, because
-        the agent may deliver the last lines after the final status.
+        Also yields the job (a :class:`JobDetail`) whenever its state, attempt or pending
+        reason changes, and with ``events=True`` every new :class:`JobEvent` (polling the job
+        alone can miss a state that lasted less than one poll). Lines of an attempt are drained
+        before moving on to the next attempt, and once more after the job ended, because the
+        agent may deliver the last lines after the final status.
         """
         attempt = from_attempt
         after: dict[int, int] = {}  # attempt number -> last line id shown
-        last_seen: tuple[str, int | None] | None = None
+        events_seen = 0
+        last_seen: tuple[Any, ...] | None = None
         ended_polls = 0
         while True:
             job = self.get_job(job_id)
+            if events:
+                while True:
+                    page = self.request(
+                        "GET", f"/jobs/{int(job_id)}/events/", params={"offset": events_seen, "limit": 200}
+                    )
+                    for item in page["results"]:
+                        events_seen += 1
+                        yield JobEvent.model_validate(item)
+                    if not page.get("next"):
+                        break
             latest = job.latest_attempt.number if job.latest_attempt else None
-            if (job.state, latest) != last_seen:
-                last_seen = (job.state, latest)
+            seen = (job.state, latest, job.pending_reason, job.pending_message)
+            if seen != last_seen:
+                last_seen = seen
                 yield job
             if attempt is None:
                 attempt = min((a.number for a in job.attempts), default=None)
             while attempt is not None:
-                page = self.job_logs(job_id, attempt=attempt, after=after.get(attempt))
-                for line in page:
+                lines = self.job_logs(job_id, attempt=attempt, after=after.get(attempt))
+                for line in lines:
                     after[attempt] = line.id
                     yield line
-                if len(page) == 500:
+                if len(lines) == 500:
                     continue
                 if latest is not None and attempt < latest:
                     attempt += 1
