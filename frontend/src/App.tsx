@@ -4,6 +4,7 @@ import { ApiError, api, setUnauthorizedHandler } from "./api/client";
 import { live, useLiveStatus } from "./api/live";
 import type { Me } from "./api/types";
 import { ErrorBanner, LiveIndicator, Spinner } from "./components/common";
+import { ErrorBoundary } from "./components/ErrorBoundary";
 import { ClusterPage } from "./pages/ClusterPage";
 import { DashboardPage } from "./pages/DashboardPage";
 import { JobDetailPage } from "./pages/JobDetailPage";
@@ -121,7 +122,9 @@ function Shell({ me, signOut }: { me: Me; signOut: () => void }) {
         </div>
       </header>
       <main id="main" tabIndex={-1}>
-        <Page path={path} />
+        <ErrorBoundary key={path}>
+          <Page path={path} />
+        </ErrorBoundary>
       </main>
     </>
   );

@@ -33,7 +33,7 @@ export function Spinner({ label = "Loading" }: { label?: string }) {
 }
 
 export function LiveIndicator({ status }: { status: LiveStatus }) {
-  const text = status === "live" ? "Live" : status === "connecting" ? "Connecting" : "Offline, refreshing every 10 s";
+  const text = status === "live" ? "Live" : status === "connecting" ? "Connecting" : "Offline, reconnecting";
   return (
     <span className={`live-indicator live-${status}`} role="status" title="Live updates">
       <span className="dot" aria-hidden="true" />

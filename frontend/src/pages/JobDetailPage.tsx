@@ -1,4 +1,4 @@
-import { useCallback, useEffect, useState } from "react";
+import { type ReactNode, useCallback, useEffect, useState } from "react";
 
 import { ApiError, api, fetchAll, query } from "../api/client";
 import { type LiveMessage, useLive } from "../api/live";
@@ -227,7 +227,7 @@ function PendingCard({ job }: { job: JobDetail }) {
 
 function JobSummary({ job }: { job: JobDetail }) {
   const ran = job.started_at ? formatDuration(elapsedSeconds(job.started_at, job.finished_at)) : "–";
-  const facts: [string, React.ReactNode][] = [
+  const facts: [string, ReactNode][] = [
     ["Virtual cluster", <Link href={`/vcs/${encodeURIComponent(job.vc)}`}>{job.vc}</Link>],
     ["Owner", job.owner],
     ["Priority", `${job.priority_class} (${job.priority})${job.preemptible ? ", preemptible" : ""}`],

@@ -17,7 +17,7 @@ import {
 } from "../lib/spec";
 import { useResource } from "../lib/useResource";
 import { navigate, useLocation } from "../router";
-import { useSession } from "../session";
+import { canSubmit, useSession } from "../session";
 
 type Mode = "form" | "yaml";
 
@@ -30,6 +30,7 @@ interface Choices {
 
 export function SubmitPage() {
   const { search } = useLocation();
+  const { me } = useSession();
   const cloneId = search.get("clone");
   const choices = useResource<Choices>(
     async (signal) => {
@@ -56,6 +57,11 @@ export function SubmitPage() {
     <>
       <PageHeader title={clone.data ? `Resubmit ${clone.data.name}` : "Submit a job"} />
       <ErrorBanner error={clone.error} />
+      {!canSubmit(me) && (
+        <p className="notice" role="note">
+          You are a viewer in your tenants: you can look at jobs but not submit them.
+        </p>
+      )}
       <SubmitForm key={cloneId ?? "new"} choices={choices.data} cloneOf={clone.data ?? null} />
     </>
   );
