@@ -20,7 +20,6 @@ from scheduler.core.types import (
     Node,
     NodeState,
     Quota,
-    RunningJob,
     Snapshot,
     VirtualCluster,
 )
@@ -206,50 +205,90 @@ class ClusterState:
         return len(buckets) - 1 if buckets else 0
 
 
-def hold_of_replica(state: ClusterState, job: RunningJob, replica_index: int) -> GpuHold | None:
-    """The GpuHold a running replica represents, or None if its node is not in the snapshot."""
-    replica = job.placement[replica_index]
-    node_idx = state.node_idx_by_name.get(replica.node)
-    if node_idx is None:
-        return None
-    slot = state.nodes[node_idx]
-    first = slot.gpus.get(replica.gpu_indices[0]) if replica.gpu_indices else None
-    model = first.model if first is not None else job.gpu_model
-    return GpuHold(
-        node_idx=node_idx,
-        model=model,
-        gpu_indices=tuple(i for i in replica.gpu_indices if i in slot.gpus),
-        cpu_milli=job.cpu_milli_per_replica,
-        memory_mib=job.memory_mib_per_replica,
-        vc=job.vc,
-        user=job.user,
-    )
-
-
 def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHold]]]:
     """Working state with every running job's GPUs taken. Returns the holds per running job
-    so preemption can give them back tentatively."""
+    so preemption can give them back tentatively.
+
+    Busy GPUs are collected per node first and the free sets, buckets and usage built once:
+    the same result as taking every hold in turn, at a fraction of the cost, which matters
+    because this runs at the start of every cycle."""
+    node_idx_by_name = {n.name: i for i, n in enumerate(snapshot.nodes)}
+    gpu_maps = [{g.index: g for g in node.gpus} for node in snapshot.nodes]
+    busy: list[set[int]] = [set() for _ in snapshot.nodes]
+    cpu_used = [0] * len(snapshot.nodes)
+    memory_used = [0] * len(snapshot.nodes)
+    used: dict[str, dict[str, int]] = {}
+    user_used: dict[tuple[str, str], int] = {}
+    holds: dict[str, list[GpuHold]] = {}
+    for job in snapshot.running:
+        job_holds: list[GpuHold] = []
+        by_model = used.setdefault(job.vc, {})
+        charged = 0
+        for replica in job.placement:
+            node_idx = node_idx_by_name.get(replica.node)
+            if node_idx is None:
+                continue
+            gpu_map = gpu_maps[node_idx]
+            indices = replica.gpu_indices
+            if not all(i in gpu_map for i in indices):
+                indices = tuple(i for i in indices if i in gpu_map)
+            first = gpu_map.get(indices[0]) if indices else None
+            model = first.model if first is not None else job.gpu_model
+            job_holds.append(
+                GpuHold(
+                    node_idx,
+                    model,
+                    indices,
+                    job.cpu_milli_per_replica,
+                    job.memory_mib_per_replica,
+                    job.vc,
+                    job.user,
+                )
+            )
+            busy[node_idx].update(indices)
+            cpu_used[node_idx] += job.cpu_milli_per_replica
+            memory_used[node_idx] += job.memory_mib_per_replica
+            by_model[model] = by_model.get(model, 0) + len(indices)
+            charged += len(indices)
+        if job.placement and not job_holds:
+            # Node gone from the snapshot: still charge the VC so quotas stay conservative.
+            by_model[job.gpu_model] = by_model.get(job.gpu_model, 0) + job.gpus
+            charged = job.gpus
+        if charged:
+            key = (job.vc, job.user)
+            user_used[key] = user_used.get(key, 0) + charged
+        holds[job.id] = job_holds
+    for vc in [vc for vc, by_model in used.items() if not any(by_model.values())]:
+        del used[vc]
+    for vc, by_model in used.items():
+        for model in [m for m, n in by_model.items() if not n]:
+            del by_model[model]
+
     max_gpus: dict[str, int] = {}
     slots: list[NodeSlot] = []
     for idx, node in enumerate(snapshot.nodes):
-        usable = node.state == NodeState.READY
         free: dict[str, set[int]] = {}
         per_model: dict[str, int] = {}
+        taken = busy[idx]
         for gpu in node.gpus:
             per_model[gpu.model] = per_model.get(gpu.model, 0) + 1
-            if gpu.healthy:
-                free.setdefault(gpu.model, set()).add(gpu.index)
+            free_of_model = free.get(gpu.model)
+            if free_of_model is None:
+                free_of_model = free[gpu.model] = set()
+            if gpu.healthy and gpu.index not in taken:
+                free_of_model.add(gpu.index)
         for model, count in per_model.items():
-            max_gpus[model] = max(max_gpus.get(model, 0), count)
+            if count > max_gpus.get(model, 0):
+                max_gpus[model] = count
         slots.append(
             NodeSlot(
                 idx=idx,
                 node=node,
-                usable=usable,
+                usable=node.state == NodeState.READY,
                 free=free,
-                gpus={g.index: g for g in node.gpus},
-                cpu_free=node.cpu_milli or None,
-                memory_free=node.memory_mib or None,
+                gpus=gpu_maps[idx],
+                cpu_free=node.cpu_milli - cpu_used[idx] if node.cpu_milli else None,
+                memory_free=node.memory_mib - memory_used[idx] if node.memory_mib else None,
             )
         )
     buckets: dict[str, list[set[int]]] = {m: [set() for _ in range(n + 1)] for m, n in max_gpus.items()}
@@ -261,32 +300,19 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
         for model, free in slot.free.items():
             buckets[model][len(free)].add(slot.idx)
             free_total[model] += len(free)
-            capacity[model] += len(free)
+        for gpu in slot.node.gpus:
+            if gpu.healthy:
+                capacity[gpu.model] += 1
     state = ClusterState(
         nodes=slots,
-        node_idx_by_name={n.name: i for i, n in enumerate(snapshot.nodes)},
+        node_idx_by_name=node_idx_by_name,
         buckets=buckets,
         free_total=free_total,
         capacity_total=capacity,
         quotas={vc.name: {q.gpu_model: q for q in vc.quotas} for vc in snapshot.vcs},
         vcs={vc.name: vc for vc in snapshot.vcs},
+        used=used,
+        user_used={k: v for k, v in user_used.items() if v},
         models=sorted(capacity),
     )
-    holds: dict[str, list[GpuHold]] = {}
-    for job in snapshot.running:
-        job_holds: list[GpuHold] = []
-        for r in range(len(job.placement)):
-            hold = hold_of_replica(state, job, r)
-            if hold is None:
-                continue
-            state.take(hold)
-            job_holds.append(hold)
-        holds[job.id] = job_holds
-        if job.placement and not job_holds:
-            # Node gone from the snapshot: still charge the VC so quotas stay conservative.
-            n = job.gpus
-            by_model = state.used.setdefault(job.vc, {})
-            by_model[job.gpu_model] = by_model.get(job.gpu_model, 0) + n
-            key = (job.vc, job.user)
-            state.user_used[key] = state.user_used.get(key, 0) + n
     return state, holds
