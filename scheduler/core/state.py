@@ -260,7 +260,7 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
         holds[job.id] = job_holds
     for vc in [vc for vc, by_model in used.items() if not any(by_model.values())]:
         del used[vc]
-    for vc, by_model in used.items():
+    for by_model in used.values():
         for model in [m for m, n in by_model.items() if not n]:
             del by_model[model]
 
