@@ -65,6 +65,11 @@ async def test_submit_through_the_form_and_follow_the_job_live(
     # The timeline shows the path the job took, the attempt its placement.
     await expect(page.get_by_role("region", name="Timeline")).to_contain_text("running")
     await expect(page.get_by_role("region", name="Attempts")).to_contain_text("a100-node-1 GPU")
+    # Clone and resubmit starts from the same spec.
+    await page.get_by_role("link", name="Clone and resubmit").click()
+    await expect(page.get_by_label("Name", exact=True)).to_have_value("browser-hello")
+    await expect(page.get_by_label("Command", exact=True)).to_have_value(f"python3\n-c\n{HELLO}")
+    await expect(page.get_by_role("radio", name=re.compile(r"^s-A100"))).to_be_checked()
 
 
 async def test_a_yaml_spec_with_a_bad_field_shows_the_apis_message(
