@@ -131,6 +131,19 @@ def gpus_of(job: Job) -> str:
     return f"{job.total_gpus} {job.gpu_model}".strip()
 
 
+def index_ranges(indices: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 6] -> '0-3,6': a whole node reads as 0-7 instead of eight numbers."""
+    parts: list[str] = []
+    ordered = sorted(set(indices))
+    start = 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:
+            first, last = ordered[start], ordered[i - 1]
+            parts.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    return ",".join(parts)
+
+
 def print_json(ctx: Context, data: Any) -> None:
     ctx.out.print_json(json.dumps(data, default=str))
 
@@ -370,8 +383,7 @@ def cmd_status(ctx: Context) -> int:
             for allocation in attempt.allocations:
                 placement.setdefault((allocation.replica, allocation.node), []).append(allocation.gpu_index)
             where = "; ".join(
-                f"{node}:{','.join(map(str, sorted(indices)))}"
-                for (_, node), indices in sorted(placement.items())
+                f"{node}:{index_ranges(indices)}" for (_, node), indices in sorted(placement.items())
             )
             attempts.add_row(
                 str(attempt.number),

@@ -188,3 +188,10 @@ def test_relative_times_read_like_a_queue() -> None:
     assert cli.relative(now - timedelta(hours=2, minutes=7), now) == "2h07m ago"
     assert cli.relative(now + timedelta(seconds=20), now) == "in 20s"
     assert cli.relative(None, now) == "-"
+
+
+def test_gpu_indices_read_as_ranges() -> None:
+    assert cli.index_ranges([3, 0, 1, 2, 6]) == "0-3,6"
+    assert cli.index_ranges(list(range(8))) == "0-7"
+    assert cli.index_ranges([5]) == "5"
+    assert cli.index_ranges([]) == ""
