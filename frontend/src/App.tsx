@@ -11,6 +11,7 @@ import { JobDetailPage } from "./pages/JobDetailPage";
 import { JobListPage } from "./pages/JobListPage";
 import { SignInPage } from "./pages/SignInPage";
 import { SubmitPage } from "./pages/SubmitPage";
+import { TokensPage } from "./pages/TokensPage";
 import { VirtualClusterPage, VirtualClustersPage } from "./pages/VirtualClusterPage";
 import { Link, useLocation } from "./router";
 import { SessionContext } from "./session";
@@ -76,6 +77,7 @@ const NAV = [
   { href: "/submit", label: "Submit" },
   { href: "/cluster", label: "Cluster" },
   { href: "/vcs", label: "Virtual clusters" },
+  { href: "/tokens", label: "Tokens" },
 ];
 
 function isCurrent(href: string, path: string): boolean {
@@ -146,6 +148,8 @@ function Page({ path }: { path: string }) {
       return <ClusterPage />;
     case "/vcs":
       return <VirtualClustersPage />;
+    case "/tokens":
+      return <TokensPage />;
     default:
       return (
         <div className="card">

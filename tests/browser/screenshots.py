@@ -127,6 +127,11 @@ async def test_take_screenshots(live_stack: dict[str, Any], hosts: Any, submit_a
     await shot(page, "08-cluster")
     await page.goto(base + "/vcs/vision")
     await shot(page, "09-virtual-cluster")
+    await page.goto(base + "/tokens")
+    await page.get_by_label("Name").fill("laptop")
+    await page.get_by_role("button", name="Create token").click()
+    await expect(page.get_by_text("shown only once")).to_be_visible()
+    await shot(page, "13-tokens")
 
     await page.set_viewport_size(PHONE)
     await page.goto(base + "/")

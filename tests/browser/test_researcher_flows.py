@@ -166,7 +166,7 @@ async def test_pages_fit_a_phone_screen(live_stack: dict[str, Any], submit_as: A
     job = await submit_as("alice", name="phone-check")
     await page.set_viewport_size({"width": 390, "height": 844})
     await sign_in(page, live_stack["http"], "alice")
-    for path in ["/", "/jobs", f"/jobs/{job['id']}", "/submit", "/cluster", "/vcs/vision"]:
+    for path in ["/", "/jobs", f"/jobs/{job['id']}", "/submit", "/cluster", "/vcs/vision", "/tokens"]:
         await page.goto(live_stack["http"] + path)
         await expect(page.locator("main h1").first).to_be_visible()
         overflow = await page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
@@ -235,3 +235,13 @@ async def test_the_live_socket_carries_only_the_users_tenant(
     await page.wait_for_function(f"window.liveSeen.some((m) => m.job === {mine['id']})")
     seen = await page.evaluate("window.liveSeen")
     assert all(m["job"] != theirs["id"] for m in seen), seen
+
+
+async def test_create_and_revoke_an_api_token(live_stack: dict[str, Any], users: Any, page: Page) -> None:
+    await sign_in(page, live_stack["http"], "alice")
+    await page.get_by_role("navigation", name="Main").get_by_role("link", name="Tokens").click()
+    await page.get_by_label("Name").fill("laptop")
+    await page.get_by_role("button", name="Create token").click()
+    await expect(page.get_by_role("status").filter(has_text="shown only once")).to_contain_text("gpp_")
+    await page.get_by_role("button", name="Revoke laptop").click()
+    await expect(page.get_by_role("row", name=re.compile("laptop"))).to_contain_text("revoked")

@@ -43,3 +43,6 @@ export const ALL_STATES: JobState[] = [...ACTIVE_STATES, ...ENDED_STATES];
 export function isEnded(state: JobState | undefined): boolean {
   return state !== undefined && ENDED_STATES.includes(state);
 }
+
+export type ApiToken = Schemas["ApiToken"];
+export type CreatedApiToken = Schemas["CreatedApiToken"];
