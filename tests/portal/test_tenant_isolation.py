@@ -56,6 +56,7 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
     ("get", "/api/v1/tokens/{token}/", {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401}),
     ("delete", "/api/v1/tokens/{token}/", {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401}),
     ("get", "/api/v1/session/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("get", "/api/v1/usage/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/me/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/schema/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 200}),
     ("get", "/api/v1/docs/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 200}),

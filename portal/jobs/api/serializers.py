@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from portal.jobs.accounting import job_usage
 from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent, LogLine, TelemetrySample
 
 
@@ -79,11 +81,22 @@ class JobSerializer(serializers.ModelSerializer):
         brief_fields = ["id", "name", "vc", "owner", "state", "total_gpus", "pending_reason", "submitted_at"]
 
 
+class UsageSerializer(serializers.Serializer):
+    allocated_gpu_hours = serializers.FloatField()
+    used_gpu_hours = serializers.FloatField(help_text="GPU-hours weighted by measured utilization.")
+    energy_kwh = serializers.FloatField()
+
+
 class JobDetailSerializer(JobSerializer):
     attempts = JobAttemptSerializer(many=True)
+    usage = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "spec", "attempts"]
+        fields = [*JobSerializer.Meta.fields, "spec", "attempts", "usage"]
+
+    @extend_schema_field(UsageSerializer)
+    def get_usage(self, job: Job) -> dict[str, float]:
+        return job_usage([job.pk])[job.pk].as_dict()
 
 
 class LogLineSerializer(serializers.ModelSerializer):

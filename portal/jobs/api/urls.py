@@ -1,3 +1,4 @@
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from portal.jobs.api import views
@@ -5,4 +6,4 @@ from portal.jobs.api import views
 router = SimpleRouter()
 router.register("jobs", views.JobViewSet, basename="job")
 
-urlpatterns = router.urls
+urlpatterns = [path("usage/", views.UsageView.as_view(), name="usage"), *router.urls]

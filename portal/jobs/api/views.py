@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from django.db.models import Prefetch
-from django.utils.dateparse import parse_datetime
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -11,10 +13,13 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied as DRFPermissionDenied
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import OrderingFilter
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from portal.jobs import services
+from portal.jobs.accounting import GROUPS, usage_report
 from portal.jobs.api.serializers import (
     JobDetailSerializer,
     JobEventSerializer,
@@ -25,6 +30,7 @@ from portal.jobs.api.serializers import (
 from portal.jobs.filtersets import JobFilterSet
 from portal.jobs.models import Allocation, Job, JobAttempt, LogLine, TelemetrySample
 from portal.jobs.spec import JobSpecSerializer
+from portal.lib.renderers import CSVRenderer
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -140,3 +146,50 @@ def _int_param(request: Request, name: str) -> int:
         return int(request.query_params[name])
     except ValueError:
         raise ValidationError({name: ["Give a whole number."]}) from None
+
+
+class UsageView(APIView):
+    """Accounting for a period: allocated GPU-hours, GPU-hours weighted by utilization, and
+    energy, per job, VC, tenant or user, over the jobs you may see. `?format=csv` for a file."""
+
+    renderer_classes = [JSONRenderer, CSVRenderer]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("since", str, description="ISO date or time; default 30 days ago."),
+            OpenApiParameter("until", str, description="ISO date or time; default now."),
+            OpenApiParameter("group", str, enum=sorted(GROUPS), description="default: vc"),
+        ]
+    )
+    def get(self, request: Request) -> Response:
+        now = timezone.now()
+        since = _time_param(request, "since", now - timedelta(days=30))
+        until = _time_param(request, "until", now)
+        group = request.query_params.get("group", "vc")
+        if group not in GROUPS:
+            raise ValidationError({"group": [f"One of: {', '.join(sorted(GROUPS))}."]})
+        jobs = (
+            Job.objects.for_user(request.user)
+            .filter(attempts__created_at__gte=since, attempts__created_at__lt=until)
+            .distinct()
+        )
+        rows = usage_report(jobs, group)
+        if request.accepted_renderer.format == "csv":
+            response = Response(rows)
+            response["Content-Disposition"] = (
+                f'attachment; filename="usage-{group}-{since:%Y%m%d}-{until:%Y%m%d}.csv"'
+            )
+            return response
+        return Response({"since": since, "until": until, "group": group, "results": rows})
+
+
+def _time_param(request: Request, name: str, default: datetime) -> datetime:
+    raw = request.query_params.get(name)
+    if not raw:
+        return default
+    parsed = parse_datetime(raw) or (
+        datetime.combine(d, time.min, tzinfo=UTC) if (d := parse_date(raw)) else None
+    )
+    if parsed is None:
+        raise ValidationError({name: ["Give an ISO 8601 date or time."]})
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

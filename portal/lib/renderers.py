@@ -1,0 +1,27 @@
+"""CSV for list endpoints that people open in a spreadsheet."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from rest_framework.renderers import BaseRenderer
+
+
+class CSVRenderer(BaseRenderer):
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
+        rows = data if isinstance(data, list) else data.get("results", [])
+        if not rows:
+            return b""
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue().encode("utf-8")
