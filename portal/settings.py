@@ -166,6 +166,7 @@ CELERY_BEAT_SCHEDULE = {
     # The safety net: changes request cycles themselves, this catches anything they missed.
     "schedule-cycle": {"task": "scheduler.tasks.schedule_cycle", "schedule": 5.0},
     "check-time-limits": {"task": "portal.jobs.tasks.check_time_limits", "schedule": 5.0},
+    "check-idle-jobs": {"task": "portal.jobs.tasks.check_idle_jobs", "schedule": 60.0},
 }
 
 # Domain settings.
@@ -174,6 +175,8 @@ NODE_SILENT_AFTER_S = env_int("NODE_SILENT_AFTER_S", 30)
 NODE_LOST_AFTER_S = env_int("NODE_LOST_AFTER_S", 50)
 TIME_LIMIT_WARNING_S = env_int("TIME_LIMIT_WARNING_S", 300)
 TIME_LIMIT_FORCE_AFTER_S = env_int("TIME_LIMIT_FORCE_AFTER_S", 120)
+IDLE_BELOW_PCT = env_int("IDLE_BELOW_PCT", 5)
+IDLE_AFTER_S = env_int("IDLE_AFTER_S", 1800)
 # Where jobs' checkpoint directories live on the GPU hosts (shared storage in production).
 CHECKPOINT_ROOT = env_str(
     "CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints") if DEBUG else "/srv/gpuportal/checkpoints"

@@ -17,3 +17,10 @@ class QueueingPolicy(models.TextChoices):
     PRIORITY = "priority", "Priority class, then submit time"
     LAS = "las", "Least attained GPU service (Tiresias)"
     SHORTEST_FIRST = "sef", "Shortest expected first"
+
+
+class IdlePolicy(models.TextChoices):
+    """What happens to a job whose GPUs sit idle (allocated but unused) for too long."""
+
+    NOTIFY = "notify", "Tell the owner and admins"
+    STOP_OPPORTUNISTIC = "stop-opportunistic", "Tell, and stop jobs of priority 0 or lower"

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from django.db import models
 
 from portal.accounts.models import Tenant
-from portal.cluster.choices import NodeState, QueueingPolicy
+from portal.cluster.choices import IdlePolicy, NodeState, QueueingPolicy
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -41,6 +41,7 @@ class VirtualCluster(models.Model):
         null=True, blank=True, help_text="Per-user limit inside this VC; empty means no limit."
     )
     allowed_mounts = models.JSONField(default=list, blank=True)
+    idle_policy = models.CharField(max_length=24, choices=IdlePolicy.choices, default=IdlePolicy.NOTIFY)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = VirtualClusterQuerySet.as_manager()

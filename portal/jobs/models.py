@@ -79,6 +79,7 @@ class Job(models.Model):
         max_length=32, blank=True, help_text="Why the portal asked the agents to stop it, e.g. time-limit."
     )
     time_limit_warned = models.BooleanField(default=False)
+    idle_reported = models.BooleanField(default=False)
     exit_code = models.IntegerField(null=True, blank=True)
     end_reason = models.CharField(max_length=500, blank=True)
 

@@ -50,7 +50,8 @@ class PermissionDenied(Exception):
 
 
 def actor_label(actor: Any) -> str:
-    return getattr(actor, "username", None) or str(actor)
+    """A user's name; the portal's own actions (actor None) are the portal's."""
+    return "portal" if actor is None else getattr(actor, "username", None) or str(actor)
 
 
 def transition_job(
@@ -640,3 +641,36 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
                     end_attempt(job, attempt, AttemptState.STOPPED, None, "time limit reached")
                     counts["forced"] += 1
     return counts
+
+
+def report_idle_jobs(now: datetime, below_pct: float, window_s: int) -> list[int]:
+    """A running job whose every GPU stayed under `below_pct` utilization for the last `window_s`
+    gets an event (once), which its owner and the admins see; where the VC's idle policy says so,
+    an opportunistic job (priority 0 or lower) is stopped as well. Returns the jobs reported."""
+    from django.db.models import Max
+
+    from portal.cluster.choices import IdlePolicy
+    from portal.jobs.models import TelemetrySample
+
+    since = now - timedelta(seconds=window_s)
+    reported = []
+    candidates = Job.objects.filter(state=JobState.RUNNING, idle_reported=False, started_at__lte=since)
+    for job in candidates.select_related("virtual_cluster"):
+        attempt = job.attempts.order_by("-number").first()
+        if attempt is None or attempt.started_at is None or attempt.started_at > since:
+            continue
+        samples = TelemetrySample.objects.filter(attempt=attempt, time__gte=since)
+        peak = samples.aggregate(peak=Max("utilization_pct"))["peak"]
+        # Idle means measured idle: the samples must reach back to the start of the window.
+        covered = samples.filter(time__lte=since + timedelta(seconds=window_s / 5)).exists()
+        if peak is None or peak >= below_pct or not covered:
+            continue
+        with transaction.atomic():
+            if not Job.objects.filter(pk=job.pk, idle_reported=False).update(idle_reported=True):
+                continue
+            message = f"idle: every GPU under {below_pct:g} % utilization for {window_s // 60} min"
+            record_job_event(job, "portal", message, {"peak_utilization_pct": peak})
+            if job.virtual_cluster.idle_policy == IdlePolicy.STOP_OPPORTUNISTIC and job.priority <= 0:
+                cancel_job(job, None, reason=f"stopped by the VC's idle policy ({message})")
+        reported.append(job.pk)
+    return reported
