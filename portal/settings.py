@@ -167,6 +167,7 @@ CELERY_BEAT_SCHEDULE = {
     "schedule-cycle": {"task": "scheduler.tasks.schedule_cycle", "schedule": 5.0},
     "check-time-limits": {"task": "portal.jobs.tasks.check_time_limits", "schedule": 5.0},
     "check-idle-jobs": {"task": "portal.jobs.tasks.check_idle_jobs", "schedule": 60.0},
+    "compact-telemetry": {"task": "portal.jobs.tasks.compact_telemetry", "schedule": 600.0},
 }
 
 # Domain settings.
@@ -177,6 +178,7 @@ TIME_LIMIT_WARNING_S = env_int("TIME_LIMIT_WARNING_S", 300)
 TIME_LIMIT_FORCE_AFTER_S = env_int("TIME_LIMIT_FORCE_AFTER_S", 120)
 IDLE_BELOW_PCT = env_int("IDLE_BELOW_PCT", 5)
 IDLE_AFTER_S = env_int("IDLE_AFTER_S", 1800)
+TELEMETRY_RETENTION_DAYS = env_int("TELEMETRY_RETENTION_DAYS", 30)
 # Where jobs' checkpoint directories live on the GPU hosts (shared storage in production).
 CHECKPOINT_ROOT = env_str(
     "CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints") if DEBUG else "/srv/gpuportal/checkpoints"

@@ -222,6 +222,9 @@ class TelemetrySample(models.Model):
     power_w = models.FloatField(null=True)
     temperature_c = models.FloatField(null=True)
     energy_j = models.FloatField(null=True, help_text="The GPU's energy counter (NVML), when it has one.")
+    resolution_s = models.PositiveIntegerField(
+        default=0, help_text="0: as sampled; else the bucket averaged."
+    )
 
     class Meta:
         ordering = ["attempt", "time"]

@@ -674,3 +674,34 @@ def report_idle_jobs(now: datetime, below_pct: float, window_s: int) -> list[int
                 cancel_job(job, None, reason=f"stopped by the VC's idle policy ({message})")
         reported.append(job.pk)
     return reported
+
+
+# (older than, bucket seconds): samples are kept as sent for an hour, in 10 s averages for a day,
+# in 1 min averages after that, and not at all after TELEMETRY_RETENTION_DAYS.
+DOWNSAMPLING = ((timedelta(hours=1), 10), (timedelta(days=1), 60))
+
+
+def downsample_telemetry(now: datetime, retention_days: int) -> dict[str, int]:
+    """Replaces old samples by per-bucket averages (the energy counter keeps its bucket maximum)
+    and deletes those past retention. Idempotent: a bucket already at its resolution is left."""
+    counts = {"deleted": 0}
+    with transaction.atomic(), connection.cursor() as cursor:
+        for age, bucket in DOWNSAMPLING:
+            cutoff = now - age
+            cursor.execute(
+                "WITH old AS (DELETE FROM jobs_telemetrysample WHERE time < %s AND resolution_s < %s "
+                "RETURNING attempt_id, gpu_uuid, time, utilization_pct, memory_used_mib, power_w, "
+                "temperature_c, energy_j) "
+                "INSERT INTO jobs_telemetrysample (attempt_id, gpu_uuid, time, utilization_pct, "
+                "memory_used_mib, power_w, temperature_c, energy_j, resolution_s) "
+                "SELECT attempt_id, gpu_uuid, date_bin(%s::interval, time, TIMESTAMPTZ '2000-01-01'), "
+                "AVG(utilization_pct), AVG(memory_used_mib)::integer, AVG(power_w), AVG(temperature_c), "
+                "MAX(energy_j), %s FROM old GROUP BY 1, 2, 3",
+                [cutoff, bucket, f"{bucket} seconds", bucket],
+            )
+            counts[f"buckets_{bucket}s"] = cursor.rowcount
+        cursor.execute(
+            "DELETE FROM jobs_telemetrysample WHERE time < %s", [now - timedelta(days=retention_days)]
+        )
+        counts["deleted"] = cursor.rowcount
+    return counts

@@ -4,7 +4,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from portal.jobs.services import enforce_time_limits, report_idle_jobs
+from portal.jobs.services import downsample_telemetry, enforce_time_limits, report_idle_jobs
 
 
 @shared_task
@@ -17,3 +17,8 @@ def check_time_limits() -> dict[str, int]:
 @shared_task
 def check_idle_jobs() -> list[int]:
     return report_idle_jobs(timezone.now(), settings.IDLE_BELOW_PCT, settings.IDLE_AFTER_S)
+
+
+@shared_task
+def compact_telemetry() -> dict[str, int]:
+    return downsample_telemetry(timezone.now(), settings.TELEMETRY_RETENTION_DAYS)
