@@ -239,6 +239,8 @@ function JobSummary({ job }: { job: JobDetail }) {
     ["Finished", formatTime(job.finished_at)],
     ["Run time", ran],
     ["Retries left", String(job.retries_left ?? 0)],
+    ["GPU-hours", job.usage ? `${job.usage.allocated_gpu_hours.toFixed(2)} held, ${job.usage.used_gpu_hours.toFixed(2)} used` : "–"],
+    ["Energy", job.usage ? `${job.usage.energy_kwh.toFixed(2)} kWh` : "–"],
     ["Exit", job.exit_code === null || job.exit_code === undefined ? "–" : `${job.exit_code}${job.end_reason ? ` (${job.end_reason})` : ""}`],
   ];
   return (

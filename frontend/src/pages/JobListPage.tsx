@@ -16,8 +16,16 @@ interface Filters {
   vc: string;
   owner: string;
   q: string;
+  ordering: string;
   page: number;
 }
+
+const ORDERINGS: [string, string][] = [
+  ["", "newest first"],
+  ["submitted_at", "oldest first"],
+  ["-priority", "highest priority first"],
+  ["queue_position", "queue position"],
+];
 
 function readFilters(search: URLSearchParams): Filters {
   return {
@@ -25,12 +33,13 @@ function readFilters(search: URLSearchParams): Filters {
     vc: search.get("vc") ?? "",
     owner: search.get("owner") ?? "",
     q: search.get("q") ?? "",
+    ordering: search.get("ordering") ?? "",
     page: Math.max(1, Number(search.get("page") ?? "1") || 1),
   };
 }
 
 function filtersUrl(f: Filters): string {
-  return `/jobs${query({ state: f.state, vc: f.vc, owner: f.owner, q: f.q, page: f.page > 1 ? f.page : undefined })}`;
+  return `/jobs${query({ state: f.state, vc: f.vc, owner: f.owner, q: f.q, ordering: f.ordering, page: f.page > 1 ? f.page : undefined })}`;
 }
 
 interface BulkProgress {
@@ -47,6 +56,7 @@ export function JobListPage() {
     vc: filters.vc,
     owner: filters.owner,
     q: filters.q,
+    ordering: filters.ordering,
     limit: PAGE_SIZE,
     offset: (filters.page - 1) * PAGE_SIZE,
   });
@@ -137,6 +147,16 @@ export function JobListPage() {
           <datalist id="owner-choices">
             <option value="me" />
           </datalist>
+        </div>
+        <div className="field">
+          <label htmlFor="filter-ordering">Order</label>
+          <select id="filter-ordering" value={filters.ordering} onChange={(e) => setFilters({ ordering: e.target.value })}>
+            {ORDERINGS.map(([value, label]) => (
+              <option key={value} value={value}>
+                {label}
+              </option>
+            ))}
+          </select>
         </div>
         <fieldset className="state-filter">
           <legend>State</legend>

@@ -75,7 +75,8 @@ function VcQuotas({ vc }: { vc: VirtualCluster }) {
 export function VirtualClusterPage({ name }: { name: string }) {
   const vc = useResource((signal) => api<VirtualCluster>(`/api/v1/virtual-clusters/${encodeURIComponent(name)}/`, { signal }), `vc-${name}`);
   const queue = useResource(
-    (signal) => api<Page<Job>>(`/api/v1/jobs/${query({ vc: name, state: "pending", limit: 200 })}`, { signal }),
+    (signal) =>
+      api<Page<Job>>(`/api/v1/jobs/${query({ vc: name, state: "pending", ordering: "queue_position", limit: 200 })}`, { signal }),
     `queue-${name}`,
   );
   const running = useResource(
@@ -91,9 +92,7 @@ export function VirtualClusterPage({ name }: { name: string }) {
   useLive("jobs", (m) => m.kind === "job" && soon(), refresh);
   useEvery(30_000, queue.reload);
 
-  const ordered = [...(queue.data?.results ?? [])].sort(
-    (a, b) => (a.queue_position ?? Number.MAX_SAFE_INTEGER) - (b.queue_position ?? Number.MAX_SAFE_INTEGER) || a.id - b.id,
-  );
+  const ordered = queue.data?.results ?? []; // in queue order, as the API sorts them
 
   return (
     <>
