@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import redis
 from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
 
+from portal.lib.redis import get_redis
 from portal.metrics.cycle_timing import record_cycle_duration
 from scheduler import core
 from scheduler.store import apply_plan, load_snapshot
@@ -19,25 +19,21 @@ DEBOUNCE_S = 0.05
 PAUSE_KEY = "scheduler:paused"
 
 
-def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
-
-
 def set_loop_paused(paused: bool) -> None:
     """Pauses the loop for maintenance: running jobs go on, nothing new starts or is preempted."""
     if paused:
-        redis_client().set(PAUSE_KEY, 1)
+        get_redis().set(PAUSE_KEY, 1)
     else:
-        redis_client().delete(PAUSE_KEY)
+        get_redis().delete(PAUSE_KEY)
 
 
 def loop_paused() -> bool:
-    return bool(redis_client().exists(PAUSE_KEY))
+    return bool(get_redis().exists(PAUSE_KEY))
 
 
 def request_cycle() -> None:
     """Asks for a cycle soon. Requests within DEBOUNCE_S share one cycle."""
-    if redis_client().set("scheduler:cycle-requested", 1, px=int(DEBOUNCE_S * 1000), nx=True):
+    if get_redis().set("scheduler:cycle-requested", 1, px=int(DEBOUNCE_S * 1000), nx=True):
         schedule_cycle.apply_async(countdown=DEBOUNCE_S)
 
 

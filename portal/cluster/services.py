@@ -9,8 +9,6 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
-import redis
-from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
@@ -19,6 +17,7 @@ from portal.accounts.models import hash_secret, new_secret
 from portal.accounts.services import record_audit
 from portal.cluster.choices import NodeState
 from portal.cluster.models import Gpu, Node, VirtualCluster
+from portal.lib.redis import get_redis
 
 
 def gpus_in_use(vcs: Iterable[VirtualCluster]) -> dict[tuple[int, str], int]:
@@ -184,7 +183,7 @@ def record_telemetry(node: Node, batch: TelemetryBatch) -> list[str]:
 
     latest = {s.gpu_uuid: s for s in batch.samples}
     if latest:
-        cache = redis.Redis.from_url(settings.REDIS_URL)
+        cache = get_redis()
         cache.hset(f"telemetry:node:{node.pk}", mapping={u: s.model_dump_json() for u, s in latest.items()})
         cache.expire(f"telemetry:node:{node.pk}", 3600)
     record_job_telemetry(batch)
@@ -212,21 +211,17 @@ def record_job_telemetry(batch: TelemetryBatch) -> None:
     from portal.live.publish import publish_telemetry
 
     uuids = {s.gpu_uuid for s in batch.samples}
-    owners = dict(
-        Allocation.objects.filter(released_at__isnull=True, gpu__uuid__in=uuids).values_list(
-            "gpu__uuid", "attempt_id"
-        )
-    )
-    jobs = dict(
-        Allocation.objects.filter(attempt_id__in=set(owners.values())).values_list(
-            "attempt_id", "attempt__job_id"
-        )
-    )
+    owners = {
+        uuid: (attempt_id, job_id)
+        for uuid, attempt_id, job_id in Allocation.objects.filter(
+            released_at__isnull=True, gpu__uuid__in=uuids
+        ).values_list("gpu__uuid", "attempt_id", "attempt__job_id")
+    }
     rows, by_job = [], defaultdict(list)
     for sample in batch.samples:
-        attempt_id = owners.get(sample.gpu_uuid)
-        if attempt_id is None:
+        if sample.gpu_uuid not in owners:
             continue
+        attempt_id, job_id = owners[sample.gpu_uuid]
         rows.append(
             TelemetrySample(
                 attempt_id=attempt_id,
@@ -239,7 +234,7 @@ def record_job_telemetry(batch: TelemetryBatch) -> None:
                 energy_j=sample.energy_j,
             )
         )
-        by_job[jobs[attempt_id]].append(sample.model_dump(mode="json", include=TELEMETRY_FIELDS))
+        by_job[job_id].append(sample.model_dump(mode="json", include=TELEMETRY_FIELDS))
     TelemetrySample.objects.bulk_create(rows)
     for job_id, samples in by_job.items():
         publish_telemetry(job_id, samples)

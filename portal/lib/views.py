@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
-from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
+
+from portal.lib.redis import get_redis
 
 
 def healthz(request: Any) -> JsonResponse:
@@ -18,7 +18,7 @@ def healthz(request: Any) -> JsonResponse:
     except Exception as exc:
         checks["database"] = f"error: {type(exc).__name__}"
     try:
-        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).ping()
+        get_redis().ping()
         checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"error: {type(exc).__name__}"

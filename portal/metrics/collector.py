@@ -11,7 +11,6 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
 
-import redis
 from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
@@ -19,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from portal.cluster.models import Gpu, Node, Quota
 from portal.jobs.models import Allocation, Job, JobEvent
+from portal.lib.redis import get_redis
 from portal.metrics.cycle_timing import cycle_histogram
 
 
@@ -143,7 +143,7 @@ class PortalCollector:
                 "attempt__job__tenant__name",
             )
         }
-        cache = redis.Redis.from_url(settings.REDIS_URL)
+        cache = get_redis()
         for node_id, node_name in Node.objects.values_list("id", "name"):
             indexes = dict(Gpu.objects.filter(node_id=node_id).values_list("uuid", "index"))
             for uuid_raw, raw in cache.hgetall(f"telemetry:node:{node_id}").items():

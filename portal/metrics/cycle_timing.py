@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import redis
-from django.conf import settings
+from portal.lib.redis import get_redis
 
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 KEY = "metrics:cycle_seconds"
@@ -12,7 +11,7 @@ KEY = "metrics:cycle_seconds"
 
 def record_cycle_duration(seconds: float) -> None:
     bucket = next((str(b) for b in BUCKETS if seconds <= b), "+Inf")
-    pipe = redis.Redis.from_url(settings.REDIS_URL).pipeline()
+    pipe = get_redis().pipeline()
     pipe.hincrby(KEY, bucket, 1)
     pipe.hincrbyfloat(KEY, "sum", seconds)
     pipe.execute()
@@ -20,7 +19,7 @@ def record_cycle_duration(seconds: float) -> None:
 
 def cycle_histogram() -> tuple[list[tuple[str, int]], float]:
     """Cumulative bucket counts as Prometheus wants them, and the sum of durations."""
-    raw = {k.decode(): float(v) for k, v in redis.Redis.from_url(settings.REDIS_URL).hgetall(KEY).items()}
+    raw = {k.decode(): float(v) for k, v in get_redis().hgetall(KEY).items()}
     cumulative, running = [], 0
     for bound in [*map(str, BUCKETS), "+Inf"]:
         running += int(raw.get(bound, 0))
