@@ -2,7 +2,8 @@
 
     python -m scheduler.sim --trace PATH --format itp|philly|openb --cluster NxG
         [--topology FILE] --profile NAME|FILE [--vc-quotas FILE]
-        [--preempt-overhead SECONDS] [--vc NAME] [--time-limit SECONDS] --json
+        [--preempt-overhead SECONDS] [--vc NAME] [--until SECONDS] [--time-limit SECONDS]
+        [--max-jobs N] --json
 
 Prints one JSON object (the last line of output) with the figures of `metrics.summarize`.
 """
@@ -52,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vc", help="replay only this VC's jobs")
     parser.add_argument("--time-limit", type=float, help="time limit given to every job (seconds)")
     parser.add_argument("--max-jobs", type=int, help="replay only the first N jobs")
+    parser.add_argument(
+        "--until", type=float, help="replay only jobs submitted before this many seconds after the first"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     args = parser.parse_args(argv)
 
@@ -63,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give --cluster NxG or --topology FILE")
     trace = load_trace(args.trace, args.format)
     jobs = list(trace.jobs)
+    if args.until is not None and jobs:
+        # The window is measured on the whole trace, so a VC replayed alone gets the same jobs.
+        start = jobs[0].submit
+        jobs = [j for j in jobs if j.submit - start < args.until]
     if args.vc:
         jobs = [j for j in jobs if j.vc == args.vc]
     if args.max_jobs:

@@ -186,3 +186,20 @@ def test_runtime_history_falls_back_from_user_to_all_jobs() -> None:
     history.record("vc", "alice", 1, 120.0)
     assert history.estimate("vc", "alice", 1) == 110.0  # alice's own history now suffices
     assert history.estimate("other", "carol", 8) == 120.0  # nothing closer: all jobs
+
+
+def test_cli_time_window_is_taken_before_the_vc_filter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "philly.csv"
+    trace.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-09-04 00:00:00,10.0,1,10.0,a\n"
+        "2017-09-04 00:01:00,10.0,1,10.0,b\n"
+        "2017-09-04 00:02:00,10.0,1,10.0,a\n"
+    )
+    base = ["--trace", str(trace), "--format", "philly", "--cluster", "1x1", "--profile", "fifo", "--json"]
+    main([*base, "--until", "150", "--vc", "a"])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["jobs"] == 2
+    main([*base, "--until", "100", "--vc", "a"])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["jobs"] == 1
