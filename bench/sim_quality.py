@@ -1,6 +1,7 @@
 """Scheduling quality on real traces: runs the simulator CLI and compares with the peer.
 
-    python -m bench.sim_quality --suite itp|philly|philly-vc|all [--traces DIR] [--jobs N] [--json]
+    python -m bench.sim_quality --suite itp|philly|philly-vc|all [--traces DIR] [--jobs N]
+        [--only TEXT] [--vc-until SECONDS] [--json]
 
 Every run is one `python -m scheduler.sim ... --json` command (printed with its result), so
 each figure can be reproduced alone. `--traces` is the folder holding the shared traces
@@ -82,7 +83,7 @@ def run(cmd: list[str]) -> dict[str, Any]:
     return result
 
 
-def plan_runs(suite: str, traces: Path) -> dict[str, list[str]]:
+def plan_runs(suite: str, traces: Path, vc_until: float | None = None) -> dict[str, list[str]]:
     runs: dict[str, list[str]] = {}
     if suite in ("itp", "all"):
         for name, (file, cluster) in ITP.items():
@@ -96,15 +97,16 @@ def plan_runs(suite: str, traces: Path) -> dict[str, list[str]]:
             )
     if suite in ("philly-vc", "all"):
         quota_file = str(QUOTAS.relative_to(REPO))
+        window = ["--until", f"{vc_until:g}"] if vc_until is not None else []
         for profile in ("fifo", "default"):
             runs[f"philly-vc/{profile}"] = command(
-                traces / PHILLY, "philly", "88x8", profile, 30.0, "--vc-quotas", quota_file
+                traces / PHILLY, "philly", "88x8", profile, 30.0, "--vc-quotas", quota_file, *window
             )
         with QUOTAS.open(newline="") as f:
             for row in csv.DictReader(f):
                 nodes = int(row["guaranteed"]) // 8
                 runs[f"philly-vc-alone/{row['vc']}"] = command(
-                    traces / PHILLY, "philly", f"{nodes}x8", "default", 30.0, "--vc", row["vc"]
+                    traces / PHILLY, "philly", f"{nodes}x8", "default", 30.0, "--vc", row["vc"], *window
                 )
     return runs
 
@@ -157,9 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", default="../shared/traces")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--only", help="run only the runs whose name contains this text")
+    parser.add_argument(
+        "--vc-until", type=float, help="philly-vc: replay only jobs submitted in the first SECONDS of the log"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    runs = plan_runs(args.suite, Path(args.traces))
+    runs = plan_runs(args.suite, Path(args.traces), args.vc_until)
     if args.only:
         runs = {k: v for k, v in runs.items() if args.only in k}
     with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
