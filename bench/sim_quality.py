@@ -97,7 +97,7 @@ def plan_runs(suite: str, traces: Path, vc_until: float | None = None) -> dict[s
             )
     if suite in ("philly-vc", "all"):
         quota_file = str(QUOTAS.relative_to(REPO))
-        window = ["--until", f"{vc_until:g}"] if vc_until is not None else []
+        window = ["--until", f"{vc_until:.0f}"] if vc_until is not None else []
         for profile in ("fifo", "default"):
             runs[f"philly-vc/{profile}"] = command(
                 traces / PHILLY, "philly", "88x8", profile, 30.0, "--vc-quotas", quota_file, *window
