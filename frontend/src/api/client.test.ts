@@ -1,0 +1,34 @@
+import { describe, expect, it } from "vitest";
+
+import { flattenErrors, query } from "./client";
+
+describe("API errors", () => {
+  it("flattens DRF field errors into dotted names", () => {
+    expect(
+      flattenErrors({
+        replicas: ["Ensure this value is less than or equal to 64."],
+        retries: { limit: ["too big"] },
+        mounts: [{}, { path: ["must be absolute"] }],
+        non_field_errors: ["bad spec"],
+      }),
+    ).toEqual({
+      replicas: ["Ensure this value is less than or equal to 64."],
+      "retries.limit": ["too big"],
+      "mounts.1.path": ["must be absolute"],
+      detail: ["bad spec"],
+    });
+  });
+
+  it("keeps a plain detail message", () => {
+    expect(flattenErrors({ detail: "Not found." })).toEqual({ detail: ["Not found."] });
+  });
+});
+
+describe("query strings", () => {
+  it("repeats lists and drops empty values", () => {
+    expect(query({ state: ["pending", "running"], vc: "", q: undefined, limit: 25 })).toBe(
+      "?state=pending&state=running&limit=25",
+    );
+    expect(query({})).toBe("");
+  });
+});
