@@ -103,11 +103,15 @@ export function LogView({
 }) {
   const [follow, setFollow] = useState(true);
   const [stream, setStream] = useState<"all" | "stdout" | "stderr">("all");
+  const [find, setFind] = useState("");
   const [download, setDownload] = useState<string | null>(null);
   const [downloadError, setDownloadError] = useState<Error | null>(null);
   const box = useRef<HTMLPreElement>(null);
   const replicas = new Set(lines.map((l) => l.replica));
-  const shown = stream === "all" ? lines : lines.filter((l) => l.stream === stream);
+  const needle = find.trim().toLowerCase();
+  const shown = lines.filter(
+    (l) => (stream === "all" || l.stream === stream) && (!needle || l.text.toLowerCase().includes(needle)),
+  );
 
   useEffect(() => {
     if (follow && box.current) box.current.scrollTop = box.current.scrollHeight;
@@ -156,18 +160,28 @@ export function LogView({
             <option value="stderr">stderr</option>
           </select>
         </label>
+        <label>
+          Find{" "}
+          <input type="search" className="log-find" value={find} placeholder="text in the output" onChange={(e) => setFind(e.target.value)} />
+        </label>
         <label className="checkbox">
           <input type="checkbox" checked={follow} onChange={(e) => setFollow(e.target.checked)} /> Follow
         </label>
         <button type="button" className="button small" onClick={save} disabled={attempt === null || download !== null}>
           {download ?? "Download"}
         </button>
+        <span className="muted small">
+          {needle || stream !== "all" ? `${shown.length} of ${lines.length} lines` : `${lines.length} lines`}
+          {lines.length >= MAX_LINES && ` (the last ${MAX_LINES}; Download has all)`}
+        </span>
         {loading && <Spinner label="Loading output" />}
       </div>
       <ErrorBanner error={error ?? downloadError} />
       <pre ref={box} className="log" tabIndex={0} aria-label="Job output" aria-live="off" data-testid="log">
         {shown.length === 0 ? (
-          <span className="muted">{attempt === null ? "The job has not started yet." : "No output yet."}</span>
+          <span className="muted">
+            {attempt === null ? "The job has not started yet." : lines.length ? "No line matches." : "No output yet."}
+          </span>
         ) : (
           shown.map((l) => (
             <div key={l.key} className={l.stream === "stderr" ? "log-line stderr" : "log-line"}>
