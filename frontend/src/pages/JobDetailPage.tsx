@@ -255,33 +255,21 @@ function JobSummary({ job }: { job: JobDetail }) {
   );
 }
 
-interface CheckpointRow {
-  step: number;
-  path: string;
-  size_bytes: number;
-  written_at: string;
-}
-
 function CheckpointSection({ job }: { job: JobDetail }) {
   const spec = (job.spec ?? {}) as { checkpoint?: { enabled?: boolean; signal?: string; grace_seconds?: number } };
-  // Listed only when the API includes them in the job.
-  const listed = (job as unknown as { checkpoints?: CheckpointRow[] }).checkpoints;
-  if (!spec.checkpoint?.enabled && !listed?.length) return null;
+  if (!spec.checkpoint?.enabled) return null;
+  const resumed = job.attempts.filter((a) => a.resume).map((a) => a.number);
   return (
     <Section title="Checkpoints">
       <p>
-        Checkpointing on: signal <code>{spec.checkpoint?.signal ?? "SIGUSR1"}</code>, {spec.checkpoint?.grace_seconds ?? 120} s to save.
-        {job.attempts.some((a) => a.resume) && " A later attempt resumed from a checkpoint."}
+        Checkpointing is on: the job gets <code>{spec.checkpoint.signal ?? "SIGUSR1"}</code> when it must save and has{" "}
+        {spec.checkpoint.grace_seconds ?? 120} s to write its checkpoint to <code>$GPUPORTAL_CHECKPOINT_DIR</code>.
       </p>
-      {listed?.length ? (
-        <ul className="plain-list">
-          {listed.map((c) => (
-            <li key={`${c.step}-${c.written_at}`}>
-              step {c.step} · {formatTime(c.written_at)} · <code>{c.path}</code>
-            </li>
-          ))}
-        </ul>
-      ) : null}
+      <p>
+        {resumed.length
+          ? `Resumed from a checkpoint in attempt ${resumed.join(", ")}.`
+          : "No attempt has resumed from a checkpoint yet."}
+      </p>
     </Section>
   );
 }
