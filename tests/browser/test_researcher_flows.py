@@ -65,6 +65,10 @@ async def test_submit_through_the_form_and_follow_the_job_live(
     # The timeline shows the path the job took, the attempt its placement.
     await expect(page.get_by_role("region", name="Timeline")).to_contain_text("running")
     await expect(page.get_by_role("region", name="Attempts")).to_contain_text("a100-node-1 GPU")
+    # Per-GPU samples of the simulated host reached the charts (named node/GPU index).
+    await expect(page.get_by_role("region", name="GPU telemetry")).to_contain_text(
+        "a100-node-1/", timeout=LONG
+    )
     # Clone and resubmit starts from the same spec.
     await page.get_by_role("link", name="Clone and resubmit").click()
     await expect(page.get_by_label("Name", exact=True)).to_have_value("browser-hello")
