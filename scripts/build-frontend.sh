@@ -30,7 +30,12 @@ fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 step "API types from the OpenAPI schema"
-DEBUG=true "$PY" manage.py spectacular --file "$TMP/schema.yaml" >/dev/null
+# (schema warnings about views are the backend's business; they are shown only if generation fails)
+if ! DEBUG=true "$PY" manage.py spectacular --file "$TMP/schema.yaml" >"$TMP/spectacular.log" 2>&1; then
+  cat "$TMP/spectacular.log" >&2
+  echo "build-frontend: the OpenAPI schema could not be generated" >&2
+  exit 1
+fi
 GENERATED=$FE/src/api/schema.d.ts
 (cd "$FE" && npx --no-install openapi-typescript "$TMP/schema.yaml" -o "$TMP/schema.d.ts" >/dev/null)
 if ! cmp -s "$TMP/schema.d.ts" "$GENERATED"; then cp "$TMP/schema.d.ts" "$GENERATED"; fi
