@@ -45,6 +45,12 @@ export function JobTable({ jobs, caption, lead, leadHeader, showQueue }: JobTabl
               </td>
               <td data-label="State">
                 <StateBadge state={job.state} />
+                {!showQueue && job.state === "pending" && job.pending_reason && (
+                  <span className="muted small reason-code" title={job.pending_message || undefined}>
+                    {" "}
+                    {job.pending_reason}
+                  </span>
+                )}
               </td>
               <td data-label="VC">{job.vc}</td>
               <td data-label="Owner">{job.owner}</td>
