@@ -21,7 +21,7 @@ export function DashboardPage() {
     vcs.reload();
     nodes.reload();
   };
-  const soon = useSoon(refresh, 500);
+  const soon = useSoon(refresh, 2000);
   useLive("jobs", (m) => m.kind === "job" && soon(), refresh);
   useEvery(30_000, refresh);
 

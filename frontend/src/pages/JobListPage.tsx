@@ -62,7 +62,7 @@ export function JobListPage() {
   });
   const jobs = useResource((signal) => api<Page<Job>>(`/api/v1/jobs/${apiQuery}`, { signal }), apiQuery);
   const vcs = useResource((signal) => fetchAll<VirtualCluster>("/api/v1/virtual-clusters/", signal), "vcs");
-  const soon = useSoon(jobs.reload, 500);
+  const soon = useSoon(jobs.reload, 1000);
   useLive("jobs", (m) => m.kind === "job" && soon(), jobs.reload);
 
   const [selected, setSelected] = useState<Set<number>>(new Set());

@@ -88,7 +88,7 @@ export function VirtualClusterPage({ name }: { name: string }) {
     queue.reload();
     running.reload();
   };
-  const soon = useSoon(refresh, 500);
+  const soon = useSoon(refresh, 2000);
   useLive("jobs", (m) => m.kind === "job" && soon(), refresh);
   useEvery(30_000, queue.reload);
 
