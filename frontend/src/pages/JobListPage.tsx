@@ -140,7 +140,7 @@ export function JobListPage() {
           <input
             id="filter-owner"
             list="owner-choices"
-            placeholder="anyone, me, or a user name"
+            placeholder="anyone, me, a name"
             value={ownerText}
             onChange={(e) => setOwnerText(e.target.value)}
           />
