@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.utils.csp import CSP
+
 from portal.lib.env import ConfigError, env_bool, env_int, env_list, env_str, parse_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -23,6 +25,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "portal.accounts",
     "portal.cluster",
@@ -43,6 +46,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -110,6 +114,19 @@ SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY", False) else None
 X_FRAME_OPTIONS = "DENY"
+# Scripts, styles and connections only from this site (the web app, admin and API docs are all
+# served from here); websockets to this host. The API docs page needs inline script and style.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF, CSP.UNSAFE_INLINE],
+    "style-src": [CSP.SELF, CSP.UNSAFE_INLINE],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF, "ws:", "wss:"],
+    "font-src": [CSP.SELF, "data:"],
+    "frame-ancestors": [CSP.NONE],
+    "base-uri": [CSP.SELF],
+    "form-action": [CSP.SELF],
+}
 SECURE_REFERRER_POLICY = "same-origin"
 
 REST_FRAMEWORK = {
@@ -122,6 +139,12 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Sign-in, token creation and submission are throttled per user (per address when anonymous).
+    "DEFAULT_THROTTLE_RATES": {
+        "sign-in": env_str("THROTTLE_SIGN_IN", "10/min"),
+        "tokens": env_str("THROTTLE_TOKENS", "30/min"),
+        "submit": env_str("THROTTLE_SUBMIT", "600/min"),
+    },
     "DEFAULT_PARSER_CLASSES": [
         "rest_framework.parsers.JSONParser",
         "portal.lib.parsers.YAMLParser",
@@ -135,6 +158,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit and watch GPU jobs, see virtual clusters, quotas and nodes.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "ENUM_NAME_OVERRIDES": {
         "JobStateEnum": "portal.jobs.choices.JobState",

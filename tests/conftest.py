@@ -112,6 +112,10 @@ def live_stack(
         # Agents heartbeat every second in tests, so a node is suspect after 4 s and lost after 8 s.
         "NODE_SILENT_AFTER_S": "4",
         "NODE_LOST_AFTER_S": "8",
+        # The whole suite signs in from one address far more often than a person would.
+        "THROTTLE_SIGN_IN": "10000/min",
+        "THROTTLE_TOKENS": "10000/min",
+        "THROTTLE_SUBMIT": "10000/min",
     }
     commands = {
         "web": [
@@ -147,6 +151,9 @@ def live_stack(
             str(logs / "beat-schedule"),
         ],
     }
+    from scheduler.tasks import set_loop_paused
+
+    set_loop_paused(True)  # until a live test runs (background_only_in_live_tests)
     procs = {}
     for name, cmd in commands.items():
         with open(logs / f"{name}.log", "wb") as out:
@@ -291,5 +298,31 @@ def paused_loop() -> Iterator[None]:
     from scheduler.tasks import set_loop_paused
 
     set_loop_paused(True)
-    yield
+    yield  # and it stays paused: see background_only_in_live_tests
+
+
+@pytest.fixture(autouse=True)
+def fresh_throttle_counts() -> None:
+    """Throttle counts live in the in-process cache; each test starts with none."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def background_only_in_live_tests(request: Any) -> Iterator[None]:
+    """The live stack's worker and beat serve the whole session but act only during live tests:
+    otherwise their periodic tasks would race other tests, and the database flush after each
+    transactional test (a TRUNCATE) could deadlock with a task's reads."""
+    if request.node.get_closest_marker("live") is None or "live_stack" not in request.fixturenames:
+        yield
+        return
+    from portal.celery import app
+    from scheduler.tasks import set_loop_paused
+
     set_loop_paused(False)
+    yield
+    set_loop_paused(True)
+    wait_for(
+        lambda: not any((app.control.inspect(timeout=1).active() or {}).values()), 30, "the worker to go idle"
+    )

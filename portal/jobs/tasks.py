@@ -1,24 +1,35 @@
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
 from portal.jobs.services import downsample_telemetry, enforce_time_limits, report_idle_jobs
+from scheduler.tasks import loop_paused
+
+PAUSED: dict[str, Any] = {"paused": True}
 
 
 @shared_task
-def check_time_limits() -> dict[str, int]:
+def check_time_limits() -> dict[str, Any]:
+    if loop_paused():
+        return PAUSED
     return enforce_time_limits(
         timezone.now(), settings.TIME_LIMIT_WARNING_S, settings.TIME_LIMIT_FORCE_AFTER_S
     )
 
 
 @shared_task
-def check_idle_jobs() -> list[int]:
+def check_idle_jobs() -> Any:
+    if loop_paused():
+        return PAUSED
     return report_idle_jobs(timezone.now(), settings.IDLE_BELOW_PCT, settings.IDLE_AFTER_S)
 
 
 @shared_task
-def compact_telemetry() -> dict[str, int]:
+def compact_telemetry() -> dict[str, Any]:
+    if loop_paused():
+        return PAUSED
     return downsample_telemetry(timezone.now(), settings.TELEMETRY_RETENTION_DAYS)

@@ -32,7 +32,15 @@ def test_submit_list_cancel_over_http_and_the_other_tenant_sees_nothing(live_sta
     assert created.status_code == 201, created.text
     job_id = created.json()["id"]
     listed = alice.get("/api/v1/jobs/", params={"owner": "me"}).json()["results"]
-    assert [(j["id"], j["state"], j["pending_reason"]) for j in listed] == [(job_id, "pending", "new")]
+    assert [(j["id"], j["state"]) for j in listed] == [(job_id, "pending")]
+    # No agent runs in this test, so no node is ready: the scheduler says so in the job's reason.
+    job = wait_for(
+        lambda: (j := alice.get(f"/api/v1/jobs/{job_id}/").json())["pending_reason"] not in ("", "new") and j,
+        30,
+        "the scheduler's reason",
+    )
+    assert job["state"] == "pending" and job["pending_reason"] == "no-matching-gpu"
+    assert job["pending_message"] and job["queue_position"] == 1
 
     assert carol.get("/api/v1/jobs/").json()["count"] == 0
     assert carol.get(f"/api/v1/jobs/{job_id}/").status_code == 404
@@ -67,7 +75,7 @@ def test_the_celery_worker_and_beat_run_the_heartbeat_check(live_stack, users) -
     stale = timezone.now() - timedelta(minutes=5)
     Node.objects.filter(name="a100-node-1").update(state="ready", last_heartbeat_at=stale)
     Node.objects.filter(name="a100-node-2").update(state="ready", last_heartbeat_at=timezone.now())
-    assert check_node_heartbeats.delay().get(timeout=30) == ["a100-node-1"]
+    assert check_node_heartbeats.delay().get(timeout=30) == {"not_ready": ["a100-node-1"], "requeued": []}
     node = Node.objects.get(name="a100-node-1")
     assert node.state == "not-ready" and "no heartbeat" in node.state_reason
     assert Node.objects.get(name="a100-node-2").state == "ready"

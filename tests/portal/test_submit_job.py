@@ -213,3 +213,29 @@ def test_a_vcs_queue_lists_in_scheduler_order(api_for, small_job) -> None:  # ty
     )
     assert [j["id"] for j in queue] == [ids[2], ids[0], ids[1]]
     assert [j["queue_position"] for j in queue] == [1, 2, 3]
+
+
+def test_job_detail_lists_its_checkpoints_newest_first(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.jobs.models import Checkpoint, JobAttempt
+
+    job = Job.objects.get(pk=api_for("alice").post("/api/v1/jobs/", small_job, format="json").json()["id"])
+    attempt = JobAttempt.objects.create(job=job, number=1)
+    now = timezone.now()
+    for step in (100, 200):
+        Checkpoint.objects.create(
+            job=job,
+            attempt=attempt,
+            path=f"step-{step}",
+            size_bytes=step * 10,
+            step=step,
+            written_at=now + timedelta(seconds=step),
+        )
+    checkpoints = api_for("bob").get(f"/api/v1/jobs/{job.pk}/").json()["checkpoints"]
+    assert [(c["step"], c["path"], c["attempt"]) for c in checkpoints] == [
+        (200, "step-200", 1),
+        (100, "step-100", 1),
+    ]

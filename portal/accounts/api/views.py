@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 from portal.accounts.api.serializers import ApiTokenSerializer, CreatedApiTokenSerializer, MeSerializer
 from portal.accounts.models import ApiToken
 from portal.accounts.services import create_api_token, revoke_api_token
+from portal.lib.throttling import WriteThrottle
 
 
 class ApiTokenViewSet(
@@ -25,6 +26,8 @@ class ApiTokenViewSet(
 
     serializer_class = ApiTokenSerializer
     queryset = ApiToken.objects.none()  # for the schema; requests use get_queryset
+    throttle_classes = [WriteThrottle]
+    throttle_scope = "tokens"
 
     def get_queryset(self) -> Any:
         return ApiToken.objects.filter(user=self.request.user)
@@ -72,6 +75,8 @@ class SessionView(APIView):
     POST signs in with a user name and password; DELETE signs out."""
 
     permission_classes = [AllowAny]
+    throttle_classes = [WriteThrottle]
+    throttle_scope = "sign-in"
 
     @extend_schema(responses=MeSerializer)
     def get(self, request: Request) -> Response:

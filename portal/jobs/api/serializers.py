@@ -4,7 +4,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.jobs.accounting import job_usage
-from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent, LogLine, TelemetrySample
+from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine, TelemetrySample
 
 
 class AllocationSerializer(serializers.ModelSerializer):
@@ -81,6 +81,14 @@ class JobSerializer(serializers.ModelSerializer):
         brief_fields = ["id", "name", "vc", "owner", "state", "total_gpus", "pending_reason", "submitted_at"]
 
 
+class CheckpointSerializer(serializers.ModelSerializer):
+    attempt = serializers.IntegerField(source="attempt.number")
+
+    class Meta:
+        model = Checkpoint
+        fields = ["attempt", "step", "path", "size_bytes", "written_at"]
+
+
 class UsageSerializer(serializers.Serializer):
     allocated_gpu_hours = serializers.FloatField()
     used_gpu_hours = serializers.FloatField(help_text="GPU-hours weighted by measured utilization.")
@@ -89,10 +97,13 @@ class UsageSerializer(serializers.Serializer):
 
 class JobDetailSerializer(JobSerializer):
     attempts = JobAttemptSerializer(many=True)
+    checkpoints = CheckpointSerializer(
+        many=True, help_text="Newest first; the next attempt resumes from the first."
+    )
     usage = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "spec", "attempts", "usage"]
+        fields = [*JobSerializer.Meta.fields, "spec", "attempts", "checkpoints", "usage"]
 
     @extend_schema_field(UsageSerializer)
     def get_usage(self, job: Job) -> dict[str, float]:

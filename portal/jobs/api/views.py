@@ -28,15 +28,18 @@ from portal.jobs.api.serializers import (
     TelemetrySampleSerializer,
 )
 from portal.jobs.filtersets import JobFilterSet
-from portal.jobs.models import Allocation, Job, JobAttempt, LogLine, TelemetrySample
+from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, LogLine, TelemetrySample
 from portal.jobs.spec import JobSpecSerializer
 from portal.lib.renderers import CSVRenderer
+from portal.lib.throttling import WriteThrottle
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Jobs of your tenants. POST a job spec (JSON or YAML) to submit."""
 
     filterset_class = JobFilterSet
+    throttle_classes = [WriteThrottle]
+    throttle_scope = "submit"
     filter_backends = [DjangoFilterBackend, OrderingFilter]
     ordering_fields = ["queue_position", "submitted_at", "priority", "id"]
 
@@ -49,7 +52,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             qs = qs.prefetch_related(
                 Prefetch(
                     "attempts", JobAttempt.objects.prefetch_related(Prefetch("allocations", allocations))
-                )
+                ),
+                Prefetch("checkpoints", Checkpoint.objects.select_related("attempt")),
             )
         return qs
 

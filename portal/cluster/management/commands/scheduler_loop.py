@@ -8,7 +8,7 @@ from scheduler.tasks import loop_paused, set_loop_paused
 
 
 class Command(BaseCommand):
-    help = "Pause or resume the scheduling loop (running jobs go on; nothing new starts), or show its state."
+    help = "Pause or resume the scheduling loop and its housekeeping (running jobs go on), or show its state."
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("action", choices=["pause", "resume", "status"])
