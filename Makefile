@@ -6,7 +6,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint format system-packages frontend clean
+.PHONY: up test lint format system-packages frontend screenshots clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@PY=$$(scripts/find-python.sh) || exit 1; \
@@ -31,6 +31,9 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VPY) -m portal.devstack test
+
+screenshots: $(STAMP) frontend
+	$(VPY) -m tests.browser.screenshots
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

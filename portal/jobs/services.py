@@ -265,6 +265,7 @@ def submit_job(user: Any, spec: dict[str, Any]) -> Job:
         actor_label=actor_label(user),
         reason="submitted",
     )
+    publish_job_change(job)  # other tabs of the tenant show the new job at once
     record_audit(user, "job.submit", job, tenant=vc.tenant)
     request_scheduling_cycle()
     return job

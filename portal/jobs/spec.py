@@ -110,7 +110,7 @@ class RetriesSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class CheckpointSerializer(serializers.Serializer):
+class CheckpointSettingsSerializer(serializers.Serializer):
     enabled = serializers.BooleanField(default=False)
     signal = serializers.ChoiceField(choices=CHECKPOINT_SIGNALS, default="SIGUSR1")
     grace_seconds = serializers.IntegerField(min_value=1, max_value=3600, default=120)
@@ -130,7 +130,7 @@ class JobSpecSerializer(serializers.Serializer):
         required=False, help_text="A priority class; default: the cluster's default."
     )
     retries = RetriesSerializer(required=False)
-    checkpoint = CheckpointSerializer(required=False)
+    checkpoint = CheckpointSettingsSerializer(required=False)
     time_limit = DurationField(required=False, help_text="Seconds or '36h'; at most the flavor's limit.")
 
     def validate_name(self, value: str) -> str:
@@ -206,7 +206,7 @@ class JobSpecSerializer(serializers.Serializer):
         if errors:
             raise serializers.ValidationError(errors)
         attrs.setdefault("retries", RetriesSerializer().to_internal_value({}))
-        attrs.setdefault("checkpoint", CheckpointSerializer().to_internal_value({}))
+        attrs.setdefault("checkpoint", CheckpointSettingsSerializer().to_internal_value({}))
         return attrs
 
 

@@ -132,3 +132,15 @@ class TelemetrySampleSerializer(serializers.ModelSerializer):
             "power_w",
             "temperature_c",
         ]
+
+
+class UsageRowSerializer(UsageSerializer):
+    key = serializers.CharField(help_text="Named after the group: job, vc, tenant or user.")
+    jobs = serializers.IntegerField()
+
+
+class UsageReportSerializer(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    group = serializers.CharField()
+    results = UsageRowSerializer(many=True)

@@ -26,6 +26,7 @@ from portal.jobs.api.serializers import (
     JobSerializer,
     LogLineSerializer,
     TelemetrySampleSerializer,
+    UsageReportSerializer,
 )
 from portal.jobs.filtersets import JobFilterSet
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, LogLine, TelemetrySample
@@ -163,7 +164,8 @@ class UsageView(APIView):
             OpenApiParameter("since", str, description="ISO date or time; default 30 days ago."),
             OpenApiParameter("until", str, description="ISO date or time; default now."),
             OpenApiParameter("group", str, enum=sorted(GROUPS), description="default: vc"),
-        ]
+        ],
+        responses=UsageReportSerializer,
     )
     def get(self, request: Request) -> Response:
         now = timezone.now()
