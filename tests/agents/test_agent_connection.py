@@ -493,7 +493,9 @@ async def test_checkpoint_and_stop_in_the_desired_set_preempts_without_a_request
             await portal.set_desired([preempt])  # repeated sets do not start a second checkpoint
             await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
             final = portal.last_status("att-1")
-            assert (final.exit_code, final.reason) == (0, ExitReason.CHECKPOINTED)
+            # The job exits by itself after saving, or the agent's stop (SIGTERM, 143) reaches it
+            # first once the marker is there: which one wins is a race, both end checkpointed.
+            assert final.reason == ExitReason.CHECKPOINTED and final.exit_code in (0, 143)
             (done,) = portal.of_type(CheckpointDone)
             assert done.request_id is None and done.size_bytes == 1000
             assert not portal.of_type(RequestAck) and not portal.of_type(RequestReject)

@@ -429,7 +429,8 @@ async def test_a_container_checkpoints_through_the_agent(engine, policy: HostPol
             )
             await wait_for(lambda: portal.last_status("dk-ckpt").state == AttemptState.EXITED)
             final = portal.last_status("dk-ckpt")
-            assert (final.exit_code, final.reason) == (0, ExitReason.CHECKPOINTED)
+            # The job's own exit after saving races the agent's stop (SIGTERM, 143); both are fine.
+            assert final.reason == ExitReason.CHECKPOINTED and final.exit_code in (0, 143)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
