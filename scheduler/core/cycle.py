@@ -164,6 +164,9 @@ def order_queue(
         assert isinstance(sorter, QueueSortPlugin)
         positions = [i for i, job in enumerate(queue) if job.vc == vc.name]
         own = ordered([queue[i] for i in positions], [sorter])
+        # A VC's policy orders its jobs within a priority class, never across classes: a
+        # production job preempts for its GPUs and must not lose them to the job it preempted.
+        own.sort(key=lambda job: -job.priority)
         for i, job in zip(positions, own, strict=True):
             queue[i] = job
     return queue

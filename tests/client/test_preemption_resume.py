@@ -173,13 +173,6 @@ def test_the_example_is_preempted_checkpoints_and_resumes_without_losing_steps(
     assert sum(f"done at step {STEPS}" in line for line in logs[len(attempts)]) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler bug: order_queue() re-sorts each VC's jobs by the VC's policy alone "
-    "(FIFO here), dropping the priority-class order, so the requeued dev job (submitted "
-    "earlier) takes the GPUs back before the production job it was preempted for, and is "
-    "preempted again, once per cycle, until it finishes",
-)
 def test_the_production_job_runs_before_the_preempted_job_resumes(
     run_cli: Any, users: dict[str, Any], start_agent: Any, tmp_path: Path
 ) -> None:

@@ -201,3 +201,17 @@ def test_las_does_not_wake_for_a_crossing_that_changes_nothing() -> None:
     )
     p = profile(queue_sort=["las"], post_cycle=["las"], plugin_args={"las": {"thresholds": [3000]}})
     assert decide(snap.build(), p, now=100.0).wake_at is None
+
+
+def test_a_vc_policy_never_puts_a_lower_priority_class_first() -> None:
+    """A requeued dev job submitted earlier must not pass the production job it was preempted
+    for, whatever the VC's own policy (FIFO here) would say."""
+    snap = (
+        Snap()
+        .node("n0")
+        .vc("team", 8, queueing_policy="fifo")
+        .pending("dev-requeued", vc="team", submitted_at=1, priority=100)
+        .pending("prod", vc="team", submitted_at=5, priority=1000)
+        .pending("dev-late", vc="team", submitted_at=9, priority=100)
+    )
+    assert queue_ids(snap, queue_sort=["priority", "fifo"]) == ["prod", "dev-requeued", "dev-late"]
