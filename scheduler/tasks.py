@@ -20,7 +20,8 @@ PAUSE_KEY = "scheduler:paused"
 
 
 def set_loop_paused(paused: bool) -> None:
-    """Pauses the loop for maintenance: running jobs go on, nothing new starts or is preempted."""
+    """Pauses the loop and its housekeeping for maintenance: running jobs go on; nothing new
+    starts or is preempted, no node is declared lost, no time limit or idle policy acts."""
     if paused:
         get_redis().set(PAUSE_KEY, 1)
     else:
