@@ -4,6 +4,7 @@ from typing import Any
 
 from django.contrib import admin
 
+from portal.jobs.accounting import job_usage
 from portal.jobs.choices import TERMINAL_STATES
 from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent
 from portal.jobs.services import cancel_job
@@ -32,7 +33,12 @@ class JobAdmin(AuditedModelAdmin):
     actions = ["cancel"]
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
-        return [f.name for f in Job._meta.fields]
+        return [f.name for f in Job._meta.fields] + ["usage"]
+
+    @admin.display(description="usage (allocated GPU-h / used GPU-h / kWh)")
+    def usage(self, job: Job) -> str:
+        figures = job_usage([job.pk])[job.pk].as_dict()
+        return f"{figures['allocated_gpu_hours']} / {figures['used_gpu_hours']} / {figures['energy_kwh']}"
 
     def has_add_permission(self, request: Any) -> bool:
         return False
