@@ -17,6 +17,7 @@ from agents.agent import Agent
 from agents.config import AgentConfig, is_loopback_url, parse_args
 from agents.devices import DeviceBackend
 from agents.devices.nvml import DeviceError
+from agents.logs import JsonFormatter
 from agents.runtime import Runtime
 from agents.runtime.policy import HostPolicy
 from agents.versions import detect_toolkit_version
@@ -84,7 +85,12 @@ async def main_async(config: AgentConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    if config.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=config.log_level, handlers=[handler])
     if not is_loopback_url(config.portal_url) and config.portal_url.startswith("ws://"):
         log.warning("the node token travels unencrypted to %s; use https:// in production", config.portal_url)
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -41,6 +41,7 @@ class AgentConfig:
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 60.0
     log_level: str = "INFO"
+    log_format: str = "text"
 
 
 def agent_url(portal: str) -> str:
@@ -103,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument("--min-nvidia-toolkit-version", default=MinimumVersions.nvidia_container_toolkit)
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated telemetry")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="json: one object a line"
+    )
     args = parser.parse_args(argv)
     if args.telemetry_interval < 1 or args.heartbeat_interval < 1:
         parser.error("intervals must be at least 1 second")
@@ -133,4 +137,5 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         ),
         seed=args.seed,
         log_level=args.log_level.upper(),
+        log_format=args.log_format,
     )

@@ -7,38 +7,26 @@ and added to every log line written while the request is served.
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
+
+from agents.logs import JsonFormatter as AgentJsonFormatter
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
-CONTEXT_FIELDS = ("job_id", "attempt_id", "node")
 
+class JsonFormatter(AgentJsonFormatter):
+    """The agent's line shape plus the request and Celery task being served."""
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-            "process": record.process,
-        }
+    def fields(self, record: logging.LogRecord) -> dict[str, Any]:
+        entry = super().fields(record)
         if rid := request_id.get():
             entry["request_id"] = rid
-        task_id = _celery_task_id()
-        if task_id:
+        if task_id := _celery_task_id():
             entry["task_id"] = task_id
-        for name in CONTEXT_FIELDS:
-            if hasattr(record, name):
-                entry[name] = getattr(record, name)
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return entry
 
 
 def _celery_task_id() -> str | None:

@@ -211,3 +211,19 @@ def test_plain_image_references_pass(image: str) -> None:
 )
 def test_bad_image_references_are_refused(image: str) -> None:
     assert image_problems(image)
+
+
+def test_the_agent_can_log_json_lines_with_its_context() -> None:
+    import json
+    import logging
+
+    from agents.logs import JsonFormatter
+
+    record = logging.LogRecord("agents", logging.WARNING, __file__, 1, "attempt %s vanished", ("7.0",), None)
+    record.attempt_id = "7.0"
+    entry = json.loads(JsonFormatter().format(record))
+    assert (entry["message"], entry["level"], entry["attempt_id"]) == (
+        "attempt 7.0 vanished",
+        "WARNING",
+        "7.0",
+    )
