@@ -15,8 +15,9 @@ from scheduler import core
 from scheduler.store import apply_plan, load_snapshot
 
 CYCLE_LOCK = 0x6770_7363  # the advisory lock id: one cycle at a time across workers
-DEBOUNCE_S = 0.05
 PAUSE_KEY = "scheduler:paused"
+QUEUED_KEY = "scheduler:cycle-queued"
+QUEUED_TTL_MS = 10_000  # should a queued cycle be lost with its worker, beat covers the gap
 
 
 def set_loop_paused(paused: bool) -> None:
@@ -33,25 +34,29 @@ def loop_paused() -> bool:
 
 
 def request_cycle() -> None:
-    """Asks for a cycle soon. Requests within DEBOUNCE_S share one cycle."""
-    if get_redis().set("scheduler:cycle-requested", 1, px=int(DEBOUNCE_S * 1000), nx=True):
-        schedule_cycle.apply_async(countdown=DEBOUNCE_S)
+    """Asks for a cycle now. Requests coalesce: while one cycle is queued and has not started,
+    more requests add nothing, since it will see their changes when it starts."""
+    if get_redis().set(QUEUED_KEY, 1, px=QUEUED_TTL_MS, nx=True):
+        schedule_cycle.delay()
 
 
 def load_profile() -> core.Profile:
     return core.load_profile(settings.SCHEDULER_PROFILE)
 
 
-def run_cycle(profile: core.Profile | None = None) -> dict[str, Any] | None:
+def run_cycle(profile: core.Profile | None = None, wait: bool = False) -> dict[str, Any] | None:
     """One cycle: snapshot -> decide -> apply, in one transaction under the advisory lock.
 
-    Returns None when another cycle holds the lock.
+    With wait, it queues behind a cycle that holds the lock; otherwise it returns None then.
     """
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [CYCLE_LOCK])
-            if not cursor.fetchone()[0]:
-                return None
+            if wait:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CYCLE_LOCK])
+            else:
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [CYCLE_LOCK])
+                if not cursor.fetchone()[0]:
+                    return None
         now = time.time()
         started = time.perf_counter()
         loaded = load_snapshot(now)
@@ -65,7 +70,6 @@ def run_cycle(profile: core.Profile | None = None) -> dict[str, Any] | None:
 def schedule_cycle() -> dict[str, Any] | None:
     if loop_paused():
         return {"paused": True}
-    result = run_cycle()
-    if result is None:  # another worker is mid-cycle; make sure this request is not lost
-        schedule_cycle.apply_async(countdown=1)
-    return result
+    # From here on a new request queues another cycle: this one may start too early to see it.
+    get_redis().delete(QUEUED_KEY)
+    return run_cycle(wait=True)

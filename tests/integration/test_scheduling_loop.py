@@ -97,7 +97,8 @@ def test_retries_with_backoff_then_a_permanent_failure(api, a100_agents) -> None
 
 
 def test_a_job_is_stopped_at_its_time_limit(api, a100_agents) -> None:  # type: ignore[no-untyped-def]
-    job = submit(api("alice"), "too-long", SLEEP.format(seconds=300), time_limit=3)
+    # 10 s: longer than the 5 s between checks, so one of them sees it before its limit and warns.
+    job = submit(api("alice"), "too-long", SLEEP.format(seconds=300), time_limit=10)
     wait_for(lambda: state(job) == "timed-out", 60, "the job to time out")
     reasons = list(Job.objects.get(pk=job).events.values_list("reason", flat=True))
     assert any("time limit reached in" in r for r in reasons)  # the warning
