@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import agents
+from tests.import_scan import imported_modules
 
 FORBIDDEN = ("django", "celery", "portal", "redis", "psycopg", "psycopg2", "channels", "rest_framework")
 PACKAGE_DIR = Path(agents.__file__).parent
-
-
-def imported_modules(path: Path) -> list[tuple[int, str]]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module))
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-            "import_module",
-            "__import__",
-        ):
-            found += [(node.lineno, arg.value) for arg in node.args if isinstance(arg, ast.Constant)]
-    return found
 
 
 def test_agents_import_no_django_or_portal() -> None:

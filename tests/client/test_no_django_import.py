@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
 import gpuportal
+from tests.import_scan import imported_modules
 
 FORBIDDEN = ("django", "portal", "celery", "channels", "rest_framework", "agents", "scheduler", "psycopg")
 PACKAGE_DIR = Path(gpuportal.__file__).parent
 EXAMPLES_DIR = PACKAGE_DIR.parent / "examples"
-
-
-def imported_modules(path: Path) -> list[tuple[int, str]]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module))
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-            "import_module",
-            "__import__",
-        ):
-            found += [(node.lineno, arg.value) for arg in node.args if isinstance(arg, ast.Constant)]
-    return found
 
 
 def test_the_client_package_and_examples_import_no_django_portal_or_agents() -> None:

@@ -3,26 +3,16 @@ the same code runs inside Celery, in the simulator and in tests without a databa
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.import_scan import imported_modules, imported_roots
+
 ROOT = Path(__file__).resolve().parents[2]
 PURE_PACKAGES = [ROOT / "scheduler" / "core", ROOT / "scheduler" / "sim"]
 FORBIDDEN = {"django", "celery", "portal", "redis", "psycopg", "psycopg2", "channels", "rest_framework"}
-
-
-def imported_roots(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    roots: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            roots.add(node.module.split(".")[0])
-    return roots
 
 
 def pure_files() -> list[Path]:
@@ -43,10 +33,8 @@ def test_imports_only_stdlib_and_scheduler(path: Path) -> None:
 
 def test_core_does_not_import_the_simulator() -> None:
     for path in (ROOT / "scheduler" / "core").rglob("*.py"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.startswith("scheduler.sim"), path.name
+        for _, module in imported_modules(path):
+            assert not module.startswith("scheduler.sim"), path.name
 
 
 def test_scan_catches_a_forbidden_import(tmp_path: Path) -> None:
