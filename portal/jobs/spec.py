@@ -8,7 +8,6 @@ portal.jobs.services.submit_job.
 from __future__ import annotations
 
 import re
-import signal
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -208,7 +207,3 @@ class JobSpecSerializer(serializers.Serializer):
         attrs.setdefault("retries", RetriesSerializer().to_internal_value({}))
         attrs.setdefault("checkpoint", CheckpointSettingsSerializer().to_internal_value({}))
         return attrs
-
-
-def checkpoint_signal_number(name: str) -> int:
-    return int(getattr(signal, name))
