@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging.config
 import os
+from typing import Any
 
 from celery import Celery
+from celery.signals import setup_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -12,3 +15,13 @@ app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 app.conf.include = ["scheduler.tasks"]
+
+
+@setup_logging.connect
+def use_django_logging(**kwargs: Any) -> None:
+    """Worker and beat log through Django's LOGGING (JSON lines with the task id), like the web
+    process: a receiver of this signal stops Celery from replacing the root logger's handlers
+    with its own format."""
+    from django.conf import settings
+
+    logging.config.dictConfig(settings.LOGGING)
