@@ -5,6 +5,7 @@ guards every GPU, so a plan computed from a stale view can lose a race but never
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ from django.db.models import Max, Q
 from agents.protocol import CheckpointRequest, StopRequest, encode
 from portal.agentgw.desired import agent_attempt_id
 from portal.agentgw.outbox import desired_set_changed, send_request
-from portal.cluster.models import Gpu, Node, Quota, VirtualCluster
+from portal.cluster.models import Flavor, Gpu, Node, Quota, VirtualCluster
 from portal.jobs.choices import ACTIVE_STATES, JobState
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
 from portal.jobs.services import transition_job, transition_jobs
@@ -139,7 +140,13 @@ def load_snapshot(now: float) -> LoadedState:
                     **common,
                 )
             )
-    snapshot = core.Snapshot(nodes=tuple(nodes), vcs=vcs, running=tuple(running), pending=tuple(pending))
+    flavors = tuple(
+        core.Flavor(f.name, f.gpu_model, f.gpus, f.cpu * 1000, f.memory_gb * 1024)
+        for f in Flavor.objects.all()
+    )
+    snapshot = core.Snapshot(
+        nodes=tuple(nodes), vcs=vcs, running=tuple(running), pending=tuple(pending), flavors=flavors
+    )
     return LoadedState(snapshot, {str(j.pk): j.version for j in jobs}, gpu_ids, node_ids)
 
 
@@ -208,6 +215,7 @@ def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> i
         pending_message="",
         estimated_start_at=None,
         queue_position=None,
+        whatif_hints=[],
     )
     ids = [job.pk for job in moved]
     numbers = dict(
@@ -239,16 +247,16 @@ def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> i
 
 
 def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
-    """Reason, message, estimated start and queue position of every job left pending, in one
-    statement; a job that left pending meanwhile is not touched."""
+    """Reason, message, estimated start, queue position and what-if hints of every job left
+    pending, in one statement; a job that left pending meanwhile is not touched."""
     if not statuses:
         return
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE jobs_job SET pending_reason = s.reason, pending_message = s.message, "
-            "estimated_start_at = s.estimate, queue_position = s.position "
-            "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[]) "
-            "AS s(id, reason, message, estimate, position) "
+            "estimated_start_at = s.estimate, queue_position = s.position, whatif_hints = s.hints::jsonb "
+            "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[], %s::text[]) "
+            "AS s(id, reason, message, estimate, position, hints) "
             "WHERE jobs_job.id = s.id AND jobs_job.state = 'pending'",
             [
                 [int(st.job_id) for st in statuses],
@@ -256,8 +264,26 @@ def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
                 [st.message[:500] for st in statuses],
                 [from_epoch(st.estimated_start) for st in statuses],
                 list(range(1, len(statuses) + 1)),
+                [json.dumps([hint_data(h) for h in st.hints]) for st in statuses],
             ],
         )
+
+
+def hint_data(hint: core.WhatIfHint) -> dict[str, Any]:
+    """A hint as the job API shows it: the changed request (with the flavor of that shape, if
+    any, for the submit form to offer) and when the job would start."""
+    start = from_epoch(hint.estimated_start)
+    return {
+        "kind": hint.kind.value,
+        "message": hint.message,
+        "replicas": hint.replicas,
+        "gpus_per_replica": hint.gpus_per_replica,
+        "gpu_model": hint.gpu_model,
+        "flavor": hint.flavor or None,
+        "time_limit_s": None if hint.time_limit_s is None else int(hint.time_limit_s),
+        "starts_now": hint.starts_now,
+        "estimated_start_at": None if start is None else start.isoformat(),
+    }
 
 
 def preempt_job(job: Job, preemption: core.Preemption) -> bool:

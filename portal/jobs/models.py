@@ -73,6 +73,11 @@ class Job(models.Model):
     pending_message = models.CharField(max_length=500, blank=True)
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
+    whatif_hints = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The scheduler's what-if hints, cheapest change first.",
+    )
     retries_left = models.PositiveIntegerField(default=0)
     not_before = models.DateTimeField(null=True, blank=True, help_text="A retry waits until then.")
     stop_reason = models.CharField(

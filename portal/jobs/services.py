@@ -306,6 +306,7 @@ def cancel_job(job: Job, actor: Any, reason: str = "cancelled by user") -> Job:
         pending_message="",
         estimated_start_at=None,
         queue_position=None,
+        whatif_hints=[],
         end_reason=reason,
     )
     if was_active:

@@ -10,7 +10,9 @@ from scheduler.core.registry import REGISTRY
 from scheduler.core.types import (
     ALL_MODELS,
     ANY_MODEL,
+    Flavor,
     Gpu,
+    HintKind,
     JobId,
     Node,
     NodeName,
@@ -28,6 +30,7 @@ from scheduler.core.types import (
     UserName,
     VcName,
     VirtualCluster,
+    WhatIfHint,
 )
 
 __all__ = [
@@ -35,7 +38,9 @@ __all__ = [
     "ANY_MODEL",
     "REGISTRY",
     "CycleSettings",
+    "Flavor",
     "Gpu",
+    "HintKind",
     "JobId",
     "Node",
     "NodeName",
@@ -54,6 +59,7 @@ __all__ = [
     "UserName",
     "VcName",
     "VirtualCluster",
+    "WhatIfHint",
     "decide",
     "load_profile",
 ]

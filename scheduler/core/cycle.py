@@ -16,14 +16,17 @@ One cycle, in numbered steps (the comments in `decide` carry the numbers):
 7. Post-cycle plugins say when the next cycle is due even without new events.
 8. Every job that did not start gets a reason and an estimated start from a forward
    simulation of the resulting state.
+9. The first blocked jobs whose reason names a resource shape get what-if hints: changed
+   requests tried against the resulting state (see whatif.py).
 
 The core reads no clock and no global state: same snapshot, profile and `now`, same plan.
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from scheduler.core.estimate import estimate_starts
@@ -53,7 +56,9 @@ from scheduler.core.types import (
     RunningJob,
     Snapshot,
     Start,
+    WhatIfHint,
 )
+from scheduler.core.whatif import HINT_REASONS, Trial, what_if_hints
 
 _CAPACITY_REASONS = frozenset(
     {ReasonCode.INSUFFICIENT_GPUS, ReasonCode.FRAGMENTATION, ReasonCode.GANG_NODES, ReasonCode.NODE_RESOURCES}
@@ -93,12 +98,17 @@ def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
         estimates = estimate_starts(
             ctx, queue, run.started, run.waiting, holds, profile.cycle, run.released, horizons
         )
+    # 9. What-if hints for the blocked jobs at the head of the queue.
+    hints: Mapping[str, tuple[WhatIfHint, ...]] = {}
+    if profile.cycle.estimate_starts and profile.cycle.whatif_max_jobs > 0:
+        hints = run.what_if(queue, estimates, profile.cycle.whatif_max_jobs)
     pending = tuple(
         PendingStatus(
             job.id,
             run.reasons[job.id].reason or ReasonCode.QUEUED_BEHIND,
             run.reasons[job.id].message,
             estimates.get(job.id),
+            hints.get(job.id, ()),
         )
         for job in queue
         if job.id not in run.started
@@ -267,6 +277,75 @@ class _CycleRun:
                     failure.code, failure.reason, f"{failure.message}; reserved, expected in {wait:.0f} s"
                 )
         self.reasons[job.id] = failure
+
+    # -- step 9 ------------------------------------------------------------------------
+
+    def what_if(
+        self, queue: list[PendingJob], estimates: Mapping[str, float | None], max_jobs: int
+    ) -> Mapping[str, tuple[WhatIfHint, ...]]:
+        trials: list[Trial] = []
+        for position, job in enumerate(queue):
+            if len(trials) >= max_jobs:
+                break
+            status = self.reasons.get(job.id)
+            if job.id in self.started or status is None or status.reason not in HINT_REASONS:
+                continue
+            if job.replicas <= 0 or job.gpus_per_replica <= 0:
+                continue
+            reservation_start = None
+            if status.reason is ReasonCode.HELD_FOR_RESERVATION:
+                reservation_start = getattr(self.reservation, "start_at", None)
+            trials.append(Trial(job, position, status.reason, estimates.get(job.id), reservation_start))
+        if not trials:
+            return {}
+        horizons = [p for p in self.plugins.preemption if isinstance(p, PreemptionHorizonPlugin)]
+        # Jobs the estimator needs besides the queue ahead of the job: those it books as started
+        # or waiting, wherever they stand in the queue.
+        booked = [job for job in queue if job.id in self.started or job.id in self.waiting]
+
+        def estimate_at(position: int, variant: PendingJob) -> float | None:
+            ahead = [j for j in queue[:position] if j.id not in self.started and j.id not in self.waiting]
+            result = estimate_starts(
+                self.ctx,
+                [*booked, *ahead, variant],
+                self.started,
+                self.waiting,
+                self.holds,
+                self.settings,
+                self.released,
+                horizons,
+            )
+            return result.get(variant.id)
+
+        return what_if_hints(
+            trials, self.state.models, self.ctx.snapshot.flavors, self.ctx.now, self.fits_now, estimate_at
+        )
+
+    def fits_now(self, job: PendingJob) -> bool:
+        """Would `job` start in what this cycle left free? The checks of `consider`, through a
+        statement that is always discarded, so nothing of the trial stays in the state."""
+        if job.replicas <= 0 or job.gpus_per_replica <= 0:
+            return False
+        backfill = self.plugins.backfill
+        models = [job.gpu_model] if job.gpu_model != ANY_MODEL else self.state.models
+        for model in models:
+            if not (self._never_fits(job, model).ok and self._admit(job, model).ok):
+                continue
+            if (
+                self.reservation is not None
+                and backfill is not None
+                and job.id != self.reservation_job
+                and not backfill.allows(job, model, copy.copy(self.reservation), self.ctx)
+            ):
+                continue
+            if not self._quick_fit(job, model).ok:
+                continue
+            statement = Statement(self.state)
+            placed = self._place(job, model, statement).ok
+            statement.discard()
+            if placed:
+                return True
+        return False
 
     @staticmethod
     def _most_telling(failures: list[tuple[str, Status]]) -> tuple[str, Status]:

@@ -54,6 +54,9 @@ class CycleSettings:
     # Estimated starts cost a forward simulation per cycle; a caller that does not show them
     # every cycle (the simulator between arrivals) may switch them off: estimated_start is None.
     estimate_starts: bool = True
+    # What-if hints are tried for this many blocked jobs at the head of the queue (0 = none):
+    # each costs a few trial placements and a forward simulation per proposed change.
+    whatif_max_jobs: int = 20
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CycleSettings:

@@ -151,6 +151,19 @@ class PendingJob:
 
 
 @dataclass(frozen=True, slots=True)
+class Flavor:
+    """A named per-replica resource bundle users may ask for. Only what-if hints use them: a
+    hint that changes the GPU model or count proposes the flavor of that shape, with its CPU
+    and memory, rather than an arbitrary request."""
+
+    name: str
+    gpu_model: str
+    gpus: int
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything one cycle may look at. The core never mutates it."""
 
@@ -158,6 +171,7 @@ class Snapshot:
     vcs: tuple[VirtualCluster, ...]
     running: tuple[RunningJob, ...]
     pending: tuple[PendingJob, ...]
+    flavors: tuple[Flavor, ...] = ()
 
 
 class ReasonCode(StrEnum):
@@ -198,12 +212,38 @@ class Preemption:
     for_job: JobId  # the pending job the GPUs are freed for
 
 
+class HintKind(StrEnum):
+    """Which change to the request a what-if hint proposes. Stable strings: the portal stores them."""
+
+    FEWER_GPUS = "fewer-gpus"  # the same shape with fewer GPUs per replica or fewer replicas
+    SPREAD = "spread"  # the same GPUs as more, smaller replicas (drops the single-node need)
+    GPU_MODEL = "gpu-model"  # another GPU model
+    TIME_LIMIT = "time-limit"  # a time limit short enough to backfill before a reservation
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfHint:
+    """A cheap change to a pending job's request and what it would buy: the changed request in
+    full (so a client can resubmit it as is) and when the job would start with it."""
+
+    kind: HintKind
+    message: str
+    replicas: int
+    gpus_per_replica: int
+    gpu_model: str
+    time_limit_s: float | None
+    starts_now: bool
+    estimated_start: float | None
+    flavor: str = ""  # the snapshot's flavor of this shape, "" if none
+
+
 @dataclass(frozen=True, slots=True)
 class PendingStatus:
     job_id: JobId
     reason: ReasonCode
     message: str
     estimated_start: float | None  # None = cannot be estimated (e.g. wider than the cluster)
+    hints: tuple[WhatIfHint, ...] = ()  # cheapest first; only changes that start it sooner
 
 
 @dataclass(frozen=True, slots=True)

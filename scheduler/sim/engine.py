@@ -148,7 +148,10 @@ class Simulator:
         time_limit_s: float | None = None,
     ) -> None:
         self.nodes = nodes
-        self.profile = replace(profile, cycle=replace(profile.cycle, grace_period_s=preempt_overhead_s))
+        # Nobody reads what-if hints in a replay; they would only cost time.
+        self.profile = replace(
+            profile, cycle=replace(profile.cycle, grace_period_s=preempt_overhead_s, whatif_max_jobs=0)
+        )
         # Estimated starts are read only at submission, so cycles without arrivals skip them.
         self.quiet_profile = replace(self.profile, cycle=replace(self.profile.cycle, estimate_starts=False))
         self.guarantees = {vc: g for vc, (g, _) in vc_quotas.items()} if vc_quotas is not None else None

@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from portal.jobs.accounting import job_usage
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine, TelemetrySample
+from scheduler.core import HintKind
 
 
 class AllocationSerializer(serializers.ModelSerializer):
@@ -41,7 +42,22 @@ class JobEventSerializer(serializers.ModelSerializer):
         fields = ["id", "created_at", "from_state", "to_state", "actor_label", "reason", "data"]
 
 
+class WhatIfHintSerializer(serializers.Serializer):
+    """One what-if hint as the scheduler stored it (see scheduler/core/whatif.py)."""
+
+    kind = serializers.ChoiceField(choices=[kind.value for kind in HintKind])
+    message = serializers.CharField()
+    replicas = serializers.IntegerField()
+    gpus_per_replica = serializers.IntegerField()
+    gpu_model = serializers.CharField()
+    flavor = serializers.CharField(allow_null=True, help_text="A flavor of this shape, if one exists.")
+    time_limit_s = serializers.IntegerField(allow_null=True)
+    starts_now = serializers.BooleanField()
+    estimated_start_at = serializers.DateTimeField(allow_null=True)
+
+
 class JobSerializer(serializers.ModelSerializer):
+    whatif_hints = WhatIfHintSerializer(many=True, read_only=True)
     tenant = serializers.CharField(source="tenant.name")
     vc = serializers.CharField(source="virtual_cluster.name")
     owner = serializers.CharField(source="owner.username")
@@ -71,6 +87,7 @@ class JobSerializer(serializers.ModelSerializer):
             "pending_message",
             "estimated_start_at",
             "queue_position",
+            "whatif_hints",
             "retries_left",
             "exit_code",
             "end_reason",
