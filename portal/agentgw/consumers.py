@@ -1,6 +1,8 @@
 """The websocket that node agents hold open: `/ws/agent/`, authenticated by a per-node token.
 
-Thin by design: decode with agents.protocol, call one service, reply. Browsers never get in:
+Thin by design: decode with agents.protocol, call one service, reply. Telemetry and heartbeats,
+which every agent sends all the time, are buffered and written for all agents at once
+(portal.agentgw.ingest). Browsers never get in:
 a browser cannot send an Authorization header on a websocket and always sends an Origin.
 """
 
@@ -28,6 +30,7 @@ from agents.protocol import (
     encode,
 )
 from portal.agentgw.desired import desired_set_for
+from portal.agentgw.ingest import buffer as ingest
 from portal.agentgw.outbox import node_group
 from portal.cluster import services as cluster_services
 from portal.cluster.models import Node
@@ -68,6 +71,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.node is not None and self.greeted:
             await self.channel_layer.group_discard(node_group(self.node.pk), self.channel_name)
+            await ingest.flush()  # nothing this agent sent is lost when it (or the server) goes
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         assert self.node is not None
@@ -112,19 +116,24 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.greeted = True
             await self.desired_changed({})
         elif isinstance(message, Heartbeat):
-            await database_sync_to_async(cluster_services.record_heartbeat)(node)
+            ingest.add_heartbeat(node.pk)
         elif isinstance(message, AttemptStatus):
             await self._status(message)
         elif isinstance(message, LogChunk):
             await database_sync_to_async(job_services.record_log_chunk)(node, message)
         elif isinstance(message, TelemetryBatch):
-            await database_sync_to_async(cluster_services.record_telemetry)(node, message)
+            ingest.add_telemetry(node.pk, message.samples)
+            if not all(s.healthy for s in message.samples):
+                # Rare and urgent: the samples go to the failing attempt's history, then its job moves.
+                await ingest.flush()
+                await database_sync_to_async(cluster_services.record_gpu_health)(node, message.samples)
         elif isinstance(message, CheckpointDone):
             await database_sync_to_async(job_services.record_checkpoint)(node, message)
         elif isinstance(message, RequestAck | RequestReject):
             log.info("node %s answered request %s: %s", node.name, message.request_id, message.type)
 
     async def _status(self, status: AttemptStatus) -> None:
+        await ingest.flush()  # the telemetry sent before the report belongs to the attempt it reports on
         try:
             await database_sync_to_async(job_services.record_attempt_status)(self.node, status)
         except job_services.StaleReport as exc:

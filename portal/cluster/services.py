@@ -9,10 +9,10 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
-from agents.protocol import Hello, TelemetryBatch
+from agents.protocol import GpuSample, Hello
 from portal.accounts.models import hash_secret, new_secret
 from portal.accounts.services import record_audit
 from portal.cluster.choices import NodeState
@@ -161,83 +161,88 @@ def record_hello(node: Node, hello: Hello) -> Node:
     return node
 
 
-def record_heartbeat(node: Node) -> None:
-    """A heartbeat keeps the node ready; a node that went not-ready for silence comes back."""
-    now = timezone.now()
-    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now)
-    if Node.objects.filter(pk=node.pk, state=NodeState.NOT_READY).update(
-        state=NodeState.READY, state_reason=""
-    ):
+def record_heartbeats(node_ids: Iterable[int]) -> None:
+    """Heartbeats keep nodes ready; a node that went not-ready for silence comes back. Called with
+    the nodes heard from since the last call (portal.agentgw.ingest), so a thousand agents cost
+    two statements a second, not two each."""
+    ids = list(node_ids)
+    Node.objects.filter(pk__in=ids).update(last_heartbeat_at=timezone.now())
+    back = Node.objects.filter(pk__in=ids, state=NodeState.NOT_READY)
+    if back.update(state=NodeState.READY, state_reason=""):
         from portal.jobs.services import request_scheduling_cycle
 
         request_scheduling_cycle()
 
 
-def record_telemetry(node: Node, batch: TelemetryBatch) -> list[str]:
-    """Keeps the latest sample per GPU in Redis and marks GPUs unhealthy (Xid, ECC, NVML errors):
-    an unhealthy GPU gets no new placements, and the job on it is requeued with the reason.
-    Returns the uuids of GPUs that became unhealthy with this batch.
-    """
+def record_gpu_health(node: Node, samples: Iterable[GpuSample]) -> list[str]:
+    """Marks GPUs unhealthy (Xid, ECC, NVML errors): an unhealthy GPU gets no new placements, and
+    the job on it is requeued with the reason. Returns the uuids of GPUs that became unhealthy."""
     from portal.jobs.models import Allocation
     from portal.jobs.services import requeue_jobs_holding
 
-    latest = {s.gpu_uuid: s for s in batch.samples}
-    if latest:
-        cache = get_redis()
-        cache.hset(f"telemetry:node:{node.pk}", mapping={u: s.model_dump_json() for u, s in latest.items()})
-        cache.expire(f"telemetry:node:{node.pk}", 3600)
-    record_job_telemetry(batch)
     newly_unhealthy = []
-    for sample in latest.values():
-        if not sample.healthy:
-            reason = (sample.health_reason or "reported unhealthy")[:200]
-            if Gpu.objects.filter(node=node, uuid=sample.gpu_uuid, healthy=True).update(
-                healthy=False, health_reason=reason
-            ):
-                newly_unhealthy.append(sample.gpu_uuid)
-                requeue_jobs_holding(
-                    Allocation.objects.filter(
-                        gpu__node=node, gpu__uuid=sample.gpu_uuid, released_at__isnull=True
-                    ),
-                    f"GPU {sample.gpu_uuid} on {node.name} failed: {reason}",
-                )
+    for sample in {s.gpu_uuid: s for s in samples}.values():
+        if sample.healthy:
+            continue
+        reason = (sample.health_reason or "reported unhealthy")[:200]
+        if Gpu.objects.filter(node=node, uuid=sample.gpu_uuid, healthy=True).update(
+            healthy=False, health_reason=reason
+        ):
+            newly_unhealthy.append(sample.gpu_uuid)
+            held = Allocation.objects.filter(
+                gpu__node=node, gpu__uuid=sample.gpu_uuid, released_at__isnull=True
+            )
+            requeue_jobs_holding(held, f"GPU {sample.gpu_uuid} on {node.name} failed: {reason}")
     return newly_unhealthy
 
 
-def record_job_telemetry(batch: TelemetryBatch) -> None:
-    """Keeps the samples of allocated GPUs as their attempt's history and pushes them to the
-    browsers watching those jobs."""
+TELEMETRY_TTL_S = 3600
+
+
+def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
+    """Stores the samples of many nodes at once: the latest sample per GPU in Redis (one
+    pipeline), and the samples of allocated GPUs as their attempt's history in PostgreSQL (one
+    COPY), pushed to the browsers watching those jobs.
+
+    A sample counts for the attempt holding that GPU on that node now: a node's report on a GPU
+    it does not have, or one nobody holds, is kept as the latest reading only.
+    """
     from portal.jobs.models import Allocation, TelemetrySample
     from portal.live.publish import publish_telemetry
 
-    uuids = {s.gpu_uuid for s in batch.samples}
+    latest: dict[int, dict[str, GpuSample]] = defaultdict(dict)
+    for node_id, samples in batches:
+        for sample in samples:
+            latest[node_id][sample.gpu_uuid] = sample
+    pipe = get_redis().pipeline(transaction=False)
+    for node_id, by_uuid in latest.items():
+        key = f"telemetry:node:{node_id}"
+        pipe.hset(key, mapping={uuid: s.model_dump_json() for uuid, s in by_uuid.items()})
+        pipe.expire(key, TELEMETRY_TTL_S)
+    pipe.execute()
+
     owners = {
-        uuid: (attempt_id, job_id)
-        for uuid, attempt_id, job_id in Allocation.objects.filter(
-            released_at__isnull=True, gpu__uuid__in=uuids
-        ).values_list("gpu__uuid", "attempt_id", "attempt__job_id")
+        (node_id, uuid): (attempt_id, job_id)
+        for node_id, uuid, attempt_id, job_id in Allocation.objects.filter(
+            released_at__isnull=True, gpu__node_id__in=list(latest)
+        ).values_list("gpu__node_id", "gpu__uuid", "attempt_id", "attempt__job_id")
     }
     rows, by_job = [], defaultdict(list)
-    for sample in batch.samples:
-        if sample.gpu_uuid not in owners:
-            continue
-        attempt_id, job_id = owners[sample.gpu_uuid]
-        rows.append(
-            TelemetrySample(
-                attempt_id=attempt_id,
-                gpu_uuid=sample.gpu_uuid,
-                time=sample.time,
-                utilization_pct=sample.utilization_pct,
-                memory_used_mib=sample.memory_used_mib,
-                power_w=sample.power_w,
-                temperature_c=sample.temperature_c,
-                energy_j=sample.energy_j,
-            )
-        )
-        by_job[job_id].append(sample.model_dump(mode="json", include=TELEMETRY_FIELDS))
-    TelemetrySample.objects.bulk_create(rows)
-    for job_id, samples in by_job.items():
-        publish_telemetry(job_id, samples)
+    for node_id, samples in batches:
+        for sample in samples:
+            owner = owners.get((node_id, sample.gpu_uuid))
+            if owner is None:
+                continue
+            rows.append((owner[0], *(getattr(sample, name) for name in HISTORY_COLUMNS[1:-1]), 0))
+            by_job[owner[1]].append(sample.model_dump(mode="json", include=TELEMETRY_FIELDS))
+    if rows:
+        columns = ", ".join(TelemetrySample._meta.get_field(name).column for name in HISTORY_COLUMNS)
+        copy_sql = f"COPY {TelemetrySample._meta.db_table} ({columns}) FROM STDIN"
+        with connection.cursor() as cursor, cursor.copy(copy_sql) as copy:
+            for row in rows:
+                copy.write_row(row)
+    for job_id, job_samples in by_job.items():
+        publish_telemetry(job_id, job_samples)
 
 
 TELEMETRY_FIELDS = {
@@ -249,3 +254,16 @@ TELEMETRY_FIELDS = {
     "power_w",
     "temperature_c",
 }
+
+# The history columns in COPY order: the attempt, the sample's own fields, the resolution.
+HISTORY_COLUMNS = (
+    "attempt",
+    "gpu_uuid",
+    "time",
+    "utilization_pct",
+    "memory_used_mib",
+    "power_w",
+    "temperature_c",
+    "energy_j",
+    "resolution_s",
+)
