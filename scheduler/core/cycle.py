@@ -58,7 +58,7 @@ from scheduler.core.types import (
     Start,
     WhatIfHint,
 )
-from scheduler.core.whatif import HINT_REASONS, Trial, what_if_hints
+from scheduler.core.whatif import HINT_REASONS, Proposals, Trial, choose, propose
 
 _CAPACITY_REASONS = frozenset(
     {ReasonCode.INSUFFICIENT_GPUS, ReasonCode.FRAGMENTATION, ReasonCode.GANG_NODES, ReasonCode.NODE_RESOURCES}
@@ -91,17 +91,25 @@ def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
         run.consider(job)
     # 7. Post-cycle hooks.
     wake_times = [t for t in (p.wake_at(ctx) for p in plugins.post_cycle) if t is not None and t > now]
-    # 8. Reasons and estimated starts for everything that did not start.
+    # 8.-9. Reasons, estimated starts from a forward simulation, and what-if hints: their
+    # trial placements come first, their changed requests ride along in the simulation.
     estimates: dict[str, float | None] = {}
+    hints: Mapping[str, tuple[WhatIfHint, ...]] = {}
     if profile.cycle.estimate_starts:
+        proposals = run.propose_changes(queue, profile.cycle.whatif_max_jobs)
         horizons = [p for p in plugins.preemption if isinstance(p, PreemptionHorizonPlugin)]
         estimates = estimate_starts(
-            ctx, queue, run.started, run.waiting, holds, profile.cycle, run.released, horizons
+            ctx,
+            queue,
+            run.started,
+            run.waiting,
+            holds,
+            profile.cycle,
+            run.released,
+            horizons,
+            probes=proposals.probes,
         )
-    # 9. What-if hints for the blocked jobs at the head of the queue.
-    hints: Mapping[str, tuple[WhatIfHint, ...]] = {}
-    if profile.cycle.estimate_starts and profile.cycle.whatif_max_jobs > 0:
-        hints = run.what_if(queue, estimates, profile.cycle.whatif_max_jobs)
+        hints = choose(proposals, estimates, now)
     pending = tuple(
         PendingStatus(
             job.id,
@@ -280,11 +288,9 @@ class _CycleRun:
 
     # -- step 9 ------------------------------------------------------------------------
 
-    def what_if(
-        self, queue: list[PendingJob], estimates: Mapping[str, float | None], max_jobs: int
-    ) -> Mapping[str, tuple[WhatIfHint, ...]]:
+    def propose_changes(self, queue: list[PendingJob], max_jobs: int) -> Proposals:
         trials: list[Trial] = []
-        for position, job in enumerate(queue):
+        for job in queue:
             if len(trials) >= max_jobs:
                 break
             status = self.reasons.get(job.id)
@@ -295,31 +301,8 @@ class _CycleRun:
             reservation_start = None
             if status.reason is ReasonCode.HELD_FOR_RESERVATION:
                 reservation_start = getattr(self.reservation, "start_at", None)
-            trials.append(Trial(job, position, status.reason, estimates.get(job.id), reservation_start))
-        if not trials:
-            return {}
-        horizons = [p for p in self.plugins.preemption if isinstance(p, PreemptionHorizonPlugin)]
-        # Jobs the estimator needs besides the queue ahead of the job: those it books as started
-        # or waiting, wherever they stand in the queue.
-        booked = [job for job in queue if job.id in self.started or job.id in self.waiting]
-
-        def estimate_at(position: int, variant: PendingJob) -> float | None:
-            ahead = [j for j in queue[:position] if j.id not in self.started and j.id not in self.waiting]
-            result = estimate_starts(
-                self.ctx,
-                [*booked, *ahead, variant],
-                self.started,
-                self.waiting,
-                self.holds,
-                self.settings,
-                self.released,
-                horizons,
-            )
-            return result.get(variant.id)
-
-        return what_if_hints(
-            trials, self.state.models, self.ctx.snapshot.flavors, self.ctx.now, self.fits_now, estimate_at
-        )
+            trials.append(Trial(job, status.reason, reservation_start))
+        return propose(trials, self.state.models, self.ctx.snapshot.flavors, self.ctx.now, self.fits_now)
 
     def fits_now(self, job: PendingJob) -> bool:
         """Would `job` start in what this cycle left free? The checks of `consider`, through a

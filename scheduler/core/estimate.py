@@ -34,8 +34,13 @@ def estimate_starts(
     settings: CycleSettings,
     released: set[str] | None = None,
     horizons: Sequence[PreemptionHorizonPlugin] = (),
+    probes: Mapping[str, Sequence[PendingJob]] | None = None,
 ) -> dict[str, float | None]:
     """Estimated start per pending job id (None when it cannot start on this cluster).
+
+    `probes` are changed requests (what-if hints) to estimate at the place of a queued job:
+    each is estimated as if it stood there instead of that job, without booking anything, so
+    one pass serves every probe and the estimates of the real jobs do not change.
 
     With preemption in the profile, a running job stops counting as an obstacle for a pending
     job from the moment the job could preempt it (`yields_at`), e.g. when a LAS victim's
@@ -43,6 +48,7 @@ def estimate_starts(
     now, state = ctx.now, ctx.state
     default_s = settings.default_runtime_s
     released = released or set()
+    probes = probes or {}
     # Releases that do not depend on who is asking: jobs stopping, started or about to start
     # in this cycle, and the bookings of jobs estimated earlier in the queue.
     fixed: list[tuple[float, str, int, str]] = []
@@ -105,19 +111,6 @@ def estimate_starts(
         if job.id in waiting:
             estimates[job.id] = waiting[job.id][0]
             continue
-        model = job.gpu_model
-        if model == ANY_MODEL:
-            model = any_model.get(job.gpus, ANY_MODEL)
-            if model == ANY_MODEL:
-                model = any_model[job.gpus] = _pick_model(job, state.capacity_total)
-        need = job.gpus
-        if (
-            model is None
-            or state.capacity_total.get(model, 0) < need
-            or state.max_node_gpus(model) < job.gpus_per_replica
-        ):
-            estimates[job.id] = None
-            continue
         key = horizon_keys[position]
         if key != segment and not (len(released_running) == len(running) and cursor >= latest_end):
             # (Once every running job is gone by its expected end, no kind of job can see one
@@ -142,6 +135,32 @@ def estimate_starts(
             for entries in vc_passing.values():
                 entries.sort()
             next_passing = 0
+        for probe in probes.get(job.id, ()):
+            estimates[probe.id] = _probe_start(
+                probe,
+                cursor,
+                free,
+                passing[next_passing:],
+                parts,
+                booked,
+                vc_used,
+                vc_passing,
+                vc_booked,
+                ctx,
+            )
+        model = job.gpu_model
+        if model == ANY_MODEL:
+            model = any_model.get(job.gpus, ANY_MODEL)
+            if model == ANY_MODEL:
+                model = any_model[job.gpus] = _pick_model(job, state.capacity_total)
+        need = job.gpus
+        if (
+            model is None
+            or state.capacity_total.get(model, 0) < need
+            or state.max_node_gpus(model) < job.gpus_per_replica
+        ):
+            estimates[job.id] = None
+            continue
         while free.get(model, 0) < need:
             if next_passing < len(passing) and (not booked or passing[next_passing][0] <= booked[0][0]):
                 at, _, r = passing[next_passing]
@@ -235,3 +254,50 @@ def _pick_model(job: PendingJob, capacity: Mapping[str, int]) -> str | None:
         return job.gpu_model
     fitting = sorted((-c, m) for m, c in capacity.items() if c >= job.gpus)
     return fitting[0][1] if fitting else None
+
+
+def _probe_start(
+    probe: PendingJob,
+    cursor: float,
+    free: Mapping[str, int],
+    passing: Sequence[tuple[float, int, RunningJob]],
+    parts: Mapping[str, list[tuple[str, int]]],
+    booked: Sequence[tuple[float, int, str, int, str]],
+    vc_used: Mapping[str, int],
+    vc_passing: Mapping[str, list[tuple[float, int]]],
+    vc_booked: Mapping[str, list[tuple[float, int]]],
+    ctx: CycleContext,
+) -> float | None:
+    """The start the walk would give `probe` at the cursor, read ahead without consuming any
+    release: the merged future releases of its model are scanned until enough GPUs are free."""
+    state = ctx.state
+    model = _pick_model(probe, state.capacity_total)
+    need = probe.gpus
+    if (
+        model is None
+        or state.capacity_total.get(model, 0) < need
+        or state.max_node_gpus(model) < probe.gpus_per_replica
+    ):
+        return None
+    start = cursor
+    available = free.get(model, 0)
+    if available < need:
+        running_releases = ((at, sum(g for m, g in parts[r.id] if m == model)) for at, _, r in passing)
+        later_bookings = ((at, gpus) for at, _, m, gpus, _ in sorted(booked) if m == model)
+        for at, gpus in heapq.merge(running_releases, later_bookings):
+            available += gpus
+            if available >= need:
+                start = max(cursor, at)
+                break
+        else:
+            return None
+    quota = state.quota_for(probe.vc, model)
+    if quota is not None:
+        limit = quota[0] + quota[1]
+        if need > limit:
+            return None
+        used = vc_used.get(probe.vc, 0)
+        if used + need > limit:
+            own = heapq.merge(vc_passing.get(probe.vc, ()), vc_booked.get(probe.vc, ()))
+            start = max(start, _quota_time(own, used, need, limit, start))
+    return start

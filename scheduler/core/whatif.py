@@ -21,10 +21,10 @@ in full so a client can offer "resubmit like this".
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from scheduler.core.plugins.admission import model_label
-from scheduler.core.types import ANY_MODEL, Flavor, HintKind, PendingJob, ReasonCode, WhatIfHint
+from scheduler.core.types import ANY_MODEL, Flavor, HintKind, JobId, PendingJob, ReasonCode, WhatIfHint
 
 # Reasons that name a resource shape; a change of shape cannot help the others (a job already
 # waiting for its victims, or a VC the portal does not know).
@@ -50,42 +50,85 @@ MIN_GAIN_S = 60.0
 
 @dataclass(frozen=True, slots=True)
 class Trial:
-    """What the cycle knows about one blocked job, and how to test a changed request."""
+    """A blocked job the cycle wants hints for."""
 
     job: PendingJob
-    position: int  # in the queue the cycle walked
     reason: ReasonCode
-    estimated_start: float | None
     reservation_start: float | None  # start of the reservation that holds this job back
 
 
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """One kind of change for one job: an option that starts now, or one to estimate."""
+
+    kind: HintKind
+    option: PendingJob
+    flavor: str
+    starts_now: bool
+
+
+@dataclass(slots=True)
+class Proposals:
+    """The first half of the hints, made before the forward simulation: trial placements done,
+    and the changed requests (`probes`, keyed by the job whose place they take) that the
+    simulation must estimate. `choose` finishes them with its estimates."""
+
+    by_job: dict[str, tuple[PendingJob, list[Proposal]]] = field(default_factory=dict)
+    probes: dict[str, list[PendingJob]] = field(default_factory=dict)
+
+
 FitsNow = Callable[[PendingJob], bool]
-EstimateAt = Callable[[int, PendingJob], float | None]
 
 
-def what_if_hints(
-    trials: Sequence[Trial],
-    models: Sequence[str],
-    flavors: Sequence[Flavor],
-    now: float,
-    fits_now: FitsNow,
-    estimate_at: EstimateAt,
-) -> Mapping[str, tuple[WhatIfHint, ...]]:
-    """Hints per job id, cheapest change first (jobs without a useful change are left out)."""
+def propose(
+    trials: Sequence[Trial], models: Sequence[str], flavors: Sequence[Flavor], now: float, fits_now: FitsNow
+) -> Proposals:
+    """For every trial and kind of change: the first option that starts now; failing that the
+    first (smallest) one, to be estimated. A spread or a time limit changes only where and how
+    long, which the estimate does not model, so they count only when they start now."""
     by_shape: dict[tuple[str, int], Flavor] = {}
     for flavor in sorted(flavors, key=lambda f: f.name):
         by_shape.setdefault((flavor.gpu_model, flavor.gpus), flavor)
-    hints: dict[str, tuple[WhatIfHint, ...]] = {}
+    proposals = Proposals()
     for trial in trials:
-        found: list[WhatIfHint] = []
+        found: list[Proposal] = []
         for kind, options in _changes(trial, models, by_shape, now):
-            hint = _first_useful(trial, kind, options, now, fits_now, estimate_at)
-            if hint is not None:
-                found.append(hint)
-            if len(found) >= MAX_HINTS_PER_JOB:
-                break
+            hit = next(((o, f) for o, f in options if fits_now(o)), None)
+            if hit is not None:
+                found.append(Proposal(kind, hit[0], hit[1], True))
+            elif kind not in (HintKind.SPREAD, HintKind.TIME_LIMIT):
+                option, flavor = options[0]
+                probe = replace(option, id=JobId(f"{trial.job.id}?{len(found)}"))
+                found.append(Proposal(kind, probe, flavor, False))
+                proposals.probes.setdefault(trial.job.id, []).append(probe)
         if found:
-            hints[trial.job.id] = tuple(found)
+            proposals.by_job[trial.job.id] = (trial.job, found)
+    return proposals
+
+
+def choose(
+    proposals: Proposals, estimates: Mapping[str, float | None], now: float
+) -> dict[str, tuple[WhatIfHint, ...]]:
+    """Hints per job id, cheapest change first: those that start now, and those whose
+    estimated start is clearly earlier than the job's own."""
+    hints: dict[str, tuple[WhatIfHint, ...]] = {}
+    for job_id, (job, found) in proposals.by_job.items():
+        useful: list[WhatIfHint] = []
+        own = estimates.get(job_id)
+        for proposal in found:
+            if proposal.starts_now:
+                useful.append(_hint(job, proposal, now))
+                continue
+            at = estimates.get(proposal.option.id)
+            if at is None or at <= now:
+                # "Now" by the estimate but not by the trial placement: what blocks it
+                # (topology, CPU, memory) is beyond the estimate, so it cannot say when either.
+                continue
+            if own is not None and at > own - max(MIN_GAIN_S, MIN_GAIN_SHARE * (own - now)):
+                continue
+            useful.append(_hint(job, proposal, now, at))
+        if useful:
+            hints[job_id] = tuple(useful[:MAX_HINTS_PER_JOB])
     return hints
 
 
@@ -150,43 +193,8 @@ def _shaped(
     return changed, flavor.name if flavor is not None else ""
 
 
-def _first_useful(
-    trial: Trial,
-    kind: HintKind,
-    options: list[Option],
-    now: float,
-    fits_now: FitsNow,
-    estimate_at: EstimateAt,
-) -> WhatIfHint | None:
-    """The first option that starts now; failing that, the first (smallest) change if its
-    estimated start is clearly earlier. A spread changes only where GPUs are, which the
-    estimate does not model, so it counts only when it starts now."""
-    for option, flavor in options:
-        if fits_now(option):
-            return _hint(trial.job, kind, option, flavor, True, now)
-    if kind in (HintKind.SPREAD, HintKind.TIME_LIMIT):
-        return None
-    option, flavor = options[0]
-    estimate = estimate_at(trial.position, option)
-    if estimate is None or estimate <= now:
-        # "Now" by the estimate but not by the trial placement: what blocks it (topology, CPU,
-        # memory) is beyond the estimate, so it cannot say when either.
-        return None
-    own = trial.estimated_start
-    if own is not None and estimate > own - max(MIN_GAIN_S, MIN_GAIN_SHARE * (own - now)):
-        return None
-    return _hint(trial.job, kind, option, flavor, False, now, estimate)
-
-
-def _hint(
-    job: PendingJob,
-    kind: HintKind,
-    option: PendingJob,
-    flavor: str,
-    starts_now: bool,
-    now: float,
-    at: float | None = None,
-) -> WhatIfHint:
+def _hint(job: PendingJob, proposal: Proposal, now: float, at: float | None = None) -> WhatIfHint:
+    kind, option, flavor, starts_now = proposal.kind, proposal.option, proposal.flavor, proposal.starts_now
     when = "starts now" if starts_now else f"is expected to start in {_duration(max((at or now) - now, 0.0))}"
     label = model_label(option.gpu_model)
     if kind is HintKind.TIME_LIMIT:
