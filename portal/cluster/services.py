@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -199,6 +200,24 @@ def record_gpu_health(node: Node, samples: Iterable[GpuSample]) -> list[str]:
 TELEMETRY_TTL_S = 3600
 
 
+def telemetry_key(node_id: int) -> str:
+    """The Redis hash of a node's latest sample per GPU (GPU UUID -> sample JSON)."""
+    return f"telemetry:node:{node_id}"
+
+
+def latest_gpu_samples(node_ids: Iterable[int]) -> dict[int, dict[str, dict[str, Any]]]:
+    """The latest sample of every GPU of these nodes (node id -> GPU UUID -> sample fields), in
+    one round trip; GPUs without a sample in the last hour are missing."""
+    ids = list(node_ids)
+    pipe = get_redis().pipeline(transaction=False)
+    for node_id in ids:
+        pipe.hgetall(telemetry_key(node_id))
+    return {
+        node_id: {uuid.decode(): json.loads(raw) for uuid, raw in found.items()}
+        for node_id, found in zip(ids, pipe.execute(), strict=True)
+    }
+
+
 def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
     """Stores the samples of many nodes at once: the latest sample per GPU in Redis (one
     pipeline), and the samples of allocated GPUs as their attempt's history in PostgreSQL (one
@@ -216,7 +235,7 @@ def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
             latest[node_id][sample.gpu_uuid] = sample
     pipe = get_redis().pipeline(transaction=False)
     for node_id, by_uuid in latest.items():
-        key = f"telemetry:node:{node_id}"
+        key = telemetry_key(node_id)
         pipe.hset(key, mapping={uuid: s.model_dump_json() for uuid, s in by_uuid.items()})
         pipe.expire(key, TELEMETRY_TTL_S)
     pipe.execute()

@@ -6,7 +6,6 @@ GPU's job label names only the job holding it now.
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
@@ -17,8 +16,8 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from portal.cluster.models import Gpu, Node, Quota
+from portal.cluster.services import latest_gpu_samples
 from portal.jobs.models import Allocation, Job, JobEvent
-from portal.lib.redis import get_redis
 from portal.metrics.cycle_timing import cycle_histogram
 
 
@@ -143,14 +142,13 @@ class PortalCollector:
                 "attempt__job__tenant__name",
             )
         }
-        cache = get_redis()
-        for node_id, node_name in Node.objects.values_list("id", "name"):
+        names = dict(Node.objects.values_list("id", "name"))
+        for node_id, samples in latest_gpu_samples(names).items():
+            node_name = names[node_id]
             indexes = dict(Gpu.objects.filter(node_id=node_id).values_list("uuid", "index"))
-            for uuid_raw, raw in cache.hgetall(f"telemetry:node:{node_id}").items():
-                uuid = uuid_raw.decode()
+            for uuid, sample in samples.items():
                 if uuid not in indexes:
                     continue
-                sample = json.loads(raw)
                 job, vc, tenant = owners.get(uuid, ("", "", ""))
                 values = [node_name, str(indexes[uuid]), uuid, job, vc, tenant]
                 for field, family in families.items():

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.cluster.models import Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
@@ -38,8 +41,21 @@ class VirtualClusterSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "tenant", "description", "queueing_policy", "max_gpus_per_user", "quotas"]
 
 
+class GpuReadingSerializer(serializers.Serializer):
+    """The latest reading of a GPU: numbers only, never its processes (they may be another
+    tenant's)."""
+
+    time = serializers.DateTimeField()
+    utilization_pct = serializers.FloatField(allow_null=True)
+    memory_used_mib = serializers.IntegerField(allow_null=True)
+    memory_total_mib = serializers.IntegerField(allow_null=True)
+    temperature_c = serializers.FloatField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+
+
 class GpuSerializer(serializers.ModelSerializer):
     allocated = serializers.SerializerMethodField()
+    latest = serializers.SerializerMethodField()
 
     class Meta:
         model = Gpu
@@ -54,10 +70,16 @@ class GpuSerializer(serializers.ModelSerializer):
             "healthy",
             "health_reason",
             "allocated",
+            "latest",
         ]
 
     def get_allocated(self, gpu: Gpu) -> bool:
         return gpu.pk in self.context.get("allocated_gpu_ids", set())
+
+    @extend_schema_field(GpuReadingSerializer(allow_null=True))
+    def get_latest(self, gpu: Gpu) -> dict[str, Any] | None:
+        sample = self.context.get("latest_samples", {}).get(gpu.node_id, {}).get(gpu.uuid)
+        return None if sample is None else GpuReadingSerializer(sample).data
 
 
 class NodeSerializer(serializers.ModelSerializer):

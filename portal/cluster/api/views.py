@@ -11,7 +11,7 @@ from portal.cluster.api.serializers import (
     VirtualClusterSerializer,
 )
 from portal.cluster.models import Flavor, Node, PriorityClass, VirtualCluster
-from portal.cluster.services import gpus_in_use
+from portal.cluster.services import gpus_in_use, latest_gpu_samples
 
 
 class FlavorViewSet(viewsets.ReadOnlyModelViewSet):
@@ -61,4 +61,5 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         context["allocated_gpu_ids"] = set(
             Allocation.objects.filter(released_at__isnull=True).values_list("gpu_id", flat=True)
         )
+        context["latest_samples"] = latest_gpu_samples(Node.objects.values_list("id", flat=True))
         return context
