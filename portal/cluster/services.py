@@ -52,6 +52,9 @@ def set_node_state(node: Node, action: str, actor: Any, reason: str = "") -> Nod
     Node.objects.filter(pk=node.pk).update(state=state, state_reason=reason or default_reason)
     node.state, node.state_reason = state, reason or default_reason
     record_audit(actor, f"node.{action}", node, detail=reason)
+    from portal.jobs.services import request_scheduling_cycle
+
+    request_scheduling_cycle()  # capacity changed: an uncordoned node may start waiting jobs
     return node
 
 

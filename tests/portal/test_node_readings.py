@@ -36,3 +36,36 @@ def test_a_gpu_shows_its_latest_reading_without_processes(api_for) -> None:  # t
     assert (reading["memory_used_mib"], reading["memory_total_mib"]) == (40_000, 81_920)
     assert (reading["temperature_c"], reading["power_w"]) == (61.0, 312.0)
     assert "processes" not in reading and "secret-attempt" not in str(body)
+
+
+def test_a_gpu_names_its_job_only_to_that_job_s_tenant(api_for, paused_loop) -> None:  # type: ignore[no-untyped-def]
+    from portal.cluster.models import Node as NodeModel
+    from scheduler.tasks import run_cycle
+
+    NodeModel.objects.update(state="ready")
+    spec = {"name": "x", "vc": "vision", "flavor": "l-A100", "command": "true"}
+    job_id = api_for("alice").post("/api/v1/jobs/", spec, format="json").json()["id"]
+    run_cycle()
+
+    def holders(user: str) -> set[int | None]:
+        nodes = api_for(user).get("/api/v1/nodes/").json()
+        nodes = nodes["results"] if isinstance(nodes, dict) else nodes
+        return {g["job"] for n in nodes for g in n["gpus"] if g["allocated"]}
+
+    assert holders("bob") == {job_id}
+    assert holders("carol") == {None}
+
+
+def test_cluster_admins_cordon_and_uncordon_from_the_api(api_for, users) -> None:  # type: ignore[no-untyped-def]
+    from portal.accounts.models import AuditEntry
+
+    admin = api_for("admin")
+    response = admin.post("/api/v1/nodes/a100-node-2/state/", {"action": "cordon", "reason": "bad fan"})
+    assert response.status_code == 200
+    assert (response.json()["state"], response.json()["state_reason"]) == ("cordoned", "bad fan")
+    assert Node.objects.get(name="a100-node-2").state == "cordoned"
+    assert AuditEntry.objects.filter(action="node.cordon").exists()
+
+    bad = admin.post("/api/v1/nodes/a100-node-2/state/", {"action": "explode"})
+    assert bad.status_code == 400 and "action" in bad.json()
+    assert Node.objects.get(name="a100-node-2").state == "cordoned"

@@ -51,6 +51,11 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
     ),
     ("get", "/api/v1/nodes/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/nodes/a100-node-1/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    (
+        "post",
+        "/api/v1/nodes/a100-node-1/state/",
+        {"alice": 403, "bob": 403, "victor": 403, "carol": 403, None: 401},
+    ),
     ("get", "/api/v1/tokens/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("post", "/api/v1/tokens/", {"alice": 201, "bob": 201, "victor": 201, "carol": 201, None: 401}),
     ("get", "/api/v1/tokens/{token}/", {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401}),
@@ -65,6 +70,7 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
 BODIES = {
     "/api/v1/jobs/": {"name": "x", "vc": "vision", "flavor": "s-A100", "command": "true"},
     "/api/v1/tokens/": {"name": "ci"},
+    "/api/v1/nodes/a100-node-1/state/": {"action": "cordon"},
 }
 
 
@@ -112,9 +118,11 @@ def test_other_tenants_see_nothing_of_vision_in_lists(api_for, objects) -> None:
 
 
 def test_node_listing_shows_allocation_but_not_whose(api_for, objects) -> None:  # type: ignore[no-untyped-def]
+    """A GPU names its job only to that job's tenant (tests/portal/test_node_readings.py)."""
     node = api_for("carol").get("/api/v1/nodes/a100-node-1/").json()
     assert set(node["gpus"][0]) >= {"uuid", "model", "allocated", "healthy"}
-    assert not any(key in node["gpus"][0] for key in ("job", "owner", "tenant"))
+    assert not any(key in node["gpus"][0] for key in ("owner", "tenant"))
+    assert all(gpu["job"] is None for gpu in node["gpus"])
 
 
 def api_routes() -> set[str]:

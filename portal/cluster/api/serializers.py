@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.cluster.models import Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
+from portal.cluster.services import NODE_ACTIONS
 
 
 class FlavorSerializer(serializers.ModelSerializer):
@@ -55,6 +56,7 @@ class GpuReadingSerializer(serializers.Serializer):
 
 class GpuSerializer(serializers.ModelSerializer):
     allocated = serializers.SerializerMethodField()
+    job = serializers.SerializerMethodField(help_text="The job holding it, if it is one of your tenants'.")
     latest = serializers.SerializerMethodField()
 
     class Meta:
@@ -70,11 +72,15 @@ class GpuSerializer(serializers.ModelSerializer):
             "healthy",
             "health_reason",
             "allocated",
+            "job",
             "latest",
         ]
 
     def get_allocated(self, gpu: Gpu) -> bool:
         return gpu.pk in self.context.get("allocated_gpu_ids", set())
+
+    def get_job(self, gpu: Gpu) -> int | None:
+        return self.context.get("visible_jobs", {}).get(gpu.pk)
 
     @extend_schema_field(GpuReadingSerializer(allow_null=True))
     def get_latest(self, gpu: Gpu) -> dict[str, Any] | None:
@@ -99,3 +105,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "last_heartbeat_at",
             "gpus",
         ]
+
+
+class NodeActionSerializer(serializers.Serializer):
+    action = serializers.ChoiceField(choices=sorted(NODE_ACTIONS), help_text="cordon, drain or uncordon")
+    reason = serializers.CharField(max_length=200, required=False, default="", allow_blank=True)
