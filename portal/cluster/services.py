@@ -249,22 +249,41 @@ def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
             released_at__isnull=True, gpu__node_id__in=list(latest)
         ).values_list("gpu__node_id", "gpu__uuid", "attempt_id", "attempt__job_id")
     }
-    rows, by_job = [], defaultdict(list)
+    rows: list[tuple[Any, ...]] = []
+    by_job: dict[int, list[GpuSample]] = defaultdict(list)
     for node_id, samples in batches:
         for sample in samples:
             owner = owners.get((node_id, sample.gpu_uuid))
             if owner is None:
                 continue
             rows.append((owner[0], *(getattr(sample, name) for name in HISTORY_COLUMNS[1:-1]), 0))
-            by_job[owner[1]].append(sample.model_dump(mode="json", include=TELEMETRY_FIELDS))
+            by_job[owner[1]].append(sample)
     if rows:
         columns = ", ".join(TelemetrySample._meta.get_field(name).column for name in HISTORY_COLUMNS)
         copy_sql = f"COPY {TelemetrySample._meta.db_table} ({columns}) FROM STDIN"
         with connection.cursor() as cursor, cursor.copy(copy_sql) as copy:
             for row in rows:
                 copy.write_row(row)
-    for job_id, job_samples in by_job.items():
-        publish_telemetry(job_id, job_samples)
+    for job_id in watched_jobs(by_job):
+        publish_telemetry(
+            job_id, [s.model_dump(mode="json", include=TELEMETRY_FIELDS) for s in by_job[job_id]]
+        )
+
+
+def watched_jobs(job_ids: Iterable[int]) -> list[int]:
+    """The jobs some browser is subscribed to, in one Redis round trip. A group send costs two
+    round trips even to an empty group, and most jobs that stream telemetry are not watched."""
+    from channels.layers import get_channel_layer
+
+    from portal.live.publish import job_group
+
+    layer, ids = get_channel_layer(), list(job_ids)
+    if layer is None or not ids:
+        return []
+    pipe = get_redis().pipeline(transaction=False)
+    for job_id in ids:
+        pipe.exists(layer._group_key(job_group(job_id)))  # channels_redis keeps a group as a sorted set
+    return [job_id for job_id, found in zip(ids, pipe.execute(), strict=True) if found]
 
 
 TELEMETRY_FIELDS = {
