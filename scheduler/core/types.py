@@ -223,8 +223,9 @@ class HintKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class WhatIfHint:
-    """A cheap change to a pending job's request and what it would buy: the changed request in
-    full (so a client can resubmit it as is) and when the job would start with it."""
+    """A cheap change to a pending job's request and what it would buy: the changed shape in
+    full (so a client can resubmit it as is) and when the job would start with it.
+    `time_limit_s` is set only by a time-limit hint; other hints leave the limit as it was."""
 
     kind: HintKind
     message: str

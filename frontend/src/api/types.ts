@@ -9,6 +9,7 @@ export type JobDetail = Schemas["JobDetail"];
 export type JobAttempt = Schemas["JobAttempt"];
 export type Allocation = Schemas["Allocation"];
 export type JobEvent = Schemas["JobEvent"];
+export type WhatIfHint = Schemas["WhatIfHint"];
 export type JobSpec = Schemas["JobSpec"];
 export type JobState = Schemas["JobStateEnum"];
 export type LogLine = Schemas["LogLine"];
@@ -19,6 +20,7 @@ export type Flavor = Schemas["Flavor"];
 export type PriorityClass = Schemas["PriorityClass"];
 export type ClusterNode = Schemas["Node"];
 export type Gpu = Schemas["Gpu"];
+export type GpuReading = Schemas["GpuReading"];
 
 export interface Page<T> {
   count: number;

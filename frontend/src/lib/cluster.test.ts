@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
 import type { ClusterNode, Flavor, Gpu } from "../api/types";
-import { gpuUseByModel, replicasThatFitNow } from "./cluster";
+import { gpuReadingText, gpuUseByModel, nodeActions, replicasThatFitNow } from "./cluster";
 
 function gpu(index: number, model: string, allocated = false, healthy = true): Gpu {
   return { index, uuid: `g${index}`, model, memory_mb: 1, nvlink_group: 0, pcie_switch: 0, numa_node: 0, healthy, health_reason: "", allocated } as Gpu;
@@ -27,5 +27,21 @@ describe("cluster figures", () => {
     expect(replicasThatFitNow(flavor(1), nodes)).toBe(2);
     expect(replicasThatFitNow(flavor(2), nodes)).toBe(1);
     expect(replicasThatFitNow(flavor(4), nodes)).toBe(0);
+  });
+});
+
+describe("node actions and GPU readings", () => {
+  it("offers cordon and drain on a ready node, and only making it ready otherwise", () => {
+    expect(nodeActions("ready").map(([a]) => a)).toEqual(["cordon", "drain"]);
+    expect(nodeActions("draining").map(([a]) => a)).toEqual(["uncordon"]);
+    expect(nodeActions("cordoned").map(([a]) => a)).toEqual(["uncordon"]);
+  });
+
+  it("says a reading in words and leaves out what the GPU did not report", () => {
+    const time = "2026-01-01T00:00:00Z";
+    expect(
+      gpuReadingText({ time, utilization_pct: 87.4, memory_used_mib: 40960, memory_total_mib: 81920, power_w: 312.2, temperature_c: 61 }),
+    ).toBe("87% busy, 40 of 80 GB used, 312 W, 61 °C");
+    expect(gpuReadingText({ time, utilization_pct: null, memory_used_mib: null, memory_total_mib: null, power_w: 50, temperature_c: null })).toBe("50 W");
   });
 });

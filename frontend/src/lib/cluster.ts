@@ -1,5 +1,5 @@
 // Figures derived from the node list: free GPUs per model and what fits now.
-import type { ClusterNode, Flavor } from "../api/types";
+import type { ClusterNode, Flavor, GpuReading } from "../api/types";
 
 export interface ModelUse {
   model: string;
@@ -38,4 +38,28 @@ export function replicasThatFitNow(flavor: Flavor, nodes: ClusterNode[]): number
     fit += Math.floor(free / flavor.gpus);
   }
   return fit;
+}
+
+export type NodeAction = "cordon" | "drain" | "uncordon";
+
+/** The state changes a cluster admin may make from a node's current state, with labels. */
+export function nodeActions(state: ClusterNode["state"]): [NodeAction, string][] {
+  if (state === "cordoned" || state === "draining") return [["uncordon", "Make ready"]];
+  return [
+    ["cordon", "Cordon"],
+    ["drain", "Drain"],
+  ];
+}
+
+/** A GPU's latest reading in words, for its cell's label and tooltip. */
+export function gpuReadingText(reading: GpuReading): string {
+  const parts: string[] = [];
+  if (reading.utilization_pct !== null && reading.utilization_pct !== undefined) parts.push(`${Math.round(reading.utilization_pct)}% busy`);
+  if (reading.memory_used_mib != null) {
+    const total = reading.memory_total_mib != null ? ` of ${Math.round(reading.memory_total_mib / 1024)}` : "";
+    parts.push(`${Math.round(reading.memory_used_mib / 1024)}${total} GB used`);
+  }
+  if (reading.power_w != null) parts.push(`${Math.round(reading.power_w)} W`);
+  if (reading.temperature_c != null) parts.push(`${Math.round(reading.temperature_c)} °C`);
+  return parts.join(", ");
 }

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { emptyForm, errorsFor, formToSpec, parseSpecYaml, specToForm, specToYaml, unplacedErrors } from "./spec";
+import { applyHint, emptyForm, errorsFor, formToSpec, parseSpecYaml, specToForm, specToYaml, unplacedErrors } from "./spec";
 
 describe("form and spec", () => {
   it("leaves defaults out of the spec", () => {
@@ -59,5 +59,30 @@ describe("form and spec", () => {
     expect(errorsFor(errors, "retries")).toEqual(["limit: too big"]);
     expect(errorsFor(errors, "replicas")).toEqual(["bad"]);
     expect(unplacedErrors(errors)).toEqual([["gpus", ["unknown"]]]);
+  });
+});
+
+describe("applying a what-if hint", () => {
+  const spec = { name: "big", vc: "vision", flavor: "l-A100", command: "python t.py", replicas: 2, env: { A: "1" } };
+
+  it("takes the hint's flavor and replicas and keeps the rest", () => {
+    const next = applyHint(spec, { replicas: 1, gpus_per_replica: 8, gpu_model: "V100", flavor: "l-V100" });
+    expect(next).toEqual({ name: "big", vc: "vision", flavor: "l-V100", command: "python t.py", env: { A: "1" } });
+    expect(spec.flavor).toBe("l-A100");
+  });
+
+  it("drops a time limit the new flavor does not allow", () => {
+    const long = { ...spec, time_limit: 604800 };
+    const hint = { replicas: 2, gpus_per_replica: 2, gpu_model: "A100", flavor: "s-A100" };
+    expect(applyHint(long, hint, 72 * 3600).time_limit).toBeUndefined();
+    expect(applyHint({ ...spec, time_limit: 3600 }, hint, 72 * 3600).time_limit).toBe(3600);
+  });
+
+  it("scales explicit resources when no flavor has the shape", () => {
+    const given = { name: "r", vc: "vision", command: "x", resources: { gpus: 8, gpu_model: "A100", cpu: 64, memory_gb: 512 } };
+    const next = applyHint(given, { replicas: 2, gpus_per_replica: 4, gpu_model: "A100", flavor: null, time_limit_s: 7200 });
+    expect(next.resources).toEqual({ gpus: 4, gpu_model: "A100", cpu: 32, memory_gb: 256 });
+    expect(next.replicas).toBe(2);
+    expect(next.time_limit).toBe(7200);
   });
 });

@@ -171,6 +171,46 @@ export function specToForm(spec: SpecObject): { form: SpecForm; extra: SpecObjec
   return { form, extra };
 }
 
+/** The shape a what-if hint proposes, as a change to a spec. */
+export interface HintShape {
+  replicas: number;
+  gpus_per_replica: number;
+  gpu_model: string;
+  flavor?: string | null;
+  time_limit_s?: number | null;
+}
+
+/** A copy of `spec` with a what-if hint's changes: its flavor (or, for a spec that gives
+ * resources, its GPUs and model), its replicas and its time limit. Everything else stays, but
+ * a time limit (in seconds) above what the new flavor allows (`flavorLimitS`) is dropped, so the
+ * job takes the new flavor's limit. */
+export function applyHint(spec: SpecObject, hint: HintShape, flavorLimitS?: number): SpecObject {
+  const next: SpecObject = { ...spec };
+  const resources = spec.resources;
+  if (hint.flavor) {
+    next.flavor = hint.flavor;
+    delete next.resources;
+  } else if (resources && typeof resources === "object" && !Array.isArray(resources)) {
+    const given = resources as SpecObject;
+    const gpus = Number(given.gpus) || hint.gpus_per_replica;
+    const share = hint.gpus_per_replica / gpus;
+    next.resources = {
+      ...given,
+      gpus: hint.gpus_per_replica,
+      gpu_model: hint.gpu_model || given.gpu_model,
+      cpu: Math.max(1, Math.round((Number(given.cpu) || 1) * share)),
+      memory_gb: Math.max(1, Math.round((Number(given.memory_gb) || 1) * share)),
+    };
+  }
+  if (hint.replicas === 1) delete next.replicas;
+  else next.replicas = hint.replicas;
+  if (hint.time_limit_s) next.time_limit = hint.time_limit_s;
+  else if (flavorLimitS !== undefined && typeof next.time_limit === "number" && next.time_limit > flavorLimitS) {
+    delete next.time_limit;
+  }
+  return next;
+}
+
 export function specToYaml(spec: SpecObject): string {
   return stringify(spec, { lineWidth: 0 });
 }

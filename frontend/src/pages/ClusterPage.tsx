@@ -1,12 +1,16 @@
-import { fetchAll } from "../api/client";
+import { useState } from "react";
+
+import { api, fetchAll } from "../api/client";
 import { useLive } from "../api/live";
 import type { ClusterNode, Gpu } from "../api/types";
 import { StackedBar } from "../components/charts";
 import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/common";
-import { gpuUseByModel } from "../lib/cluster";
+import { type NodeAction, gpuReadingText, gpuUseByModel, nodeActions } from "../lib/cluster";
 import { formatRelative } from "../lib/format";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
+import { Link } from "../router";
+import { useSession } from "../session";
 
 function gpuStatus(gpu: Gpu, node: ClusterNode): "allocated" | "free" | "unhealthy" | "unavailable" {
   if (gpu.healthy === false) return "unhealthy";
@@ -16,11 +20,13 @@ function gpuStatus(gpu: Gpu, node: ClusterNode): "allocated" | "free" | "unhealt
 }
 
 export function ClusterPage() {
+  const { me } = useSession();
   const nodes = useResource((signal) => fetchAll<ClusterNode>("/api/v1/nodes/", signal), "nodes");
   const soon = useSoon(nodes.reload, 1000);
   // Allocation changes come with job changes; node health is refreshed by the fallback poll.
   useLive("jobs", (m) => m.kind === "job" && soon(), nodes.reload, 15_000);
-  useEvery(30_000, nodes.reload);
+  // GPU readings change every second; the grid shows them fresh within a few.
+  useEvery(5_000, nodes.reload);
 
   return (
     <>
@@ -53,7 +59,7 @@ export function ClusterPage() {
             {nodes.data.length === 0 && <Empty>No nodes are registered.</Empty>}
             <div className="node-grid">
               {nodes.data.map((node) => (
-                <NodeCard key={node.id} node={node} />
+                <NodeCard key={node.id} node={node} canManage={me.is_staff} onChanged={nodes.reload} />
               ))}
             </div>
           </Section>
@@ -75,7 +81,7 @@ function GpuLegend() {
   );
 }
 
-function NodeCard({ node }: { node: ClusterNode }) {
+function NodeCard({ node, canManage, onChanged }: { node: ClusterNode; canManage: boolean; onChanged: () => void }) {
   const groups = new Map<string, Gpu[]>();
   for (const gpu of [...node.gpus].sort((a, b) => a.index - b.index)) {
     const key = `NUMA ${gpu.numa_node ?? 0}`;
@@ -98,18 +104,77 @@ function NodeCard({ node }: { node: ClusterNode }) {
         <div key={group} className="gpu-group">
           <span className="muted small">{group}</span>
           <ul className="gpu-cells">
-            {gpus.map((gpu) => {
-              const s = gpuStatus(gpu, node);
-              const text = `GPU ${gpu.index} ${gpu.model}, ${Math.round(gpu.memory_mb / 1024)} GB, ${s}${gpu.health_reason ? `: ${gpu.health_reason}` : ""}; NVLink group ${gpu.nvlink_group ?? "–"}, PCIe switch ${gpu.pcie_switch ?? "–"}`;
-              return (
-                <li key={gpu.uuid} className={`gpu-cell gpu-${s}`} title={text} aria-label={text} tabIndex={0}>
-                  {gpu.index}
-                </li>
-              );
-            })}
+            {gpus.map((gpu) => (
+              <GpuCell key={gpu.uuid} gpu={gpu} node={node} />
+            ))}
           </ul>
         </div>
       ))}
+      {canManage && <NodeActions node={node} onChanged={onChanged} />}
     </article>
+  );
+}
+
+function GpuCell({ gpu, node }: { gpu: Gpu; node: ClusterNode }) {
+  const s = gpuStatus(gpu, node);
+  const reading = gpu.latest;
+  const utilization = reading?.utilization_pct ?? null;
+  const parts = [
+    `GPU ${gpu.index} ${gpu.model}, ${Math.round(gpu.memory_mb / 1024)} GB, ${s}${gpu.health_reason ? `: ${gpu.health_reason}` : ""}`,
+    gpu.job ? `job ${gpu.job}` : null,
+    reading ? gpuReadingText(reading) : null,
+    `NVLink group ${gpu.nvlink_group ?? "–"}, PCIe switch ${gpu.pcie_switch ?? "–"}`,
+  ];
+  const text = parts.filter(Boolean).join("; ");
+  const body = (
+    <>
+      <span className="gpu-index">{gpu.index}</span>
+      {utilization !== null && <span className="gpu-util">{Math.round(utilization)}%</span>}
+      {utilization !== null && (
+        <span className="gpu-util-bar" aria-hidden="true" style={{ width: `${Math.min(100, Math.max(0, utilization))}%` }} />
+      )}
+    </>
+  );
+  return (
+    <li className={`gpu-cell gpu-${s}`} title={text} aria-label={text} tabIndex={gpu.job ? undefined : 0}>
+      {gpu.job ? (
+        <Link href={`/jobs/${gpu.job}`} className="gpu-job-link">
+          {body}
+        </Link>
+      ) : (
+        body
+      )}
+    </li>
+  );
+}
+
+function NodeActions({ node, onChanged }: { node: ClusterNode; onChanged: () => void }) {
+  const [busy, setBusy] = useState<string | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  const run = async (action: NodeAction) => {
+    setBusy(action);
+    setError(null);
+    try {
+      await api(`/api/v1/nodes/${encodeURIComponent(node.name)}/state/`, { method: "POST", body: { action } });
+      onChanged();
+    } catch (err) {
+      setError(err instanceof Error ? err.message : String(err));
+    } finally {
+      setBusy(null);
+    }
+  };
+  return (
+    <div className="node-actions">
+      {nodeActions(node.state).map(([action, label]) => (
+        <button key={action} type="button" className="button small" disabled={busy !== null} onClick={() => run(action)}>
+          {busy === action ? `${label}…` : label}
+        </button>
+      ))}
+      {error && (
+        <span className="field-error" role="alert">
+          {error}
+        </span>
+      )}
+    </div>
   );
 }

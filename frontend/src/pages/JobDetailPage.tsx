@@ -218,6 +218,26 @@ function PendingCard({ job }: { job: JobDetail }) {
           </dd>
         </div>
       </dl>
+      {job.whatif_hints && job.whatif_hints.length > 0 && (
+        <>
+          <h3 id="whatif-title">What would start it sooner</h3>
+          <ul className="whatif-hints" aria-labelledby="whatif-title">
+            {job.whatif_hints.map((hint, index) => (
+              <li key={`${hint.kind}-${index}`}>
+                <span className={hint.starts_now ? "badge ok" : "badge"}>
+                  {hint.starts_now
+                    ? "starts now"
+                    : hint.estimated_start_at
+                      ? `starts ${formatRelative(hint.estimated_start_at)}`
+                      : "sooner"}
+                </span>{" "}
+                <span className="whatif-message">{hint.message}</span>{" "}
+                <Link href={`/submit?clone=${job.id}&hint=${index}`}>Resubmit like this</Link>
+              </li>
+            ))}
+          </ul>
+        </>
+      )}
       <p className="hint">
         See the <Link href={`/vcs/${encodeURIComponent(job.vc)}`}>queue of {job.vc}</Link>.
       </p>

@@ -1,12 +1,13 @@
 import { type FormEvent, type ReactNode, useState } from "react";
 
 import { ApiError, type FieldErrors, api, fetchAll } from "../api/client";
-import type { ClusterNode, Flavor, JobDetail, PriorityClass, VirtualCluster } from "../api/types";
+import type { ClusterNode, Flavor, JobDetail, PriorityClass, VirtualCluster, WhatIfHint } from "../api/types";
 import { ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { replicasThatFitNow } from "../lib/cluster";
 import {
   type SpecForm,
   type SpecObject,
+  applyHint,
   emptyForm,
   errorsFor,
   formToSpec,
@@ -32,6 +33,7 @@ export function SubmitPage() {
   const { search } = useLocation();
   const { me } = useSession();
   const cloneId = search.get("clone");
+  const hintIndex = search.get("hint");
   const choices = useResource<Choices>(
     async (signal) => {
       const [vcs, flavors, priorities, nodes] = await Promise.all([
@@ -62,13 +64,28 @@ export function SubmitPage() {
           You are a viewer in your tenants: you can look at jobs but not submit them.
         </p>
       )}
-      <SubmitForm key={cloneId ?? "new"} choices={choices.data} cloneOf={clone.data ?? null} />
+      <SubmitForm
+        key={`${cloneId ?? "new"}-${hintIndex ?? ""}`}
+        choices={choices.data}
+        cloneOf={clone.data ?? null}
+        hint={hintIndex !== null ? (clone.data?.whatif_hints?.[Number(hintIndex)] ?? null) : null}
+      />
     </>
   );
 }
 
-function initialState(choices: Choices, cloneOf: JobDetail | null, tenants: string[]): { form: SpecForm; extra: SpecObject } {
-  if (cloneOf?.spec && typeof cloneOf.spec === "object") return specToForm(cloneOf.spec as SpecObject);
+function initialState(
+  choices: Choices,
+  cloneOf: JobDetail | null,
+  hint: WhatIfHint | null,
+  tenants: string[],
+): { form: SpecForm; extra: SpecObject } {
+  if (cloneOf?.spec && typeof cloneOf.spec === "object") {
+    const spec = cloneOf.spec as SpecObject;
+    if (!hint) return specToForm(spec);
+    const flavor = choices.flavors.find((f) => f.name === hint.flavor);
+    return specToForm(applyHint(spec, hint, flavor ? flavor.max_runtime_hours * 3600 : undefined));
+  }
   const form = emptyForm();
   form.vc = choices.vcs.find((vc) => tenants.includes(vc.tenant))?.name ?? choices.vcs[0]?.name ?? "";
   form.flavor = choices.flavors[0]?.name ?? "";
@@ -76,10 +93,10 @@ function initialState(choices: Choices, cloneOf: JobDetail | null, tenants: stri
   return { form, extra: {} };
 }
 
-function SubmitForm({ choices, cloneOf }: { choices: Choices; cloneOf: JobDetail | null }) {
+function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: JobDetail | null; hint: WhatIfHint | null }) {
   const { me } = useSession();
   const tenants = me.memberships.filter((m) => m.role !== "viewer").map((m) => m.tenant);
-  const [state, setState] = useState(() => initialState(choices, cloneOf, tenants));
+  const [state, setState] = useState(() => initialState(choices, cloneOf, hint, tenants));
   const [mode, setMode] = useState<Mode>("form");
   const [yamlText, setYamlText] = useState(() => specToYaml(formToSpec(state.form, state.extra)));
   const [yamlError, setYamlError] = useState<string | null>(null);

@@ -1,0 +1,89 @@
+"""A waiting job says what would start it sooner, and the hint resubmits in two clicks; the
+cluster grid shows each GPU's job and load, and cluster admins cordon nodes from it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from playwright.async_api import Page, expect
+
+from tests.browser.conftest import sign_in
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.live,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
+
+LONG = 90_000  # ms: generous upper bounds for a loaded machine, never asserted as timings
+
+
+def hints_of(job_id: int) -> list[dict[str, Any]]:
+    from django.db import connection
+
+    from portal.jobs.models import Job
+    from tests.conftest import wait_for
+
+    try:
+        job = wait_for(
+            lambda: Job.objects.filter(pk=job_id).exclude(whatif_hints=[]).first(),
+            60,
+            f"what-if hints on job {job_id}",
+        )
+        return list(job.whatif_hints)
+    finally:
+        connection.close()
+
+
+async def test_a_waiting_job_offers_a_smaller_flavor_that_starts_now(
+    live_stack: dict[str, Any], users: Any, a100_agent: Any, submit_as: Any, page: Page
+) -> None:
+    # Three 2-GPU jobs leave 2 of a100-node-1's 8 A100 free: a 4-GPU job waits, 2 would start.
+    for i in range(3):
+        await submit_as("alice", name=f"filler-{i}", flavor="s-A100")
+    waiting = await submit_as("alice", name="wants-four", flavor="m-A100")
+    hints = await sync_to_async(hints_of)(waiting["id"])
+    smaller = [h for h in hints if h["kind"] == "fewer-gpus" and h["flavor"] == "s-A100"]
+    assert smaller and smaller[0]["starts_now"], hints
+
+    await sign_in(page, live_stack["http"], "alice")
+    await page.goto(f"{live_stack['http']}/jobs/{waiting['id']}")
+    hint_list = page.get_by_role("list", name="What would start it sooner")
+    smaller = hint_list.get_by_role("listitem").filter(has_text="s-A100")
+    await expect(smaller).to_contain_text("starts now", timeout=LONG)
+    await smaller.get_by_role("link", name="Resubmit like this").click()
+
+    await expect(page.get_by_role("heading", name="Resubmit wants-four")).to_be_visible(timeout=LONG)
+    await expect(page.get_by_role("radio", name=re.compile("^s-A100"))).to_be_checked()
+    await page.get_by_role("button", name="Submit job").click()
+    await expect(page).to_have_url(re.compile(r"/jobs/\d+$"), timeout=LONG)
+    badge = page.locator("main h1 .badge")
+    await expect(badge).to_have_text(re.compile("scheduled|starting|running"), timeout=LONG)
+
+
+async def test_the_grid_shows_gpu_load_and_admins_cordon_a_node(
+    live_stack: dict[str, Any], users: Any, a100_agent: Any, submit_as: Any, page: Page
+) -> None:
+    job = await submit_as("alice", name="busy", flavor="s-A100")
+    await sign_in(page, live_stack["http"], "alice")
+    await page.goto(live_stack["http"] + "/cluster")
+    node = page.get_by_role("article", name="Node a100-node-1")
+    # The job's GPUs link to it, and carry the agent's latest reading.
+    job_cell = node.locator(f"a[href='/jobs/{job['id']}']").first
+    await expect(job_cell).to_be_visible(timeout=LONG)
+    await expect(node.locator(".gpu-util").first).to_contain_text("%", timeout=LONG)
+    # Researchers get no node actions.
+    await expect(page.get_by_role("button", name="Cordon")).to_have_count(0)
+
+    await page.context.clear_cookies()
+    await sign_in(page, live_stack["http"], "admin")
+    await page.goto(live_stack["http"] + "/cluster")
+    other = page.get_by_role("article", name="Node a100-node-2")
+    await other.get_by_role("button", name="Cordon").click()
+    await expect(other.locator("header .badge")).to_have_text("cordoned", timeout=LONG)
+    await other.get_by_role("button", name="Make ready").click()
+    await expect(other.get_by_role("button", name="Cordon")).to_be_visible(timeout=LONG)
