@@ -365,6 +365,8 @@ def cmd_status(ctx: Context) -> int:
             info.add_row(
                 "Estimated start", f"{clock(job.estimated_start_at)} ({relative(job.estimated_start_at)})"
             )
+        for number, hint in enumerate(job.whatif_hints):
+            info.add_row("What would help" if number == 0 else "", escape(hint.message))
     if job.started_at:
         info.add_row("Started", clock(job.started_at))
     if job.finished_at:

@@ -50,6 +50,20 @@ class Attempt(_Resource):
     allocations: list[Allocation] = []
 
 
+class WhatIfHint(_Resource):
+    """A change to a waiting job's request that would start it now or sooner."""
+
+    kind: str
+    message: str
+    replicas: int = 1
+    gpus_per_replica: int = 0
+    gpu_model: str = ""
+    flavor: str | None = None
+    time_limit_s: int | None = None
+    starts_now: bool = False
+    estimated_start_at: datetime | None = None
+
+
 class Job(_Resource):
     id: int
     name: str
@@ -69,6 +83,7 @@ class Job(_Resource):
     pending_message: str = ""
     estimated_start_at: datetime | None = None
     queue_position: int | None = None
+    whatif_hints: list[WhatIfHint] = []
     retries_left: int | None = None
     exit_code: int | None = None
     end_reason: str = ""

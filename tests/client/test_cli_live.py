@@ -150,6 +150,21 @@ def test_list_status_queue_cancel_and_nodes(run_cli, tokens, tmp_path) -> None: 
     assert status.returncode == 0
     assert "Why pending" in status.stdout and job.pending_reason in status.stdout
     assert "Events" in status.stdout
+    assert "What would help" not in status.stdout
+    hint = {
+        "kind": "fewer-gpus",
+        "message": "as 1x1 A100 instead of 1x2 it starts now",
+        "replicas": 1,
+        "gpus_per_replica": 1,
+        "gpu_model": "A100",
+        "flavor": None,
+        "time_limit_s": None,
+        "starts_now": True,
+        "estimated_start_at": None,
+    }
+    Job.objects.filter(pk=job_id).update(whatif_hints=[hint])
+    hinted = run_cli(tokens["alice"], "status", str(job_id))
+    assert "What would help" in hinted.stdout and hint["message"] in hinted.stdout
 
     nodes = run_cli(tokens["alice"], "nodes")
     assert nodes.returncode == 0
