@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
@@ -7,7 +9,11 @@ from django.utils import timezone
 from portal.cluster.models import Node
 from portal.cluster.services import lost_nodes, mark_silent_nodes_not_ready
 from portal.jobs.services import request_scheduling_cycle, requeue_jobs_of_lost_node
+from portal.lib.redis import get_redis
 from scheduler.tasks import loop_paused
+
+CHECKED_AT_KEY = "cluster:heartbeats-checked-at"
+GRACE_KEY = "cluster:heartbeats-grace"
 
 
 @shared_task
@@ -20,8 +26,30 @@ def check_node_heartbeats() -> dict[str, list]:
     now = timezone.now()
     suspect = mark_silent_nodes_not_ready(now, settings.NODE_SILENT_AFTER_S)
     requeued = []
-    for node in Node.objects.filter(name__in=lost_nodes(now, settings.NODE_LOST_AFTER_S)):
-        requeued += requeue_jobs_of_lost_node(node)
+    if silence_is_the_nodes(now):
+        for node in Node.objects.filter(name__in=lost_nodes(now, settings.NODE_LOST_AFTER_S)):
+            requeued += requeue_jobs_of_lost_node(node)
     if suspect:
         request_scheduling_cycle()
     return {"not_ready": suspect, "requeued": requeued}
+
+
+def silence_is_the_nodes(now: datetime) -> bool:
+    """Whether a silent node may be declared lost. Not when the portal itself was not listening:
+    when no node at all was heard lately (the agent gateway is down or cut off; Kubernetes stops
+    evicting on a full disruption for the same reason), or when this check had not run for
+    longer than a node may be silent (the portal was stopped or the loop paused). After either,
+    agents get NODE_LOST_AFTER_S to reconnect before any node is lost, so that an outage of the
+    portal does not requeue every running job. The marks live in Redis: losing them only delays
+    a verdict by one grace period."""
+    redis = get_redis()
+    previous = redis.set(CHECKED_AT_KEY, now.timestamp(), get=True)
+    period = settings.CELERY_BEAT_SCHEDULE["check-node-heartbeats"]["schedule"]
+    away = previous is None or now.timestamp() - float(previous) > max(settings.NODE_LOST_AFTER_S, 2 * period)
+    heard = Node.objects.filter(
+        last_heartbeat_at__gte=now - timedelta(seconds=settings.NODE_SILENT_AFTER_S)
+    ).exists()
+    if away or not heard:
+        redis.set(GRACE_KEY, 1, ex=settings.NODE_LOST_AFTER_S)
+        return False
+    return not redis.exists(GRACE_KEY)

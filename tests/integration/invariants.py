@@ -1,12 +1,23 @@
-"""The invariants every scheduling test ends with (reliability-security.md, I1-I4)."""
+"""The invariants every scheduling test ends with (reliability-security.md, I1-I6).
+
+assert_invariants covers the allocation invariants (I1, I2 per VC, I3, I5);
+assert_all_invariants adds node capacity (I2), acknowledged jobs (I4) and the event trail (I6).
+The fixture invariants_checked runs all of them after each test of a module that uses it.
+"""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from itertools import pairwise
+from typing import Any
 
-from portal.cluster.models import Quota
-from portal.jobs.choices import ACTIVE_STATES, ATTEMPT_ENDED_STATES
-from portal.jobs.models import Allocation, Job, JobAttempt
+import pytest
+
+from portal.accounts.models import AuditEntry
+from portal.cluster.models import Node, Quota
+from portal.jobs.choices import ACTIVE_STATES, ATTEMPT_ENDED_STATES, JobState, can_transition
+from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent
 
 
 def assert_invariants() -> None:
@@ -44,3 +55,98 @@ def assert_invariants() -> None:
         job = allocations[0].attempt.job
         assert len(allocations) == job.total_gpus, f"{job} holds {len(allocations)} of {job.total_gpus} GPUs"
         assert len({a.replica for a in allocations}) == job.replicas
+
+
+def assert_all_invariants(acknowledged: Iterable[int] = ()) -> None:
+    """I1-I6: assert_invariants, then node capacity, one running attempt per job, every
+    acknowledged job stored, and every job's transitions recorded as an unbroken chain of events
+    with the audit entries of its submission and cancellation."""
+    assert_invariants()
+    assert_nodes_within_capacity()
+    assert_one_running_attempt_per_job()
+    assert_acknowledged_jobs_exist(acknowledged)
+    assert_every_state_change_is_recorded()
+
+
+def assert_nodes_within_capacity() -> None:
+    """I2 per node: the replicas placed on a node fit its CPUs and memory (GPUs are I1)."""
+    placed = (
+        Allocation.objects.filter(released_at__isnull=True)
+        .values_list(
+            "node_id",
+            "attempt_id",
+            "replica",
+            "attempt__job__cpu_per_replica",
+            "attempt__job__memory_gb_per_replica",
+        )
+        .distinct()
+    )
+    cpu: dict[int, int] = defaultdict(int)
+    memory: dict[int, int] = defaultdict(int)
+    for node_id, _, _, replica_cpu, replica_memory in placed:
+        cpu[node_id] += replica_cpu
+        memory[node_id] += replica_memory
+    for node in Node.objects.filter(pk__in=cpu):
+        if node.cpu:
+            assert cpu[node.pk] <= node.cpu, f"{node.name}: {cpu[node.pk]} CPUs placed, {node.cpu} exist"
+        if node.memory_gb:
+            assert memory[node.pk] <= node.memory_gb, f"{node.name}: {memory[node.pk]} GB placed"
+
+
+def assert_one_running_attempt_per_job() -> None:
+    """I3 as the portal shows it: whatever the job's state, at most one attempt is not ended."""
+    live = Counter(
+        JobAttempt.objects.exclude(state__in=ATTEMPT_ENDED_STATES).values_list("job_id", flat=True)
+    )
+    twice = {job: n for job, n in live.items() if n > 1}
+    assert not twice, f"jobs with several attempts not ended: {twice}"
+
+
+def assert_acknowledged_jobs_exist(acknowledged: Iterable[int]) -> None:
+    """I4: every job the API answered 2xx for is in PostgreSQL."""
+    wanted = set(acknowledged)
+    missing = wanted - set(Job.objects.filter(pk__in=wanted).values_list("pk", flat=True))
+    assert not missing, f"acknowledged jobs missing from the database: {sorted(missing)}"
+
+
+def assert_every_state_change_is_recorded() -> None:
+    """I6: each job's events run from submission ('' -> pending) through allowed transitions to
+    its current state, and its submission (and a cancellation) left an audit entry."""
+    chains: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    for job_id, from_state, to_state in (
+        JobEvent.objects.exclude(to_state="")
+        .order_by("job_id", "created_at", "id")
+        .values_list("job_id", "from_state", "to_state")
+    ):
+        chains[job_id].append((from_state, to_state))
+    audited = set(AuditEntry.objects.filter(object_type="jobs.Job").values_list("action", "object_id"))
+    for job_id, state in Job.objects.values_list("pk", "state"):
+        chain = chains.get(job_id, [])
+        assert chain and chain[0] == ("", JobState.PENDING), f"job {job_id} has no submission event"
+        for (_, before), (after_from, after_to) in pairwise(chain):
+            assert before == after_from, f"job {job_id}: events jump from {before} to {after_from}"
+            assert can_transition(after_from, after_to), f"job {job_id}: {after_from} -> {after_to}"
+        assert chain[-1][1] == state, f"job {job_id} is {state} but its last event says {chain[-1][1]}"
+        assert ("job.submit", str(job_id)) in audited, f"job {job_id} has no audit entry for its submission"
+        if state == JobState.CANCELLED:
+            assert ("job.cancel", str(job_id)) in audited, f"job {job_id}: cancelled, not audited"
+
+
+@pytest.fixture
+def invariants_checked(request: Any) -> Iterator[set[int]]:
+    """Checks I1-I6 after the test (on its database, before the database is reset).
+
+    Yields a set: a test adds the ids of jobs the API acknowledged, for I4."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None:
+        yield set()
+        return
+    transactional = marker.kwargs.get("transaction", marker.args[0] if marker.args else False)
+    request.getfixturevalue("transactional_db" if transactional else "db")
+    acknowledged: set[int] = set()
+    yield acknowledged
+    if transactional:
+        from django.db import connection
+
+        connection.close()  # a restarted server may have broken it; the next query reopens it
+    assert_all_invariants(acknowledged)

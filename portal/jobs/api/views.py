@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
@@ -65,14 +66,17 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def create(self, request: Request) -> Response:
         spec = JobSpecSerializer(data=request.data, context={"request": request})
         spec.is_valid(raise_exception=True)
-        try:
-            job = services.submit_job(request.user, spec.validated_data)
-        except services.JobRejected as exc:
-            raise ValidationError({exc.field: [exc.message]}) from exc
-        except services.PermissionDenied as exc:
-            raise DRFPermissionDenied(str(exc)) from exc
-        job = self.get_queryset().get(pk=job.pk)
-        return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
+        # The answer is read in the submission's transaction: should the database go away after
+        # the commit, the client must not get an error for a job that was stored.
+        with transaction.atomic():
+            try:
+                job = services.submit_job(request.user, spec.validated_data)
+            except services.JobRejected as exc:
+                raise ValidationError({exc.field: [exc.message]}) from exc
+            except services.PermissionDenied as exc:
+                raise DRFPermissionDenied(str(exc)) from exc
+            data = JobDetailSerializer(self.get_queryset().get(pk=job.pk)).data
+        return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
