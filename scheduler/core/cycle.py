@@ -39,13 +39,15 @@ from scheduler.core.framework import (
     Status,
 )
 from scheduler.core.plugins.admission import model_label
+from scheduler.core.plugins.sharing import WHOLE, ShareCandidate
 from scheduler.core.profile import PluginSet, Profile
 from scheduler.core.registry import build_plugin
-from scheduler.core.state import ClusterState, GpuHold, build_state
+from scheduler.core.state import ClusterState, GpuHold, build_state, whole_gpus
 from scheduler.core.statement import Statement
 from scheduler.core.types import (
     ALL_MODELS,
     ANY_MODEL,
+    Gpu,
     JobId,
     PendingJob,
     PendingStatus,
@@ -243,7 +245,7 @@ class _CycleRun:
                 and not backfill.allows(job, model, self.reservation, self.ctx)
             ):
                 status = self._held_status(job)
-            if status.ok:
+            if status.ok and not job.gpu_share_milli:
                 status = self._quick_fit(job, model)
             if status.ok:
                 statement = Statement(self.state)
@@ -251,7 +253,8 @@ class _CycleRun:
                 if status.ok:
                     self._start(job, statement, model)
                     return
-                if status.reason is not ReasonCode.NODE_RESOURCES:  # that one depends on the job
+                # NODE_RESOURCES and a share's room depend on the job, not only on its shape.
+                if status.reason is not ReasonCode.NODE_RESOURCES and not job.gpu_share_milli:
                     shape = (model, job.gpus_per_replica, job.replicas)
                     self._blocked_shapes[shape] = (self.state.version, status)
             failures.append((model, status))
@@ -259,6 +262,7 @@ class _CycleRun:
         # 5. Preemption.
         if (
             failure.code is Code.UNSCHEDULABLE
+            and not job.gpu_share_milli  # shares free no whole GPU; they wait instead
             and failure.reason in _CAPACITY_REASONS | _QUOTA_REASONS
             and self.plugins.preemption
             and self.preemption_attempts < self.settings.max_preemption_attempts
@@ -321,7 +325,7 @@ class _CycleRun:
                 and not backfill.allows(job, model, copy.copy(self.reservation), self.ctx)
             ):
                 continue
-            if not self._quick_fit(job, model).ok:
+            if not job.gpu_share_milli and not self._quick_fit(job, model).ok:
                 continue
             statement = Statement(self.state)
             placed = self._place(job, model, statement).ok
@@ -354,7 +358,7 @@ class _CycleRun:
         """Admission plugins decide from the job's VC, user, model, width and priority and the
         working state (their contract), so an answer is reused until the state changes: in a
         long queue most jobs repeat a question asked a moment ago."""
-        key = (job.vc, job.user, model, job.gpus, job.priority)
+        key = (job.vc, job.user, model, job.gpus, job.priority, job.gpu_share_milli)
         cached = self._admissions.get(key)
         if cached is not None and cached[0] == self.state.version:
             return cached[1]
@@ -374,12 +378,25 @@ class _CycleRun:
         statement.commit()
         # The reservation is already counted in the VC's usage: borrowed = what lies above
         # the guarantee now minus what lay above it before.
-        quota = self.state.quota_for(job.vc, self._quota_model(job, model))
-        borrowed = job.gpus
+        quota_model = self._quota_model(job, model)
+        quota = self.state.quota_for(job.vc, quota_model)
+        added = job.gpus
+        if job.gpu_share_milli:
+            milli = (self.state.share_used.get(job.vc) or {}).get(quota_model, 0)
+            added = whole_gpus(milli) - whole_gpus(milli - job.gpu_share_milli)
+        borrowed = added
         if quota is not None:
             guaranteed, _, used = quota
-            borrowed = max(0, used - guaranteed) - max(0, used - job.gpus - guaranteed)
-        self.starts.append(Start(job.id, placement, borrowed))
+            borrowed = max(0, used - guaranteed) - max(0, used - added - guaranteed)
+        self.starts.append(
+            Start(
+                job.id,
+                placement,
+                borrowed,
+                job.gpu_share_milli,
+                job.gpu_memory_mib if job.gpu_share_milli else 0,
+            )
+        )
         self.started[job.id] = model
 
     # -- placement ---------------------------------------------------------------------
@@ -429,6 +446,8 @@ class _CycleRun:
         never = self._never_fits(job, model)
         if not never.ok:
             return never
+        if job.gpu_share_milli:
+            return self._place_share(job, model, statement)
         quick = self._quick_fit(job, model)
         if not quick.ok:
             return quick
@@ -475,6 +494,74 @@ class _CycleRun:
             )
             statement.reserve(hold)
             placed.append(hold)
+        return SUCCESS
+
+    def _place_share(self, job: PendingJob, model: str, statement: Statement) -> Status:
+        """A fractional job: one share of one GPU, on a GPU its tenant already shares with room
+        for the share and its GPU memory, or on a free GPU; the share chooser decides."""
+        state, share = self.state, job.gpu_share_milli
+        tenant = state.tenant_of(job.vc)
+        candidates: list[ShareCandidate] = []
+        node_ok: dict[int, bool] = {}
+
+        def fits_node(idx: int) -> bool:
+            ok = node_ok.get(idx)
+            if ok is None:
+                slot = state.nodes[idx]
+                ok = node_ok[idx] = all(p.filter(job, slot, model, self.ctx).ok for p in self.plugins.filter)
+            return ok
+
+        def memory_fits(gpu: Gpu, used_mib: int) -> bool:
+            return not gpu.memory_mib or used_mib + job.gpu_memory_mib <= gpu.memory_mib
+
+        for idx in sorted(state.shared_nodes):
+            slot = state.nodes[idx]
+            if not slot.usable:
+                continue
+            for index, entry in slot.shared.items():
+                gpu = slot.gpus[index]
+                if (
+                    gpu.model == model
+                    and gpu.healthy
+                    and entry.tenant == tenant
+                    and entry.used_milli + share <= WHOLE
+                    and memory_fits(gpu, entry.memory_mib)
+                    and fits_node(idx)
+                ):
+                    candidates.append(ShareCandidate(idx, index, WHOLE - entry.used_milli))
+        window = self.settings.max_candidates * 4
+        seen = 0
+        for idx in self._candidates(model, 1, []):
+            if seen >= window:
+                break
+            slot = state.nodes[idx]
+            free = [i for i in sorted(slot.free.get(model, ())) if memory_fits(slot.gpus[i], 0)]
+            if free and fits_node(idx):
+                candidates.append(ShareCandidate(idx, free[0], WHOLE))  # free GPUs of a node are alike
+                seen += 1
+        choice = self.plugins.share_chooser.choose_share(job, candidates, self.ctx) if candidates else None
+        if choice is None:
+            label = model_label(model)
+            return Status(
+                Code.UNSCHEDULABLE,
+                ReasonCode.INSUFFICIENT_GPUS,
+                f"needs {share / 10:g} % of one {label}"
+                + (f" and {job.gpu_memory_mib} MiB of its memory" if job.gpu_memory_mib else "")
+                + f"; no free {label} and none of tenant {tenant}'s shared ones has the room",
+            )
+        statement.reserve(
+            GpuHold(
+                choice.node_idx,
+                model,
+                (choice.gpu_index,),
+                job.cpu_milli_per_replica,
+                job.memory_mib_per_replica,
+                job.vc,
+                job.user,
+                share_milli=share,
+                gpu_memory_mib=job.gpu_memory_mib,
+            )
+        )
         return SUCCESS
 
     def _no_room(self, model: str, per_replica: int, replicas: int, free: int) -> Status:
@@ -544,6 +631,8 @@ class _CycleRun:
             for victim in self.ctx.snapshot.running:
                 if not self.holds.get(victim.id):
                     continue
+                if victim.gpu_share_milli:
+                    continue  # a share frees no whole GPU
                 if victim.stopping:
                     base.append(((-1.0,), victim))
                 elif victim.preemptible and now - victim.started_at >= self.settings.min_runtime_s:

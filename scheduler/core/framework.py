@@ -14,7 +14,7 @@ name to a factory and a profile decides at which points it runs. Contracts every
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
@@ -88,6 +88,14 @@ class GpuChooserPlugin(Protocol):
     replica there (e.g. no aligned block when alignment is strict)."""
 
     def choose(self, free: set[int], node: NodeSlot, count: int) -> tuple[int, ...] | None: ...
+
+
+@runtime_checkable
+class ShareChooserPlugin(Protocol):
+    """Picks the GPU for a fractional job among the candidates the cycle found (GPUs its
+    tenant shares with room, and free GPUs). Returns None to leave the job waiting."""
+
+    def choose_share(self, job: PendingJob, candidates: Sequence[Any], ctx: CycleContext) -> Any | None: ...
 
 
 @runtime_checkable

@@ -8,6 +8,7 @@ kube-scheduler configuration profile:
                  "admission": ["vc_quota", "user_limit"],
                  "filter": ["node_resources"],
                  "gpu_chooser": "buddy",
+                 "share_chooser": "fgd",
                  "score": [{"name": "topology", "weight": 2}, "binpack"],
                  "backfill": null,
                  "preemption": ["priority", "reclaim", "las"],
@@ -36,6 +37,7 @@ from scheduler.core.framework import (
     PreemptionPlugin,
     QueueSortPlugin,
     ScorePlugin,
+    ShareChooserPlugin,
 )
 from scheduler.core.registry import build_plugin
 
@@ -78,6 +80,7 @@ class PluginSet:
     admission: list[AdmissionPlugin]
     filter: list[FilterPlugin]
     gpu_chooser: GpuChooserPlugin
+    share_chooser: ShareChooserPlugin
     score: list[tuple[ScorePlugin, float]]
     backfill: BackfillPlugin | None
     preemption: list[PreemptionPlugin]
@@ -90,6 +93,7 @@ _POINTS: dict[str, type] = {
     "admission": AdmissionPlugin,
     "filter": FilterPlugin,
     "gpu_chooser": GpuChooserPlugin,
+    "share_chooser": ShareChooserPlugin,
     "score": ScorePlugin,
     "backfill": BackfillPlugin,
     "preemption": PreemptionPlugin,
@@ -104,6 +108,7 @@ class Profile:
     admission: tuple[str, ...] = ("vc_quota",)
     filter: tuple[str, ...] = ("node_resources",)
     gpu_chooser: str = "topology_chooser"
+    share_chooser: str = "best_fit_share"
     score: tuple[tuple[str, float], ...] = (("topology", 1.0), ("binpack", 1.0))
     backfill: str | None = None
     preemption: tuple[str, ...] = ()
@@ -137,6 +142,7 @@ class Profile:
             admission=names("admission", ("vc_quota",)),
             filter=names("filter", ("node_resources",)),
             gpu_chooser=str(plugins.get("gpu_chooser", "topology_chooser")),
+            share_chooser=str(plugins.get("share_chooser", "best_fit_share")),
             score=tuple(scores),
             backfill=plugins.get("backfill"),
             preemption=names("preemption", ()),
@@ -164,6 +170,7 @@ class Profile:
             admission=[get(n, "admission") for n in self.admission],
             filter=[get(n, "filter") for n in self.filter],
             gpu_chooser=get(self.gpu_chooser, "gpu_chooser"),
+            share_chooser=get(self.share_chooser, "share_chooser"),
             score=[(get(n, "score"), w) for n, w in self.score],
             backfill=get(self.backfill, "backfill") if self.backfill else None,
             preemption=[get(n, "preemption") for n in self.preemption],

@@ -30,6 +30,7 @@ from scheduler.core.plugins.queue_sort import (
     ShortestExpectedFirst,
 )
 from scheduler.core.plugins.reclaim import Reclaim
+from scheduler.core.plugins.sharing import BestFitShare, FragmentationGradient
 
 PluginFactory = Callable[[Mapping[str, Any]], object]
 
@@ -54,6 +55,8 @@ REGISTRY: dict[str, PluginFactory] = {
     "reclaim": Reclaim,
     "backfill": BackfillReservation,
     "defrag": Defragment,
+    "best_fit_share": BestFitShare,
+    "fgd": FragmentationGradient,
 }
 
 

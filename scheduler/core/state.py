@@ -20,9 +20,26 @@ from scheduler.core.types import (
     Node,
     NodeState,
     Quota,
+    RunningJob,
     Snapshot,
     VirtualCluster,
 )
+
+
+@dataclass(slots=True)
+class SharedGpu:
+    """A GPU that fractional jobs share: what they hold of it, and whose it is. A shared GPU
+    is out of the node's free set, so whole-GPU work never lands on it."""
+
+    used_milli: int
+    memory_mib: int
+    tenant: str
+    holders: int = 0
+
+
+def whole_gpus(milli: int) -> int:
+    """Shares in thousandths as whole GPUs for quotas: any started GPU counts."""
+    return -(-milli // 1000)
 
 
 @dataclass(slots=True)
@@ -37,6 +54,7 @@ class NodeSlot:
     gpus: dict[int, Gpu]
     cpu_free: int | None  # None = not tracked
     memory_free: int | None
+    shared: dict[int, SharedGpu] = field(default_factory=dict)  # GPU index -> its shares
 
     def free_count(self, model: str) -> int:
         free = self.free.get(model)
@@ -54,6 +72,8 @@ class GpuHold:
     memory_mib: int
     vc: str
     user: str
+    share_milli: int = 0  # a fractional job's share of its one GPU; 0 = whole GPUs
+    gpu_memory_mib: int = 0
 
 
 @dataclass(slots=True)
@@ -68,6 +88,10 @@ class ClusterState:
     vcs: dict[str, VirtualCluster]
     used: dict[str, dict[str, int]] = field(default_factory=dict)  # vc -> model -> GPUs held
     user_used: dict[tuple[str, str], int] = field(default_factory=dict)  # (vc, user) -> GPUs
+    # Fractional jobs' shares in thousandths, counted for quotas as whole GPUs (rounded up).
+    share_used: dict[str, dict[str, int]] = field(default_factory=dict)  # vc -> model -> milli
+    user_share_used: dict[tuple[str, str], int] = field(default_factory=dict)
+    shared_nodes: set[int] = field(default_factory=set)  # nodes with a shared GPU
     # Bumped by every take and give: lets the cycle reuse fit answers until something changes.
     version: int = field(default=0, compare=False)
     models: list[str] = field(default_factory=list)  # GPU models present, sorted
@@ -79,12 +103,28 @@ class ClusterState:
 
     def vc_used(self, vc: str, model: str) -> int:
         """GPUs the VC holds of `model`; ALL_MODELS or ANY_MODEL means all models."""
-        by_model = self.used.get(vc)
-        if not by_model:
-            return 0
+        by_model = self.used.get(vc) or {}
+        shares = self.share_used.get(vc) or {}
         if model in (ALL_MODELS, ANY_MODEL):
-            return sum(by_model.values())
-        return by_model.get(model, 0)
+            return sum(by_model.values()) + sum(whole_gpus(m) for m in shares.values())
+        return by_model.get(model, 0) + whole_gpus(shares.get(model, 0))
+
+    def user_gpus(self, vc: str, user: str) -> int:
+        """GPUs a user holds in a VC, shares rounded up to whole GPUs."""
+        return self.user_used.get((vc, user), 0) + whole_gpus(self.user_share_used.get((vc, user), 0))
+
+    def share_increment(self, vc: str, user: str, model: str, share_milli: int) -> tuple[int, int]:
+        """Whole GPUs one more share adds to the VC's usage of `model` and to the user's."""
+        vc_milli = (self.share_used.get(vc) or {}).get(model, 0)
+        user_milli = self.user_share_used.get((vc, user), 0)
+        return (
+            whole_gpus(vc_milli + share_milli) - whole_gpus(vc_milli),
+            whole_gpus(user_milli + share_milli) - whole_gpus(user_milli),
+        )
+
+    def tenant_of(self, vc: str) -> str:
+        found = self.vcs.get(vc)
+        return found.tenant if found is not None and found.tenant else vc
 
     def quota_for(self, vc: str, model: str) -> tuple[int, int, int] | None:
         """(guaranteed, borrow_limit, used) governing `vc` on `model`, or None if the VC has
@@ -124,8 +164,77 @@ class ClusterState:
     def take(self, hold: GpuHold) -> None:
         """Claim the hold's GPUs and charge its VC and user. GPUs that are not free (an
         unhealthy GPU a running job still holds) are charged but not removed twice."""
+        if hold.share_milli:
+            self._take_share(hold)
+            return
         self._remove_free(hold)
         self._add_usage(hold, len(hold.gpu_indices))
+
+    def _take_share(self, hold: GpuHold) -> None:
+        """A share of one GPU: the GPU leaves the free set with its first share."""
+        slot = self.nodes[hold.node_idx]
+        index = hold.gpu_indices[0]
+        self.version += 1
+        entry = slot.shared.get(index)
+        if entry is None:
+            free = slot.free.setdefault(hold.model, set())
+            if index in free:
+                if slot.usable:
+                    self._move_bucket(hold.model, hold.node_idx, len(free), len(free) - 1)
+                    self.free_total[hold.model] -= 1
+                free.discard(index)
+            entry = slot.shared[index] = SharedGpu(0, 0, self.tenant_of(hold.vc))
+            self.shared_nodes.add(hold.node_idx)
+        entry.used_milli += hold.share_milli
+        entry.memory_mib += hold.gpu_memory_mib
+        entry.holders += 1
+        if slot.cpu_free is not None:
+            slot.cpu_free -= hold.cpu_milli
+        if slot.memory_free is not None:
+            slot.memory_free -= hold.memory_mib
+        self._add_share_usage(hold, hold.share_milli)
+
+    def _give_share(self, hold: GpuHold) -> None:
+        """Inverse of _take_share: with its last share gone a healthy GPU is free again."""
+        slot = self.nodes[hold.node_idx]
+        index = hold.gpu_indices[0]
+        self.version += 1
+        entry = slot.shared[index]
+        entry.used_milli -= hold.share_milli
+        entry.memory_mib -= hold.gpu_memory_mib
+        entry.holders -= 1
+        if entry.holders == 0:
+            del slot.shared[index]
+            if not slot.shared:
+                self.shared_nodes.discard(hold.node_idx)
+            gpu = slot.gpus.get(index)
+            if gpu is not None and gpu.healthy:
+                free = slot.free.setdefault(hold.model, set())
+                if slot.usable:
+                    self._move_bucket(hold.model, hold.node_idx, len(free), len(free) + 1)
+                    self.free_total[hold.model] = self.free_total.get(hold.model, 0) + 1
+                free.add(index)
+        if slot.cpu_free is not None:
+            slot.cpu_free += hold.cpu_milli
+        if slot.memory_free is not None:
+            slot.memory_free += hold.memory_mib
+        self._add_share_usage(hold, -hold.share_milli)
+
+    def _add_share_usage(self, hold: GpuHold, delta: int) -> None:
+        by_model = self.share_used.setdefault(hold.vc, {})
+        milli = by_model.get(hold.model, 0) + delta
+        if milli:
+            by_model[hold.model] = milli
+        else:
+            by_model.pop(hold.model, None)
+            if not by_model:
+                del self.share_used[hold.vc]
+        key = (hold.vc, hold.user)
+        milli = self.user_share_used.get(key, 0) + delta
+        if milli:
+            self.user_share_used[key] = milli
+        else:
+            self.user_share_used.pop(key, None)
 
     def block(self, hold: GpuHold) -> None:
         """Mark GPUs busy without charging anyone's quota: the GPUs of a preempted job that
@@ -148,6 +257,9 @@ class ClusterState:
 
     def give(self, hold: GpuHold) -> None:
         """Inverse of take. GPUs that are unhealthy stay out of the free set."""
+        if hold.share_milli:
+            self._give_share(hold)
+            return
         slot = self.nodes[hold.node_idx]
         free = slot.free.setdefault(hold.model, set())
         self.version += 1
@@ -220,7 +332,12 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
     used: dict[str, dict[str, int]] = {}
     user_used: dict[tuple[str, str], int] = {}
     holds: dict[str, list[GpuHold]] = {}
+    shared_holds: list[GpuHold] = []
     for job in snapshot.running:
+        if job.gpu_share_milli:
+            holds[job.id] = _share_holds(job, node_idx_by_name, gpu_maps)
+            shared_holds.extend(holds[job.id])
+            continue
         job_holds: list[GpuHold] = []
         by_model = used.setdefault(job.vc, {})
         charged = 0
@@ -315,4 +432,31 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
         user_used={k: v for k, v in user_used.items() if v},
         models=sorted(capacity),
     )
+    for hold in shared_holds:
+        state.take(hold)
     return state, holds
+
+
+def _share_holds(
+    job: RunningJob, node_idx_by_name: dict[str, int], gpu_maps: list[dict[int, Gpu]]
+) -> list[GpuHold]:
+    """The one share a running fractional job holds (none if its node or GPU is gone)."""
+    for replica in job.placement:
+        node_idx = node_idx_by_name.get(replica.node)
+        if node_idx is None or not replica.gpu_indices or replica.gpu_indices[0] not in gpu_maps[node_idx]:
+            continue
+        index = replica.gpu_indices[0]
+        return [
+            GpuHold(
+                node_idx,
+                gpu_maps[node_idx][index].model,
+                (index,),
+                job.cpu_milli_per_replica,
+                job.memory_mib_per_replica,
+                job.vc,
+                job.user,
+                share_milli=job.gpu_share_milli,
+                gpu_memory_mib=job.gpu_memory_mib,
+            )
+        ]
+    return []

@@ -114,6 +114,10 @@ class RunningJob:
     # Already told to stop (preempted or cancelled) and releasing its GPUs within the grace
     # period. The core counts those GPUs as soon free and never preempts the job again.
     stopping: bool = False
+    # A fractional job holds this share of its one GPU (thousandths; 0 = whole GPUs) and this
+    # much of its memory; other fractional jobs of the same tenant may share the GPU.
+    gpu_share_milli: int = 0
+    gpu_memory_mib: int = 0
     gpus: int = field(init=False, compare=False, repr=False)  # derived from placement
 
     def __post_init__(self) -> None:
@@ -140,6 +144,11 @@ class PendingJob:
     estimated_runtime_s: float | None = None  # from history (same user / VC); never the truth
     attained_gpu_s: float = 0.0
     queued_at: float | None = None  # when it last became pending; None = submitted_at
+    # A fractional job (one replica of one GPU) asks for this share of a GPU in thousandths,
+    # 1-999, and this much GPU memory; 0 = whole GPUs. Fractional jobs share a GPU only with
+    # fractional jobs of the same tenant, never with whole-GPU work.
+    gpu_share_milli: int = 0
+    gpu_memory_mib: int = 0
 
     @property
     def gpus(self) -> int:
@@ -199,6 +208,10 @@ class Start:
     job_id: JobId
     placement: tuple[ReplicaPlacement, ...]
     borrowed_gpus: int = 0
+    # For a fractional job: its share of the one GPU in thousandths and its GPU memory, for
+    # the agent to enforce (MPS active-thread percentage, memory limit). 0 = whole GPUs.
+    gpu_share_milli: int = 0
+    gpu_memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)

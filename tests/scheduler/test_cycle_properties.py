@@ -38,13 +38,19 @@ submit = st.tuples(
     st.sampled_from(VCS),
     st.sampled_from([0, 100, 1000]),  # priority
 )
+submit_share = st.tuples(
+    st.just("submit_share"),
+    st.sampled_from([250, 300, 500, 700]),  # thousandths of one GPU
+    st.sampled_from(VCS),
+    st.sampled_from([0, 8192, 30000]),  # GPU memory (MiB) of the share
+)
 finish = st.tuples(st.just("finish"), st.integers(0, 50))
 cancel = st.tuples(st.just("cancel"), st.integers(0, 50))
 node_down = st.tuples(st.just("node_down"), st.integers(0, NODE_COUNT - 1))
 node_up = st.tuples(st.just("node_up"), st.integers(0, NODE_COUNT - 1))
 cordon = st.tuples(st.just("cordon"), st.integers(0, NODE_COUNT - 1))
 quota = st.tuples(st.just("quota"), st.sampled_from(VCS), st.integers(0, 16), st.integers(0, 16))
-step = st.one_of(submit, submit, finish, cancel, node_down, node_up, cordon, quota)
+step = st.one_of(submit, submit, submit_share, finish, cancel, node_down, node_up, cordon, quota)
 
 
 @dataclass
@@ -82,6 +88,20 @@ class Portal:
                 submitted_at=self.now,
                 priority=int(priority),  # type: ignore[call-overload]
             )
+        elif kind == "submit_share":
+            _, share, vc, memory = op
+            job_id = f"j{self.next_id}"
+            self.next_id += 1
+            self.pending[job_id] = PendingJob(
+                JobId(job_id),
+                VcName(str(vc)),
+                UserName("u"),
+                1,
+                1,
+                submitted_at=self.now,
+                gpu_share_milli=int(share),  # type: ignore[call-overload]
+                gpu_memory_mib=int(memory),  # type: ignore[call-overload]
+            )
         elif kind in ("finish", "cancel"):
             pool = self.running if kind == "finish" else self.pending
             if pool:
@@ -117,6 +137,8 @@ class Portal:
             priority=job.priority,
             attained_gpu_s=job.attained_gpu_s,
             queued_at=self.now,
+            gpu_share_milli=job.gpu_share_milli,
+            gpu_memory_mib=job.gpu_memory_mib,
         )
 
     def apply_plan(self, plan: Plan) -> None:
@@ -134,6 +156,8 @@ class Portal:
                 priority=job.priority,
                 attained_gpu_s=job.attained_gpu_s,
                 submitted_at=job.submitted_at,
+                gpu_share_milli=start.gpu_share_milli,
+                gpu_memory_mib=start.gpu_memory_mib,
             )
 
 
@@ -149,18 +173,34 @@ def check_invariants(portal: Portal, before: Snapshot, plan: Plan) -> None:
             node = nodes[replica.node]
             assert node.state == NodeState.READY
             assert all(node.gpus[i].healthy for i in replica.gpu_indices)
-    # No GPU in two placements.
+    # No GPU in two whole placements; a shared GPU carries only shares, of one tenant (here
+    # one VC), within its capacity and memory.
     held: set[tuple[str, int]] = set()
+    shares: dict[tuple[str, int], list[RunningJob]] = {}
     for job in portal.running.values():
         for replica in job.placement:
             for index in replica.gpu_indices:
+                if job.gpu_share_milli:
+                    shares.setdefault((replica.node, index), []).append(job)
+                    continue
                 assert (replica.node, index) not in held, f"GPU {replica.node}/{index} given twice"
                 held.add((replica.node, index))
-    # A VC that started work is within guarantee + borrow limit afterwards.
+    for gpu, holders in shares.items():
+        assert gpu not in held, f"GPU {gpu} holds whole and fractional work"
+        assert sum(j.gpu_share_milli for j in holders) <= 1000, f"GPU {gpu} shared beyond itself"
+        assert sum(j.gpu_memory_mib for j in holders) <= 80 * 1024, f"GPU {gpu} memory over-committed"
+        assert len({j.vc for j in holders}) == 1, f"GPU {gpu} shared across tenants"
+    for start in plan.starts:
+        job = pending_before[start.job_id]
+        assert start.gpu_share_milli == job.gpu_share_milli
+    # A VC that started work is within guarantee + borrow limit afterwards (shares counted
+    # as whole GPUs, rounded up).
     started_vcs = {pending_before[s.job_id].vc for s in plan.starts}
     for vc in started_vcs:
         guaranteed, borrow = portal.quotas[vc]
-        used = sum(j.gpus for j in portal.running.values() if j.vc == vc)
+        mine = [j for j in portal.running.values() if j.vc == vc]
+        share_milli = sum(j.gpu_share_milli for j in mine)
+        used = sum(j.gpus for j in mine if not j.gpu_share_milli) + -(-share_milli // 1000)
         assert used <= guaranteed + borrow, f"VC {vc} holds {used} > {guaranteed} + {borrow}"
     # Every job still pending has a reason.
     reasons = {p.job_id: p for p in plan.pending}
@@ -178,7 +218,8 @@ PROFILES = {name: load_profile(name) for name in ("fifo", "tiresias", "default")
 @given(steps=st.lists(step, min_size=1, max_size=40))
 def test_invariants_hold_after_every_step(profile_name: str, steps: list[tuple[object, ...]]) -> None:
     profile: Profile = PROFILES[profile_name]
-    nodes = [Node(NodeName(f"n{i}"), gpus(8), rack=f"r{i // 2}") for i in range(NODE_COUNT)]
+    with_memory = tuple(replace(g, memory_mib=80 * 1024) for g in gpus(8))
+    nodes = [Node(NodeName(f"n{i}"), with_memory, rack=f"r{i // 2}") for i in range(NODE_COUNT)]
     portal = Portal(nodes, {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
     for op in steps:
         portal.apply(op)

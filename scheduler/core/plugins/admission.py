@@ -54,7 +54,17 @@ class VcQuota:
 
     def admit(self, job: PendingJob, model: str, ctx: CycleContext) -> Status:
         quota_model = job.gpu_model if job.gpu_model != ANY_MODEL else model
-        return quota_fits(ctx.state, job.vc, quota_model, job.gpus, self.borrowing)
+        return quota_fits(
+            ctx.state, job.vc, quota_model, quota_gpus(ctx.state, job, quota_model)[0], self.borrowing
+        )
+
+
+def quota_gpus(state: ClusterState, job: PendingJob, model: str) -> tuple[int, int]:
+    """Whole GPUs the job adds to its VC's and its user's usage: its GPUs, or for a fractional
+    job 0 or 1, as its share does or does not start another GPU's worth."""
+    if not job.gpu_share_milli:
+        return job.gpus, job.gpus
+    return state.share_increment(job.vc, job.user, model, job.gpu_share_milli)
 
 
 class UserLimit:
@@ -70,8 +80,9 @@ class UserLimit:
         vc = ctx.state.vcs.get(job.vc)
         if vc is None or vc.max_gpus_per_user is None:
             return SUCCESS
-        held = ctx.state.user_used.get((job.vc, job.user), 0)
-        if held + job.gpus <= vc.max_gpus_per_user:
+        held = ctx.state.user_gpus(job.vc, job.user)
+        need = quota_gpus(ctx.state, job, job.gpu_model if job.gpu_model != ANY_MODEL else model)[1]
+        if held + need <= vc.max_gpus_per_user:
             return SUCCESS
         return Status(
             Code.UNSCHEDULABLE,
