@@ -47,7 +47,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
-    "portal.lib.middleware.DatabaseUnavailableMiddleware",
+    "portal.lib.middleware.ErrorResponsesMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -147,7 +147,7 @@ REST_FRAMEWORK = {
         "submit": env_str("THROTTLE_SUBMIT", "600/min"),
     },
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        "portal.lib.parsers.JSONParser",
         "portal.lib.parsers.YAMLParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",

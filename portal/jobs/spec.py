@@ -8,11 +8,13 @@ portal.jobs.services.submit_job.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agents.runtime.policy import image_problems
 from portal.cluster.models import Flavor, PriorityClass, VirtualCluster
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -22,6 +24,19 @@ RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
 DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
 CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT")
 MAX_REPLICAS = 64
+MAX_COMMAND_BYTES = 65536
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, rather than dropping them: a misspelt option, or one the
+    portal does not offer (privileged: true), must be an error the user sees."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(str(key) for key in data if key not in self.fields)
+            if unknown:
+                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
+        return super().to_internal_value(data)
 
 
 def parse_duration(value: Any) -> int:
@@ -64,10 +79,12 @@ class CommandField(serializers.Field):
         if isinstance(data, str):
             if not data.strip():
                 raise serializers.ValidationError("The command must not be empty.")
-            return ["sh", "-c", data]
+            data = ["sh", "-c", data]
         if isinstance(data, list) and data and all(isinstance(a, str) for a in data):
-            if len(data) > 1000 or sum(len(a) for a in data) > 65536:
+            if len(data) > 1000 or sum(len(a) for a in data) > MAX_COMMAND_BYTES:
                 raise serializers.ValidationError("The command is too long (at most 64 KiB).")
+            if any("\x00" in a for a in data):
+                raise serializers.ValidationError("The command must not contain NUL characters.")
             return data
         raise serializers.ValidationError("Give the command as a string or a non-empty list of strings.")
 
@@ -75,14 +92,14 @@ class CommandField(serializers.Field):
         return value
 
 
-class ResourcesSerializer(serializers.Serializer):
+class ResourcesSerializer(StrictSerializer):
     gpus = serializers.IntegerField(min_value=1, max_value=16)
     gpu_model = serializers.CharField(max_length=32)
     cpu = serializers.IntegerField(min_value=1, max_value=512)
     memory_gb = serializers.IntegerField(min_value=1, max_value=4096)
 
 
-class MountSerializer(serializers.Serializer):
+class MountSerializer(StrictSerializer):
     name = serializers.SlugField(help_text="A volume an admin allowed for the VC.")
     path = serializers.CharField(max_length=255, help_text="Where it appears inside the job.")
     read_only = serializers.BooleanField(default=True)
@@ -93,7 +110,7 @@ class MountSerializer(serializers.Serializer):
         return value
 
 
-class RetriesSerializer(serializers.Serializer):
+class RetriesSerializer(StrictSerializer):
     limit = serializers.IntegerField(min_value=0, max_value=10, default=0)
     backoff_seconds = serializers.IntegerField(min_value=0, max_value=86400, default=60)
     permanent_exit_codes = serializers.ListField(
@@ -109,13 +126,13 @@ class RetriesSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class CheckpointSettingsSerializer(serializers.Serializer):
+class CheckpointSettingsSerializer(StrictSerializer):
     enabled = serializers.BooleanField(default=False)
     signal = serializers.ChoiceField(choices=CHECKPOINT_SIGNALS, default="SIGUSR1")
     grace_seconds = serializers.IntegerField(min_value=1, max_value=3600, default=120)
 
 
-class JobSpecSerializer(serializers.Serializer):
+class JobSpecSerializer(StrictSerializer):
     name = serializers.CharField(max_length=100)
     vc = serializers.SlugField(help_text="The virtual cluster to queue in.")
     flavor = serializers.SlugField(required=False, help_text="A flavor name; or give resources.")
@@ -137,6 +154,13 @@ class JobSpecSerializer(serializers.Serializer):
             raise serializers.ValidationError(
                 "Use letters, digits, '.', '_' and '-', starting with a letter or digit."
             )
+        return value
+
+    def validate_image(self, value: str) -> str:
+        # The agent checks again before it pulls; this says so at submission already.
+        problems = image_problems(value) if value else []
+        if problems:
+            raise serializers.ValidationError(problems[0][0].upper() + problems[0][1:] + ".")
         return value
 
     def validate_env(self, value: dict[str, str]) -> dict[str, str]:
