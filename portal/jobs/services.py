@@ -224,24 +224,30 @@ def stored_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@transaction.atomic
-def submit_job(user: Any, spec: dict[str, Any]) -> Job:
-    """Queues a job from a spec validated by JobSpecSerializer.
+def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None) -> Job:
+    """The unsaved pending Job for a spec validated by JobSpecSerializer, after the domain rules
+    every submission passes: the user may submit to the VC, and the job could ever fit.
 
-    Raises PermissionDenied for viewers and JobRejected when the job could never run; in both
-    cases nothing is stored. The job starts pending, with an event.
+    Raises PermissionDenied or JobRejected. `checked` remembers the VCs and job shapes already
+    admitted, so a job array costs the rule queries once per shape, not once per job.
     """
+    checked = set() if checked is None else checked
     vc = spec["vc"]
-    if (
-        not user.is_staff
-        and not Membership.objects.filter(user=user, tenant=vc.tenant, role__in=SUBMIT_ROLES).exists()
-    ):
-        raise PermissionDenied(f"You may not submit jobs to VC {vc.name}.")
+    if ("vc", vc.pk) not in checked:
+        if (
+            not user.is_staff
+            and not Membership.objects.filter(user=user, tenant=vc.tenant, role__in=SUBMIT_ROLES).exists()
+        ):
+            raise PermissionDenied(f"You may not submit jobs to VC {vc.name}.")
+        checked.add(("vc", vc.pk))
     resources = resolve_resources(spec)
-    quota = Quota.objects.filter(virtual_cluster=vc, gpu_model=resources["gpu_model"]).first()
-    check_job_can_ever_fit(vc.name, quota, resources, spec["replicas"])
+    shape = ("shape", vc.pk, spec["replicas"], *sorted(resources.items()))
+    if shape not in checked:
+        quota = Quota.objects.filter(virtual_cluster=vc, gpu_model=resources["gpu_model"]).first()
+        check_job_can_ever_fit(vc.name, quota, resources, spec["replicas"])
+        checked.add(shape)
     pc = spec["priority"]
-    job = Job.objects.create(
+    return Job(
         tenant=vc.tenant,
         virtual_cluster=vc,
         owner=user,
@@ -257,7 +263,10 @@ def submit_job(user: Any, spec: dict[str, Any]) -> Job:
         pending_message="Waiting for the next scheduling cycle.",
         **resources,
     )
-    JobEvent.objects.create(
+
+
+def submitted_event(job: Job, user: Any) -> JobEvent:
+    return JobEvent(
         job=job,
         from_state="",
         to_state=JobState.PENDING,
@@ -265,10 +274,63 @@ def submit_job(user: Any, spec: dict[str, Any]) -> Job:
         actor_label=actor_label(user),
         reason="submitted",
     )
+
+
+@transaction.atomic
+def submit_job(user: Any, spec: dict[str, Any]) -> Job:
+    """Queues a job from a spec validated by JobSpecSerializer.
+
+    Raises PermissionDenied for viewers and JobRejected when the job could never run; in both
+    cases nothing is stored. The job starts pending, with an event.
+    """
+    job = pending_job(user, spec)
+    job.save()
+    submitted_event(job, user).save()
     publish_job_change(job)  # other tabs of the tenant show the new job at once
-    record_audit(user, "job.submit", job, tenant=vc.tenant)
+    record_audit(user, "job.submit", job, tenant=job.tenant)
     request_scheduling_cycle()
     return job
+
+
+class JobsRejected(Exception):
+    """Some jobs of a bulk submission can never run: {item index: {field: [message]}}."""
+
+    def __init__(self, errors: dict[int, dict[str, list[str]]]) -> None:
+        super().__init__(f"{len(errors)} of the jobs were rejected")
+        self.errors = errors
+
+
+@transaction.atomic
+def submit_jobs(user: Any, specs: Sequence[dict[str, Any]]) -> list[Job]:
+    """Queues many jobs (a job array) all or nothing, with the rules of submit_job.
+
+    Raises PermissionDenied when any VC is closed to the user and JobsRejected naming every item
+    that could never run; then nothing is stored. Otherwise two INSERTs (jobs, events), one audit
+    entry per tenant and one cycle request, however many jobs.
+    """
+    checked: set[Any] = set()
+    jobs: list[Job] = []
+    errors: dict[int, dict[str, list[str]]] = {}
+    for index, spec in enumerate(specs):
+        try:
+            jobs.append(pending_job(user, spec, checked))
+        except JobRejected as exc:
+            errors[index] = {exc.field: [exc.message]}
+    if errors:
+        raise JobsRejected(errors)
+    Job.objects.bulk_create(jobs)
+    JobEvent.objects.bulk_create([submitted_event(job, user) for job in jobs])
+    tenants: dict[int, list[Job]] = {}
+    for job in jobs:
+        publish_job_change(job)
+        tenants.setdefault(job.tenant_id, []).append(job)
+    for tenant_jobs in tenants.values():
+        ids = ", ".join(str(job.pk) for job in tenant_jobs)
+        record_audit(
+            user, "job.submit_bulk", tenant=tenant_jobs[0].tenant, detail=f"{len(tenant_jobs)} jobs: {ids}"
+        )
+    request_scheduling_cycle()
+    return jobs
 
 
 def release_allocations(job: Job) -> int:

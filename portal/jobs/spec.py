@@ -173,23 +173,35 @@ class JobSpecSerializer(StrictSerializer):
                 raise serializers.ValidationError(f"{key} is reserved: the agent sets it.")
         return value
 
+    def _lookup(self, kind: str, name: Any, fetch: Any) -> Any:
+        """A lookup by name, remembered for the request: a job array names the same VC, flavor
+        and priority class in every item."""
+        cache = self.context.setdefault("spec_lookups", {})
+        if (kind, name) not in cache:
+            cache[kind, name] = fetch()
+        return cache[kind, name]
+
     def validate_vc(self, value: str) -> VirtualCluster:
         user = self.context["request"].user
-        vc = VirtualCluster.objects.for_user(user).filter(name=value).select_related("tenant").first()
+        vc = self._lookup(
+            "vc",
+            value,
+            lambda: VirtualCluster.objects.for_user(user).filter(name=value).select_related("tenant").first(),
+        )
         if vc is None:
             # The same words whether the VC does not exist or belongs to another tenant.
             raise serializers.ValidationError(f"No virtual cluster named {value!r} that you can submit to.")
         return vc
 
     def validate_flavor(self, value: str) -> Flavor:
-        flavor = Flavor.objects.filter(name=value).first()
+        flavor = self._lookup("flavor", value, lambda: Flavor.objects.filter(name=value).first())
         if flavor is None:
             names = ", ".join(Flavor.objects.values_list("name", flat=True))
             raise serializers.ValidationError(f"No flavor named {value!r}. Flavors: {names}.")
         return flavor
 
     def validate_priority(self, value: str) -> PriorityClass:
-        pc = PriorityClass.objects.filter(name=value).first()
+        pc = self._lookup("priority", value, lambda: PriorityClass.objects.filter(name=value).first())
         if pc is None:
             names = ", ".join(PriorityClass.objects.values_list("name", flat=True))
             raise serializers.ValidationError(f"No priority class named {value!r}. Classes: {names}.")
@@ -222,7 +234,9 @@ class JobSpecSerializer(StrictSerializer):
                 elif not mount["read_only"] and not allowed_mount.get("writable", False):
                     errors["mounts"] = f"Volume {mount['name']!r} may only be mounted read-only."
         if "priority" not in attrs:
-            default = PriorityClass.objects.filter(is_default=True).first()
+            default = self._lookup(
+                "priority", None, lambda: PriorityClass.objects.filter(is_default=True).first()
+            )
             if default is None:
                 errors["priority"] = "Name a priority class: the cluster has no default."
             attrs["priority"] = default

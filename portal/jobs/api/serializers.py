@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.jobs.accounting import job_usage
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine, TelemetrySample
+from portal.jobs.spec import JobSpecSerializer
 from scheduler.core import HintKind
 
 
@@ -161,3 +164,65 @@ class UsageReportSerializer(serializers.Serializer):
     until = serializers.DateTimeField()
     group = serializers.CharField()
     results = UsageRowSerializer(many=True)
+
+
+MAX_BULK_JOBS = 1000
+ARRAY_INDEX_ENV = "ARRAY_INDEX"
+
+
+@extend_schema_field(JobSpecSerializer(many=True))
+class JobSpecListField(serializers.ListField):
+    """A list of job specs, checked one by one in BulkSubmitSerializer."""
+
+    child = serializers.DictField()
+
+
+class BulkSubmitSerializer(serializers.Serializer):
+    """Many jobs in one request, all or nothing: either `jobs`, a list of specs, or `job` and
+    `array`, one spec queued `array` times as NAME-0 .. NAME-(N-1), each with its index in the
+    environment variable ARRAY_INDEX. Errors name the item: {"jobs": {"3": {"vc": [...]}}}."""
+
+    jobs = JobSpecListField(required=False, min_length=1, max_length=MAX_BULK_JOBS)
+    job = serializers.DictField(required=False, help_text="One spec (a JobSpec) to queue `array` times.")
+    array = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BULK_JOBS)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "jobs" in attrs:
+            if "job" in attrs or "array" in attrs:
+                raise serializers.ValidationError({"jobs": ["Give either jobs, or job and array; not both."]})
+            return {"specs": self._checked_specs(attrs["jobs"]), "array": False}
+        if "job" not in attrs or "array" not in attrs:
+            raise serializers.ValidationError({"jobs": ["Give a list of jobs, or a job and an array size."]})
+        spec = self._checked_specs([attrs["job"]], field="job")[0]
+        count = attrs["array"]
+        if len(spec["name"]) + len(f"-{count - 1}") > 100:
+            raise serializers.ValidationError(
+                {"job": {"name": ["Leave room for the index: at most 95 characters."]}}
+            )
+        if ARRAY_INDEX_ENV in spec["env"]:
+            raise serializers.ValidationError(
+                {"job": {"env": [f"{ARRAY_INDEX_ENV} is set per job of the array."]}}
+            )
+        specs = [
+            {**spec, "name": f"{spec['name']}-{i}", "env": {**spec["env"], ARRAY_INDEX_ENV: str(i)}}
+            for i in range(count)
+        ]
+        return {"specs": specs, "array": True}
+
+    def _checked_specs(self, items: list[dict[str, Any]], field: str = "jobs") -> list[dict[str, Any]]:
+        """Each item through JobSpecSerializer; every bad item's errors under its index."""
+        specs, errors = [], {}
+        for index, item in enumerate(items):
+            spec = JobSpecSerializer(data=item, context=self.context)
+            if spec.is_valid():
+                specs.append(spec.validated_data)
+            else:
+                errors[index] = spec.errors
+        if errors:
+            raise serializers.ValidationError({field: errors[0] if field == "job" else errors})
+        return specs
+
+
+class BulkSubmitResultSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    ids = serializers.ListField(child=serializers.IntegerField(), help_text="In the order of the request.")

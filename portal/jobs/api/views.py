@@ -22,6 +22,8 @@ from rest_framework.views import APIView
 from portal.jobs import services
 from portal.jobs.accounting import GROUPS, usage_report
 from portal.jobs.api.serializers import (
+    BulkSubmitResultSerializer,
+    BulkSubmitSerializer,
     JobDetailSerializer,
     JobEventSerializer,
     JobSerializer,
@@ -77,6 +79,22 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 raise DRFPermissionDenied(str(exc)) from exc
             data = JobDetailSerializer(self.get_queryset().get(pk=job.pk)).data
         return Response(data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=BulkSubmitSerializer, responses={201: BulkSubmitResultSerializer})
+    @action(detail=False, methods=["post"])
+    def bulk(self, request: Request) -> Response:
+        """Submit a job array (up to 1,000 jobs) in one request: all are queued, or none."""
+        body = BulkSubmitSerializer(data=request.data, context={"request": request})
+        body.is_valid(raise_exception=True)
+        try:
+            jobs = services.submit_jobs(request.user, body.validated_data["specs"])
+        except services.JobsRejected as exc:
+            if body.validated_data["array"]:  # every copy fails alike: name the one spec
+                raise ValidationError({"job": next(iter(exc.errors.values()))}) from exc
+            raise ValidationError({"jobs": exc.errors}) from exc
+        except services.PermissionDenied as exc:
+            raise DRFPermissionDenied(str(exc)) from exc
+        return Response({"count": len(jobs), "ids": [job.pk for job in jobs]}, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
