@@ -110,8 +110,9 @@ def assert_acknowledged_jobs_exist(acknowledged: Iterable[int]) -> None:
 
 
 def assert_every_state_change_is_recorded() -> None:
-    """I6: each job's events run from submission ('' -> pending) through allowed transitions to
-    its current state, and its submission (and a cancellation) left an audit entry."""
+    """I6: each job's events (who, when, why) run from submission ('' -> pending) through allowed
+    transitions to its current state, and a cancellation left an audit entry. (Submissions are
+    audited per request, a job array in one entry: tests/security/test_secrets_and_audit.py.)"""
     chains: dict[int, list[tuple[str, str]]] = defaultdict(list)
     for job_id, from_state, to_state in (
         JobEvent.objects.exclude(to_state="")
@@ -127,7 +128,6 @@ def assert_every_state_change_is_recorded() -> None:
             assert before == after_from, f"job {job_id}: events jump from {before} to {after_from}"
             assert can_transition(after_from, after_to), f"job {job_id}: {after_from} -> {after_to}"
         assert chain[-1][1] == state, f"job {job_id} is {state} but its last event says {chain[-1][1]}"
-        assert ("job.submit", str(job_id)) in audited, f"job {job_id} has no audit entry for its submission"
         if state == JobState.CANCELLED:
             assert ("job.cancel", str(job_id)) in audited, f"job {job_id}: cancelled, not audited"
 
