@@ -448,6 +448,7 @@ class _CycleRun:
             return never
         if job.gpu_share_milli:
             return self._place_share(job, model, statement)
+        self.ctx.placing = job
         quick = self._quick_fit(job, model)
         if not quick.ok:
             return quick

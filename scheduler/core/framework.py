@@ -52,6 +52,7 @@ class CycleContext:
     state: ClusterState
     running_by_id: dict[str, RunningJob]
     borrowed_gpus: dict[str, int]  # running job id -> GPUs above its VC's guarantee
+    placing: PendingJob | None = None  # the job being placed while score plugins run
 
 
 @runtime_checkable

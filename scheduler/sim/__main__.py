@@ -4,8 +4,12 @@
         [--topology FILE] --profile NAME|FILE [--vc-quotas FILE]
         [--preempt-overhead SECONDS] [--vc NAME] [--until SECONDS] [--time-limit SECONDS]
         [--max-jobs N] --json
+    python -m scheduler.sim --trace PODS.csv --format openb --nodes NODES.csv --profile NAME
+        [--demand FACTOR] --json
 
-Prints one JSON object (the last line of output) with the figures of `metrics.summarize`.
+Prints one JSON object (the last line of output) with the figures of `metrics.summarize`, or
+with `--nodes` those of the openb fill experiment (`openb.fill`: unallocated_gpus,
+allocated_gpu_ratio).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from scheduler.core import load_profile
+from scheduler.sim import openb
 from scheduler.sim.cluster import load_topology, parse_cluster_spec, uniform_cluster
 from scheduler.sim.engine import Simulator
 from scheduler.sim.metrics import summarize
@@ -56,8 +61,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--until", type=float, help="replay only jobs submitted before this many seconds after the first"
     )
+    parser.add_argument("--nodes", help="openb node list CSV: run the fill experiment on those nodes")
+    parser.add_argument(
+        "--demand",
+        type=float,
+        default=1.0,
+        help="fill experiment: pods arrive until they ask for this many times the cluster's GPUs",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     args = parser.parse_args(argv)
+
+    if args.nodes:
+        if args.format != "openb":
+            parser.error("--nodes is for --format openb (the fill experiment)")
+        started = time.perf_counter()
+        pods, skipped = openb.load_pods(args.trace)
+        summary = openb.fill(openb.load_nodes(args.nodes), pods, load_profile(args.profile), args.demand)
+        wall_s = round(time.perf_counter() - started, 2)
+        summary.update(skipped_rows=skipped, profile=args.profile, wall_s=wall_s)
+        sys.stdout.write(json.dumps(summary, sort_keys=True) + "\n")
+        return 0
 
     if args.topology:
         nodes = load_topology(args.topology)

@@ -1,0 +1,196 @@
+"""The openb fill experiment (Weng et al., "Beware of Fragmentation", ATC'23).
+
+Pods of the Alibaba openb trace arrive in creation order and never leave; each batch of
+arrivals is one scheduling cycle of the core. Arrivals go on (cycling through the trace) until
+the GPUs they asked for add up to `demand` times the cluster's GPUs. Then:
+
+- `allocated_gpu_ratio`: GPUs handed out (shares as their fraction) over all GPUs;
+- `unallocated_gpus`: free GPU capacity that no pod left pending could use: on every GPU with
+  free capacity, none of the pending pods' shapes fits (the share does not fit the room left,
+  a whole-GPU pod finds too few whole free GPUs on the node, or the node lacks CPU or memory).
+  That is capacity lost to fragmentation, the figure FGD reduces.
+
+Pods without GPUs are left out (the core schedules GPU work); every pod belongs to one VC and
+one tenant, whose guarantee is the whole cluster, so quotas never bind.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from scheduler.core import (
+    Gpu,
+    JobId,
+    Node,
+    NodeName,
+    PendingJob,
+    Profile,
+    Quota,
+    RunningJob,
+    Snapshot,
+    UserName,
+    VcName,
+    VirtualCluster,
+    decide,
+)
+from scheduler.core.plugins.sharing import WHOLE, node_free_vector
+from scheduler.core.state import build_state
+
+VC = VcName("openb")
+USER = UserName("openb")
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int  # whole GPUs; 1 for a fractional pod
+    share_milli: int  # 0 = whole GPUs
+
+    @property
+    def demand_milli(self) -> int:
+        return self.share_milli or self.gpus * WHOLE
+
+
+def load_nodes(path: str | Path) -> tuple[Node, ...]:
+    """`sn,cpu_milli,memory_mib,gpu,model` rows; nodes without GPUs are left out."""
+    nodes = []
+    with Path(path).open(newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            count = int(row["gpu"] or 0)
+            if count <= 0:
+                continue
+            name = row["sn"]
+            nodes.append(
+                Node(
+                    NodeName(name),
+                    tuple(Gpu(i, row["model"], uuid=f"{name}-{i}") for i in range(count)),
+                    cpu_milli=int(row["cpu_milli"]),
+                    memory_mib=int(row["memory_mib"]),
+                )
+            )
+    return tuple(nodes)
+
+
+def load_pods(path: str | Path) -> tuple[list[Pod], int]:
+    """GPU pods in creation order, and how many rows were left out (no GPU)."""
+    rows: list[tuple[float, int, Pod]] = []
+    skipped = 0
+    with Path(path).open(newline="", encoding="utf-8") as f:
+        for position, row in enumerate(csv.DictReader(f)):
+            gpus = int(row["num_gpu"] or 0)
+            if gpus <= 0:
+                skipped += 1
+                continue
+            milli = int(row["gpu_milli"] or WHOLE)
+            share = milli if gpus == 1 and 0 < milli < WHOLE else 0
+            created = float(row.get("creation_time") or 0)
+            pod = Pod(row["name"], int(row["cpu_milli"]), int(row["memory_mib"]), gpus, share)
+            rows.append((created, position, pod))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return [pod for _, _, pod in rows], skipped
+
+
+def fill(
+    nodes: tuple[Node, ...], pods: Sequence[Pod], profile: Profile, demand: float = 1.0, batch: int = 64
+) -> dict[str, Any]:
+    if not pods:
+        raise ValueError("the trace has no GPU pods")
+    capacity = sum(1 for node in nodes for gpu in node.gpus if gpu.healthy)
+    vcs = (VirtualCluster(VC, (Quota("*", capacity, 0),), tenant="openb"),)
+    # A fill needs placements only: no estimates or hints, no clock (every pod starts at 0).
+    quiet = replace(profile, cycle=replace(profile.cycle, estimate_starts=False, whatif_max_jobs=0))
+    running: list[RunningJob] = []
+    pending_left: list[Pod] = []
+    arrived_milli = arrivals = cycles = 0
+    target = demand * capacity * WHOLE
+    while arrived_milli < target:
+        chunk: list[tuple[JobId, Pod]] = []
+        while len(chunk) < batch and arrived_milli < target:
+            pod = pods[arrivals % len(pods)]
+            chunk.append((JobId(f"{pod.name}/{arrivals // len(pods)}"), pod))
+            arrived_milli += pod.demand_milli
+            arrivals += 1
+        pending = tuple(
+            PendingJob(
+                job_id,
+                VC,
+                USER,
+                replicas=1,
+                gpus_per_replica=pod.gpus,
+                submitted_at=float(arrivals - len(chunk) + k),
+                cpu_milli_per_replica=pod.cpu_milli,
+                memory_mib_per_replica=pod.memory_mib,
+                preemptible=False,
+                gpu_share_milli=pod.share_milli,
+            )
+            for k, (job_id, pod) in enumerate(chunk)
+        )
+        plan = decide(Snapshot(nodes, vcs, tuple(running), pending), quiet, 0.0)
+        cycles += 1
+        by_id = dict(chunk)
+        for start in plan.starts:
+            pod = by_id.pop(start.job_id)
+            running.append(
+                RunningJob(
+                    start.job_id,
+                    VC,
+                    USER,
+                    start.placement,
+                    started_at=0.0,
+                    preemptible=False,
+                    cpu_milli_per_replica=pod.cpu_milli,
+                    memory_mib_per_replica=pod.memory_mib,
+                    gpu_share_milli=start.gpu_share_milli,
+                )
+            )
+        pending_left.extend(by_id.values())
+    allocated_milli = sum(job.gpu_share_milli or job.gpus * WHOLE for job in running)
+    return {
+        "gpus": capacity,
+        "nodes": len(nodes),
+        "pods_arrived": arrivals,
+        "pods_placed": len(running),
+        "pods_pending": len(pending_left),
+        "arrived_gpu_demand": round(arrived_milli / WHOLE, 1),
+        "allocated_gpu_ratio": round(allocated_milli / (capacity * WHOLE), 4),
+        "unallocated_gpus": round(unallocated_milli(nodes, vcs, running, pending_left) / WHOLE, 1),
+        "cycles": cycles,
+    }
+
+
+def unallocated_milli(
+    nodes: tuple[Node, ...],
+    vcs: tuple[VirtualCluster, ...],
+    running: Sequence[RunningJob],
+    pending: Sequence[Pod],
+) -> int:
+    """Free GPU capacity (thousandths) that none of the pending pods' shapes could use."""
+    state, _ = build_state(Snapshot(nodes, vcs, tuple(running), ()))
+    shapes = sorted(
+        {(0 if p.share_milli else p.gpus, p.share_milli, p.cpu_milli, p.memory_mib) for p in pending}
+    )
+    lost = 0
+    for slot in state.nodes:
+        if not slot.usable:
+            continue
+        free = node_free_vector(slot)
+        whole_free = sum(1 for f in free if f >= WHOLE)
+        cpu = slot.cpu_free if slot.cpu_free is not None else float("inf")
+        memory = slot.memory_free if slot.memory_free is not None else float("inf")
+        fitting = [s for s in shapes if s[2] <= cpu and s[3] <= memory]
+        for room in free:
+            if room <= 0:
+                continue
+            usable = any(
+                (share and room >= share) or (not share and room >= WHOLE and whole_free >= gpus)
+                for gpus, share, _, _ in fitting
+            )
+            if not usable:
+                lost += room
+    return lost
