@@ -199,13 +199,15 @@ def check_job_can_ever_fit(
             f"The gang needs {replicas} replicas of {per_replica} {model}; the cluster's nodes can hold "
             f"at most {holdable} such replicas.",
         )
-    largest_cpu = Node.objects.filter(gpus__model=model).aggregate(m=models.Max("cpu"))["m"] or 0
+    largest = Node.objects.filter(gpus__model=model).aggregate(
+        cpu=models.Max("cpu"), mem=models.Max("memory_gb")
+    )
+    largest_cpu, largest_mem = largest["cpu"] or 0, largest["mem"] or 0
     if largest_cpu and resources["cpu_per_replica"] > largest_cpu:
         raise JobRejected(
             "resources",
             f"Each replica asks for {resources['cpu_per_replica']} CPUs; the largest node has {largest_cpu}.",
         )
-    largest_mem = Node.objects.filter(gpus__model=model).aggregate(m=models.Max("memory_gb"))["m"] or 0
     if largest_mem and resources["memory_gb_per_replica"] > largest_mem:
         raise JobRejected(
             "resources",

@@ -68,7 +68,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def create(self, request: Request) -> Response:
         spec = JobSpecSerializer(data=request.data, context={"request": request})
         spec.is_valid(raise_exception=True)
-        # The answer is read in the submission's transaction: should the database go away after
+        # The answer is made in the submission's transaction: should the database go away after
         # the commit, the client must not get an error for a job that was stored.
         with transaction.atomic():
             try:
@@ -77,7 +77,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 raise ValidationError({exc.field: [exc.message]}) from exc
             except services.PermissionDenied as exc:
                 raise DRFPermissionDenied(str(exc)) from exc
-            data = JobDetailSerializer(self.get_queryset().get(pk=job.pk)).data
+            # The stored job is at hand with its tenant, VC, owner and class; a job this new has
+            # no attempts or checkpoints, so nothing needs reading back.
+            job._prefetched_objects_cache = {"attempts": [], "checkpoints": []}
+            data = JobDetailSerializer(job).data
         return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=BulkSubmitSerializer, responses={201: BulkSubmitResultSerializer})
