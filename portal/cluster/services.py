@@ -224,50 +224,72 @@ def latest_gpu_samples(node_ids: Iterable[int]) -> dict[int, dict[str, dict[str,
 def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
     """Stores the samples of many nodes at once: the latest sample per GPU in Redis (one
     pipeline), and the samples of allocated GPUs as their attempt's history in PostgreSQL (one
-    COPY), pushed to the browsers watching those jobs.
+    statement), pushed to the browsers watching those jobs.
 
     A sample counts for the attempt holding that GPU on that node now: a node's report on a GPU
-    it does not have, or one nobody holds, is kept as the latest reading only.
+    it does not have, or one nobody holds, is kept as the latest reading only. PostgreSQL reads
+    the samples from one JSON document and finds their attempts itself, so the web process does
+    no work per sample beyond serialising it once.
     """
-    from portal.jobs.models import Allocation, TelemetrySample
+    from portal.jobs.models import Allocation
     from portal.live.publish import publish_telemetry
 
-    latest: dict[int, dict[str, GpuSample]] = defaultdict(dict)
+    latest: dict[int, dict[str, str]] = defaultdict(dict)
+    documents = []
     for node_id, samples in batches:
-        for sample in samples:
-            latest[node_id][sample.gpu_uuid] = sample
+        texts = [sample.model_dump_json() for sample in samples]
+        latest[node_id].update(zip((sample.gpu_uuid for sample in samples), texts, strict=True))
+        documents.append(f'{{"node":{int(node_id)},"samples":[{",".join(texts)}]}}')
     pipe = get_redis().pipeline(transaction=False)
     for node_id, by_uuid in latest.items():
-        key = telemetry_key(node_id)
-        pipe.hset(key, mapping={uuid: s.model_dump_json() for uuid, s in by_uuid.items()})
-        pipe.expire(key, TELEMETRY_TTL_S)
+        pipe.hset(f"telemetry:node:{node_id}", mapping=by_uuid)
+        pipe.expire(f"telemetry:node:{node_id}", TELEMETRY_TTL_S)
     pipe.execute()
+    with connection.cursor() as cursor:
+        cursor.execute(STORE_HISTORY_SQL, [f"[{','.join(documents)}]"])
+        job_ids = [job_id for (job_id,) in cursor.fetchall()]
 
+    watched = set(watched_jobs(job_ids))
+    if not watched:
+        return
     owners = {
-        (node_id, uuid): (attempt_id, job_id)
-        for node_id, uuid, attempt_id, job_id in Allocation.objects.filter(
-            released_at__isnull=True, gpu__node_id__in=list(latest)
-        ).values_list("gpu__node_id", "gpu__uuid", "attempt_id", "attempt__job_id")
+        (node_id, uuid): job_id
+        for node_id, uuid, job_id in Allocation.objects.filter(
+            released_at__isnull=True, attempt__job_id__in=watched
+        ).values_list("gpu__node_id", "gpu__uuid", "attempt__job_id")
     }
-    rows: list[tuple[Any, ...]] = []
-    by_job: dict[int, list[GpuSample]] = defaultdict(list)
+    by_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for node_id, samples in batches:
         for sample in samples:
-            owner = owners.get((node_id, sample.gpu_uuid))
-            if owner is None:
-                continue
-            rows.append((owner[0], *(getattr(sample, name) for name in HISTORY_COLUMNS[1:-1]), 0))
-            by_job[owner[1]].append(sample)
-    if rows:
-        columns = ", ".join(TelemetrySample._meta.get_field(name).column for name in HISTORY_COLUMNS)
-        copy_sql = f"COPY {TelemetrySample._meta.db_table} ({columns}) FROM STDIN"
-        with connection.cursor() as cursor, cursor.copy(copy_sql) as copy:
-            for row in rows:
-                copy.write_row(row)
-    for job_id in watched_jobs(by_job):
-        publish_telemetry(
-            job_id, [s.model_dump(mode="json", include=TELEMETRY_FIELDS) for s in by_job[job_id]]
+            if (job_id := owners.get((node_id, sample.gpu_uuid))) is not None:
+                by_job[job_id].append(sample.model_dump(mode="json", include=TELEMETRY_FIELDS))
+    for job_id, job_samples in by_job.items():
+        publish_telemetry(job_id, job_samples)
+
+
+# One node's report counts only for GPUs of that node: the join is on the node and the uuid.
+STORE_HISTORY_SQL = """
+WITH batch AS (
+    SELECT (b ->> 'node')::bigint AS node_id, s.*
+    FROM jsonb_array_elements(%s::jsonb) AS b,
+        jsonb_to_recordset(b -> 'samples') AS s(
+            gpu_uuid text, time timestamptz, utilization_pct float8, memory_used_mib integer,
+            power_w float8, temperature_c float8, energy_j float8
         )
+), stored AS (
+    INSERT INTO jobs_telemetrysample (
+        attempt_id, gpu_uuid, time, utilization_pct, memory_used_mib, power_w, temperature_c,
+        energy_j, resolution_s
+    )
+    SELECT a.attempt_id, batch.gpu_uuid, batch.time, batch.utilization_pct, batch.memory_used_mib,
+        batch.power_w, batch.temperature_c, batch.energy_j, 0
+    FROM batch
+    JOIN cluster_gpu g ON g.node_id = batch.node_id AND g.uuid = batch.gpu_uuid
+    JOIN jobs_allocation a ON a.gpu_id = g.id AND a.released_at IS NULL
+    RETURNING attempt_id
+)
+SELECT DISTINCT attempt.job_id FROM stored JOIN jobs_jobattempt attempt ON attempt.id = stored.attempt_id
+"""
 
 
 def watched_jobs(job_ids: Iterable[int]) -> list[int]:
@@ -295,16 +317,3 @@ TELEMETRY_FIELDS = {
     "power_w",
     "temperature_c",
 }
-
-# The history columns in COPY order: the attempt, the sample's own fields, the resolution.
-HISTORY_COLUMNS = (
-    "attempt",
-    "gpu_uuid",
-    "time",
-    "utilization_pct",
-    "memory_used_mib",
-    "power_w",
-    "temperature_c",
-    "energy_j",
-    "resolution_s",
-)

@@ -264,3 +264,52 @@ async def test_an_idle_agent_connection_stays_open(users) -> None:  # type: igno
     await sync_to_async(group_send)(node_group(node.pk), {"type": "desired.changed"})
     assert decode_from_portal(await communicator.receive_from(timeout=10)).type == "desired_set"
     await communicator.disconnect()
+
+
+async def test_telemetry_is_kept_per_attempt_and_only_for_the_reporting_nodes_gpus(
+    users, paused_loop
+) -> None:  # type: ignore[no-untyped-def]
+    """Samples are buffered and written for all agents at once; closing the connection writes
+    what is buffered. A node's samples count only for the replica placed on that node."""
+    import json
+
+    from agents.protocol import GpuSample, TelemetryBatch
+    from portal.agentgw.desired import parse_agent_attempt_id
+    from portal.jobs.models import TelemetrySample
+    from portal.lib.redis import get_redis
+
+    one, _ = await greet("a100-node-1")
+    two, _ = await greet("a100-node-2")
+    job = await sync_to_async(place_a_job)(users["alice"])
+    (replica_one,) = decode_from_portal(await one.receive_from(timeout=10)).attempts
+    decode_from_portal(await two.receive_from(timeout=10))
+    node_one = await Node.objects.aget(name="a100-node-1")
+    await Node.objects.filter(pk=node_one.pk).aupdate(state="not-ready", state_reason="no heartbeat for 4 s")
+
+    def batch(gpus: list[str], utilization: float) -> str:
+        return encode(
+            TelemetryBatch(
+                samples=[GpuSample(gpu_uuid=g, time=utc_now(), utilization_pct=utilization) for g in gpus]
+            )
+        )
+
+    own = [f"GPU-a100-node-1-real-{i}" for i in range(8)]
+    await one.send_to(text_data=batch(own, 50.0))
+    await one.send_to(text_data=batch(own, 70.0))
+    # Node two's GPUs, reported by node one: the job holds them, but not on node one.
+    await one.send_to(text_data=batch(["GPU-a100-node-2-real-0"], 99.0))
+    await one.send_to(text_data=encode(Heartbeat(uptime_s=3)))
+    await one.disconnect()
+
+    rows = [
+        (s.attempt_id, s.gpu_uuid, s.utilization_pct)
+        async for s in TelemetrySample.objects.filter(attempt__job=job).order_by("gpu_uuid", "time")
+    ]
+    assert len(rows) == 16 and {r[1] for r in rows} == set(own)
+    attempt_pk, _replica = parse_agent_attempt_id(replica_one.attempt_id) or (None, None)
+    assert {r[0] for r in rows} == {attempt_pk}
+    assert [r[2] for r in rows[:2]] == [50.0, 70.0]
+    latest = await sync_to_async(get_redis().hgetall)(f"telemetry:node:{node_one.pk}")
+    assert json.loads(latest[own[0].encode()])["utilization_pct"] == 70.0
+    assert (await Node.objects.aget(pk=node_one.pk)).state == "ready"  # the heartbeat counted
+    await two.disconnect()
