@@ -10,6 +10,9 @@ from rest_framework.renderers import BaseRenderer
 
 
 class CSVRenderer(BaseRenderer):
+    """Rows (a list, or the "results" of a dict) as CSV. Given "columns", an empty report still
+    has its header line, so it is a CSV file (with a Content-Type) rather than an empty body."""
+
     media_type = "text/csv"
     format = "csv"
     charset = "utf-8"
@@ -18,10 +21,11 @@ class CSVRenderer(BaseRenderer):
         self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
     ) -> bytes:
         rows = data if isinstance(data, list) else data.get("results", [])
-        if not rows:
+        columns = None if isinstance(data, list) else data.get("columns")
+        if not rows and not columns:
             return b""
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(out, fieldnames=columns or list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
         return out.getvalue().encode("utf-8")

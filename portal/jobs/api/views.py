@@ -8,6 +8,7 @@ from django.db.models import Prefetch
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -20,7 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.jobs import services
-from portal.jobs.accounting import GROUPS, usage_report
+from portal.jobs.accounting import GROUPS, Usage, usage_report
 from portal.jobs.api.serializers import (
     BulkSubmitResultSerializer,
     BulkSubmitSerializer,
@@ -190,7 +191,8 @@ class UsageView(APIView):
             OpenApiParameter("until", str, description="ISO date or time; default now."),
             OpenApiParameter("group", str, enum=sorted(GROUPS), description="default: vc"),
         ],
-        responses=UsageReportSerializer,
+        # The CSV export is text, not the report object.
+        responses={(200, "application/json"): UsageReportSerializer, (200, "text/csv"): OpenApiTypes.STR},
     )
     def get(self, request: Request) -> Response:
         now = timezone.now()
@@ -206,7 +208,7 @@ class UsageView(APIView):
         )
         rows = usage_report(jobs, group)
         if request.accepted_renderer.format == "csv":
-            response = Response(rows)
+            response = Response({"columns": [group, "jobs", *Usage().as_dict()], "results": rows})
             response["Content-Disposition"] = (
                 f'attachment; filename="usage-{group}-{since:%Y%m%d}-{until:%Y%m%d}.csv"'
             )
