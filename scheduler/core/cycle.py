@@ -220,6 +220,7 @@ class _CycleRun:
         self._blocked_shapes: dict[tuple[str, int, int], tuple[int, Status]] = {}
         self._admissions: dict[tuple[str, str, str, int, int], tuple[int, Status]] = {}
         self._rack_nodes: dict[str, list[int]] | None = None
+        self._placement_score = 0.0  # sum of the chosen replicas' scores in the last _place
 
     # -- step 4 ------------------------------------------------------------------------
 
@@ -233,6 +234,13 @@ class _CycleRun:
         if not models:
             models = [job.gpu_model]
         failures: list[tuple[str, Status]] = []
+        # A job that takes any GPU model goes to the first model with room, or with
+        # `any_model = "best"` to the model whose placement scores best (a share looks at
+        # every model's GPUs at once, in _place_share).
+        compare = self.settings.any_model == "best" and len(models) > 1 and job.replicas == 1
+        if job.gpu_share_milli and job.gpu_model == ANY_MODEL and compare:
+            models = models[:1]
+        best_model: tuple[float, str] | None = None
         for model in models:
             status = self._never_fits(job, model)
             if status.ok:
@@ -250,6 +258,11 @@ class _CycleRun:
             if status.ok:
                 statement = Statement(self.state)
                 status = self._place(job, model, statement)
+                if status.ok and compare and not job.gpu_share_milli:
+                    statement.discard()
+                    if best_model is None or self._placement_score > best_model[0]:
+                        best_model = (self._placement_score, model)
+                    continue
                 if status.ok:
                     self._start(job, statement, model)
                     return
@@ -258,6 +271,12 @@ class _CycleRun:
                     shape = (model, job.gpus_per_replica, job.replicas)
                     self._blocked_shapes[shape] = (self.state.version, status)
             failures.append((model, status))
+        if best_model is not None:
+            statement = Statement(self.state)
+            if self._place(job, best_model[1], statement).ok:  # the same state: the same placement
+                self._start(job, statement, best_model[1])
+                return
+            statement.discard()
         model, failure = failures[0] if len(failures) == 1 else self._most_telling(failures)
         # 5. Preemption.
         if (
@@ -454,6 +473,7 @@ class _CycleRun:
             return quick
         free = state.free_total.get(model, 0)
         placed: list[GpuHold] = []
+        self._placement_score = 0.0
         limit = self.settings.max_candidates * (4 if replicas > 1 else 1)
         for _ in range(replicas):
             best: tuple[float, int, tuple[int, ...]] | None = None
@@ -495,6 +515,7 @@ class _CycleRun:
             )
             statement.reserve(hold)
             placed.append(hold)
+            self._placement_score += best[0]
         return SUCCESS
 
     def _place_share(self, job: PendingJob, model: str, statement: Statement) -> Status:
@@ -504,6 +525,9 @@ class _CycleRun:
         tenant = state.tenant_of(job.vc)
         candidates: list[ShareCandidate] = []
         node_ok: dict[int, bool] = {}
+        models = [model]
+        if job.gpu_model == ANY_MODEL and self.settings.any_model == "best":
+            models = [m for m in state.models if m == model or self._admit(job, m).ok]
 
         def fits_node(idx: int) -> bool:
             ok = node_ok.get(idx)
@@ -522,7 +546,7 @@ class _CycleRun:
             for index, entry in slot.shared.items():
                 gpu = slot.gpus[index]
                 if (
-                    gpu.model == model
+                    gpu.model in models
                     and gpu.healthy
                     and entry.tenant == tenant
                     and entry.used_milli + share <= WHOLE
@@ -531,15 +555,16 @@ class _CycleRun:
                 ):
                     candidates.append(ShareCandidate(idx, index, WHOLE - entry.used_milli))
         window = self.settings.max_candidates * 4
-        seen = 0
-        for idx in self._candidates(model, 1, []):
-            if seen >= window:
-                break
-            slot = state.nodes[idx]
-            free = [i for i in sorted(slot.free.get(model, ())) if memory_fits(slot.gpus[i], 0)]
-            if free and fits_node(idx):
-                candidates.append(ShareCandidate(idx, free[0], WHOLE))  # free GPUs of a node are alike
-                seen += 1
+        for candidate_model in models:
+            seen = 0
+            for idx in self._candidates(candidate_model, 1, []):
+                if seen >= window:
+                    break
+                slot = state.nodes[idx]
+                free = [i for i in sorted(slot.free.get(candidate_model, ())) if memory_fits(slot.gpus[i], 0)]
+                if free and fits_node(idx):
+                    candidates.append(ShareCandidate(idx, free[0], WHOLE))  # free GPUs of a node are alike
+                    seen += 1
         choice = self.plugins.share_chooser.choose_share(job, candidates, self.ctx) if candidates else None
         if choice is None:
             label = model_label(model)
@@ -553,7 +578,7 @@ class _CycleRun:
         statement.reserve(
             GpuHold(
                 choice.node_idx,
-                model,
+                state.nodes[choice.node_idx].gpus[choice.gpu_index].model,
                 (choice.gpu_index,),
                 job.cpu_milli_per_replica,
                 job.memory_mib_per_replica,

@@ -56,6 +56,9 @@ class CycleSettings:
     # Estimated starts cost a forward simulation per cycle; a caller that does not show them
     # every cycle (the simulator between arrivals) may switch them off: estimated_start is None.
     estimate_starts: bool = True
+    # A job that accepts any GPU model: "first" = the first model (by name) with room, "best" =
+    # the model whose placement scores best (single-replica jobs; costs a trial per model).
+    any_model: str = "first"
     # What-if hints are tried for this many blocked jobs at the head of the queue (0 = none):
     # each costs a few trial placements and a forward simulation per proposed change.
     whatif_max_jobs: int = 20
@@ -69,6 +72,8 @@ class CycleSettings:
         settings = cls(**dict(data))
         if settings.candidate_order not in ("fullest", "emptiest"):
             raise ValueError("cycle.candidate_order must be 'fullest' or 'emptiest'")
+        if settings.any_model not in ("first", "best"):
+            raise ValueError("cycle.any_model must be 'first' or 'best'")
         return settings
 
 

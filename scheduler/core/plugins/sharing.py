@@ -27,6 +27,7 @@ from scheduler.core.state import GpuHold, NodeSlot
 from scheduler.core.types import PendingJob
 
 WHOLE = 1000  # a GPU in thousandths
+SCORE_SCALE_GPUS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +124,9 @@ class FragmentationGradient:
         job_cpu, job_memory = _replica_needs(ctx, node, placed)
         delta = self.fragmentation(after, cpu - job_cpu, memory - job_memory)
         delta -= self.fragmentation(free, cpu, memory)
-        # Taking GPUs lowers free capacity by len(gpus) * WHOLE at most; a placement that
-        # strands nothing scores 50 + 50 * (taken / node), one that strands more scores less.
-        return max(0.0, min(100.0, 50.0 - 50.0 * delta / (WHOLE * len(free))))
+        # Nodes are compared by the change itself, so the scale is one constant for all of
+        # them (a DGX's worth of GPUs): less fragmentation added scores higher.
+        return max(0.0, min(100.0, 50.0 - 50.0 * delta / (SCORE_SCALE_GPUS * WHOLE)))
 
     def fragmentation(self, free: Sequence[int], cpu_free: float, memory_free: float) -> float:
         """Expected free capacity (thousandths of GPUs) that the workload's tasks could not
