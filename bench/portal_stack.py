@@ -57,8 +57,12 @@ def start(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
+# The web server's own settings in docker-compose.yml.
+WEB_ENV = {"DATABASE_POOL_SIZE": "16"}
+
+
 def start_web(env: dict[str, str], port: int, workers: int = 1) -> subprocess.Popen[bytes]:
-    web = start(web_command(port, workers), {**env, **PRODUCTION})
+    web = start(web_command(port, workers), {**env, **PRODUCTION, **WEB_ENV})
     wait_until(lambda: port_open(port), 60, "the web server")
     return web
 
