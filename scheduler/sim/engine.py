@@ -18,7 +18,7 @@ import heapq
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from scheduler.core import (
@@ -110,6 +110,11 @@ class SimResult:
     cycles: int
     capacity: int
     guarantees: dict[str, int] | None = None  # VC -> guaranteed GPUs, when quotas were given
+    node_gpus: int = 0  # GPUs of the widest node: jobs at least this wide are gangs
+    preemptions_by_reason: dict[str, int] = field(default_factory=dict)
+    # GPU-seconds preemption cost: the overhead each preempted job spends checkpointing on its
+    # GPUs, making no progress (progress itself is kept, as the model assumes checkpoints).
+    preemption_lost_gpu_s: float = 0.0
 
 
 def gang_shape(gpus: int, node_gpus: int) -> tuple[int, int]:
@@ -187,6 +192,8 @@ class Simulator:
         busy = 0
         busy_waiting = cap_waiting = 0.0
         preemptions = cycles = 0
+        by_reason: dict[str, int] = {}
+        lost_gpu_s = 0.0
         last_t: float | None = None
         scheduled_wake: float | None = None
 
@@ -251,6 +258,8 @@ class Simulator:
                     job.stopping = True
                     job.preemptions += 1
                     preemptions += 1
+                    by_reason[preemption.reason] = by_reason.get(preemption.reason, 0) + 1
+                    lost_gpu_s += self.overhead * job.gpus
                     job.attempt += 1  # invalidates the pending FINISH event
                     if self.overhead <= 0:
                         busy -= job.gpus
@@ -273,6 +282,9 @@ class Simulator:
             busy_gpu_s_while_waiting=busy_waiting,
             capacity_gpu_s_while_waiting=cap_waiting,
             cycles=cycles,
+            node_gpus=self.node_gpus,
+            preemptions_by_reason=dict(sorted(by_reason.items())),
+            preemption_lost_gpu_s=lost_gpu_s,
             capacity=self.capacity,
             guarantees=self.guarantees,
         )

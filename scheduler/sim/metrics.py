@@ -67,6 +67,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
                 [j for j in result.jobs if j.trace.vc == vc and j.gpus > guarantee]
             )
             per_vc[vc]["avg_queue_s_within_guarantee"] = round(_mean([_queue_delay(j) for j in fitting]), 1)
+    # Jobs at least one full node wide: the ones fragmentation keeps waiting.
+    gangs = [j for j in done if result.node_gpus and j.gpus >= result.node_gpus]
+    work_gpu_s = sum(j.trace.duration * j.gpus for j in result.jobs)
     allocation = (
         result.busy_gpu_s_while_waiting / result.capacity_gpu_s_while_waiting
         if result.capacity_gpu_s_while_waiting
@@ -91,6 +94,12 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "zero_wait_bound_s": round(_mean([j.trace.duration for j in result.jobs]), 1),
         "cycles": result.cycles,
         "capacity_gpus": result.capacity,
+        "preemptions_by_reason": result.preemptions_by_reason,
+        "preemption_lost_gpu_s": round(result.preemption_lost_gpu_s, 1),
+        # Share of all the GPU-time the jobs needed that preemptions cost on top.
+        "preemption_lost_share": round(result.preemption_lost_gpu_s / work_gpu_s, 5) if work_gpu_s else 0.0,
+        "gang_jobs": len(gangs),
+        "gang_avg_queue_s": round(_mean([_queue_delay(j) for j in gangs]), 1),
     }
 
 

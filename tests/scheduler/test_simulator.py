@@ -78,6 +78,14 @@ def test_preemption_overhead_delays_the_release() -> None:
     free = run(profile, overhead=0.0)
     costly = run(profile, overhead=30.0)
     assert costly["avg_jct_s"] > free["avg_jct_s"]
+    # The cost is counted: j1 (3 GPUs) checkpointed for 30 s, by the LAS rule; nothing for free.
+    assert costly["preemptions_by_reason"] == {"las": 1}
+    assert costly["preemption_lost_gpu_s"] == pytest.approx(90.0)
+    work = 3 * 100 + 2 * 50 + 1 * 30  # GPU-seconds the three jobs need
+    assert costly["preemption_lost_share"] == pytest.approx(90.0 / work, abs=1e-5)
+    assert free["preemption_lost_gpu_s"] == 0.0
+    # The node has 4 GPUs and no job is that wide: no gangs.
+    assert costly["gang_jobs"] == 0
 
 
 def test_cli_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
