@@ -477,6 +477,10 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
             requeue_job(job, "requeued after preemption")
         return
     ended = [s for s in reported if s["state"] in ("exited", "vanished")]
+    if job.state == JobState.SCHEDULED and ended:
+        # An end reported before any start (a start failure, a reordered or replayed report)
+        # still passes through starting: no end is a transition allowed from scheduled.
+        transition_job(job, JobState.STARTING, label=label, reason="the agent is starting it")
     if job.stop_reason == "time-limit":
         if len(ended) == job.replicas and transition_job(
             job,
