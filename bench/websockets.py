@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -39,6 +40,8 @@ from bench.portal_stack import (
     stop,
 )
 from portal.devstack import free_port
+
+LAYERS = {"redis": "portal.settings", "pubsub": "bench.pubsub_settings"}
 
 
 def browser_sessions(username: str, count: int) -> list[str]:
@@ -141,8 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=1.0, help="job changes per second")
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--layer",
+        choices=sorted(LAYERS),
+        default="redis",
+        help="channel layer: the portal's (redis) or, for comparison, Redis pub/sub (bench only)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    os.environ["DJANGO_SETTINGS_MODULE"] = LAYERS[args.layer]
     load_before = load_average()
     figures: dict[str, Any] = {}
     latencies: list[float] = []
@@ -152,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         job = bench_job()
         keys = browser_sessions("bench", args.clients)
         port = free_port()
-        web = start_web(env, port, workers=1)
+        web = start_web({**env, "DJANGO_SETTINGS_MODULE": LAYERS[args.layer]}, port, workers=1)
         try:
 
             async def run() -> list[Browser]:
@@ -165,10 +175,12 @@ def main(argv: list[str] | None = None) -> int:
                 figures["web_rss_mib_connected"] = rss_mib(web.pid)
                 listeners = [asyncio.create_task(b.listen(job.pk, sent, latencies)) for b in browsers]
                 cpu, busy, wall = cpu_seconds(web.pid), machine_busy_seconds(), time.monotonic()
+                own = time.process_time()
                 await asyncio.to_thread(publish, job, args.rate, args.seconds, sent)
                 await asyncio.sleep(2)  # the last messages in flight
                 figures["wall_s"] = time.monotonic() - wall
                 figures["web_cpu_s"] = cpu_seconds(web.pid) - cpu
+                figures["client_cpu_s"] = time.process_time() - own
                 figures["machine_busy_s"] = machine_busy_seconds() - busy
                 figures["web_rss_mib_end"] = rss_mib(web.pid)
                 for b in browsers:
@@ -188,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "benchmark": "websockets",
         "clients": args.clients,
+        "channel_layer": args.layer,
         "rate_per_client_per_s": args.rate,
         "seconds": args.seconds,
         "connect_s": round(figures["connect_s"], 1),
@@ -202,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "disconnects": len(lost),
         "disconnect_codes": sorted(set(lost)),
         "web_cpu_share_of_one_core": round(figures["web_cpu_s"] / wall, 3),
+        "client_cpu_share_of_one_core": round(figures["client_cpu_s"] / wall, 3),
         "web_rss_mib_connected": round(figures["web_rss_mib_connected"], 1),
         "web_rss_mib_end": round(figures["web_rss_mib_end"], 1),
         "machine_busy_cores": round(figures["machine_busy_s"] / wall, 2),
