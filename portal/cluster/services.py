@@ -240,11 +240,7 @@ def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
         texts = [sample.model_dump_json() for sample in samples]
         latest[node_id].update(zip((sample.gpu_uuid for sample in samples), texts, strict=True))
         documents.append(f'{{"node":{int(node_id)},"samples":[{",".join(texts)}]}}')
-    pipe = get_redis().pipeline(transaction=False)
-    for node_id, by_uuid in latest.items():
-        pipe.hset(f"telemetry:node:{node_id}", mapping=by_uuid)
-        pipe.expire(f"telemetry:node:{node_id}", TELEMETRY_TTL_S)
-    pipe.execute()
+    get_redis().eval(STORE_LATEST_LUA, 0, json.dumps(latest), TELEMETRY_TTL_S)
     with connection.cursor() as cursor:
         cursor.execute(STORE_HISTORY_SQL, [f"[{','.join(documents)}]"])
         job_ids = [job_id for (job_id,) in cursor.fetchall()]
@@ -266,6 +262,18 @@ def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
     for job_id, job_samples in by_job.items():
         publish_telemetry(job_id, job_samples)
 
+
+# One command for all nodes: redis-py spends far longer packing thousands of HSET arguments than
+# Redis takes to decode one JSON document {node id: {gpu uuid: sample JSON}}.
+STORE_LATEST_LUA = """
+for node, samples in pairs(cjson.decode(ARGV[1])) do
+    local key = 'telemetry:node:' .. node
+    for uuid, sample in pairs(samples) do
+        redis.call('HSET', key, uuid, sample)
+    end
+    redis.call('EXPIRE', key, tonumber(ARGV[2]))
+end
+"""
 
 # One node's report counts only for GPUs of that node: the join is on the node and the uuid.
 STORE_HISTORY_SQL = """
@@ -302,10 +310,19 @@ def watched_jobs(job_ids: Iterable[int]) -> list[int]:
     layer, ids = get_channel_layer(), list(job_ids)
     if layer is None or not ids:
         return []
-    pipe = get_redis().pipeline(transaction=False)
-    for job_id in ids:
-        pipe.exists(layer._group_key(job_group(job_id)))  # channels_redis keeps a group as a sorted set
-    return [job_id for job_id, found in zip(ids, pipe.execute(), strict=True) if found]
+    # channels_redis keeps a group as a sorted set under this key.
+    keys = [layer._group_key(job_group(job_id)) for job_id in ids]
+    found = get_redis().eval(EXISTING_KEYS_LUA, len(keys), *keys)
+    return [ids[i - 1] for i in found]
+
+
+EXISTING_KEYS_LUA = """
+local found = {}
+for i, key in ipairs(KEYS) do
+    if redis.call('EXISTS', key) == 1 then table.insert(found, i) end
+end
+return found
+"""
 
 
 TELEMETRY_FIELDS = {
