@@ -270,7 +270,8 @@ async def test_telemetry_is_kept_per_attempt_and_only_for_the_reporting_nodes_gp
     users, paused_loop
 ) -> None:  # type: ignore[no-untyped-def]
     """Samples are buffered and written for all agents at once; closing the connection writes
-    what is buffered. A node's samples count only for the replica placed on that node."""
+    what is buffered. A node's samples count only for the replica placed on that node, and reach
+    the browsers watching the job."""
     import json
 
     from agents.protocol import GpuSample, TelemetryBatch
@@ -293,6 +294,22 @@ async def test_telemetry_is_kept_per_attempt_and_only_for_the_reporting_nodes_gp
             )
         )
 
+    from django.test import Client
+
+    def session_cookie() -> bytes:
+        client = Client()
+        client.force_login(users["alice"])
+        return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+    browser = WebsocketCommunicator(
+        application(),
+        "/ws/live/",
+        headers=[(b"cookie", await sync_to_async(session_cookie)()), (b"origin", b"http://localhost")],
+    )
+    assert (await browser.connect())[0]
+    await browser.send_json_to({"subscribe": "job", "id": job.pk})
+    assert (await browser.receive_json_from(timeout=10))["subscribed"] == "job"
+
     own = [f"GPU-a100-node-1-real-{i}" for i in range(8)]
     await one.send_to(text_data=batch(own, 50.0))
     await one.send_to(text_data=batch(own, 70.0))
@@ -312,4 +329,11 @@ async def test_telemetry_is_kept_per_attempt_and_only_for_the_reporting_nodes_gp
     latest = await sync_to_async(get_redis().hgetall)(f"telemetry:node:{node_one.pk}")
     assert json.loads(latest[own[0].encode()])["utilization_pct"] == 70.0
     assert (await Node.objects.aget(pk=node_one.pk)).state == "ready"  # the heartbeat counted
+    pushed = []
+    while len(pushed) < 16:
+        message = await browser.receive_json_from(timeout=10)
+        if message.get("kind") == "telemetry":
+            pushed += message["samples"]
+    assert {p["gpu_uuid"] for p in pushed} == set(own)
+    await browser.disconnect()
     await two.disconnect()
