@@ -36,6 +36,7 @@ from scheduler.core.framework import (
     CycleContext,
     PreemptionHorizonPlugin,
     QueueSortPlugin,
+    RotationPlugin,
     Status,
 )
 from scheduler.core.plugins.admission import model_label
@@ -58,6 +59,7 @@ from scheduler.core.types import (
     RunningJob,
     Snapshot,
     Start,
+    Suspend,
     WhatIfHint,
 )
 from scheduler.core.whatif import HINT_REASONS, Proposals, Trial, choose, propose
@@ -91,6 +93,8 @@ def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     run = _CycleRun(ctx, plugins, profile, holds)
     for job in queue:
         run.consider(job)
+    # 6b. Time-slicing: waiting jobs take turns on the GPUs of their VC's jobs whose quantum is up.
+    suspends = run.rotate(queue)
     # 7. Post-cycle hooks.
     wake_times = [t for t in (p.wake_at(ctx) for p in plugins.post_cycle) if t is not None and t > now]
     # 8.-9. Reasons, estimated starts from a forward simulation, and what-if hints: their
@@ -129,6 +133,7 @@ def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
         pending=pending,
         reservation=JobId(run.reservation_job) if run.reservation_job else None,
         wake_at=min(wake_times) if wake_times else None,
+        suspends=tuple(suspends),
     )
 
 
@@ -309,6 +314,59 @@ class _CycleRun:
                 )
         self.reasons[job.id] = failure
 
+    # -- step 6b -----------------------------------------------------------------------
+
+    def rotate(self, queue: list[PendingJob]) -> list[Suspend]:
+        rotators = [p for p in self.plugins.post_cycle if isinstance(p, RotationPlugin)]
+        if not rotators:
+            return []
+        turn_reasons = _CAPACITY_REASONS | {ReasonCode.VC_QUOTA}
+        waiting = [
+            job
+            for job in queue
+            if job.id not in self.started
+            and job.id not in self.waiting
+            and job.id in self.reasons
+            and self.reasons[job.id].reason in turn_reasons
+        ]
+        suspends: list[Suspend] = []
+        for plugin in rotators:
+            for running, job in plugin.rotate(waiting, self.released, self.ctx):
+                holds = self.holds.get(running.id)
+                if not holds or job.id in self.started or running.id in self.released:
+                    continue
+                statement = Statement(self.state)
+                for hold in holds:
+                    statement.release(hold)
+                for hold in holds:
+                    statement.reserve(
+                        GpuHold(
+                            hold.node_idx,
+                            hold.model,
+                            hold.gpu_indices,
+                            job.cpu_milli_per_replica,
+                            job.memory_mib_per_replica,
+                            job.vc,
+                            job.user,
+                        )
+                    )
+                statement.commit()
+                self.released.add(running.id)
+                borrowed = self.ctx.borrowed_gpus.get(running.id, 0)
+                self.starts.append(Start(job.id, running.placement, borrowed, resume=bool(job.suspended_on)))
+                self.started[job.id] = holds[0].model
+                suspends.append(
+                    Suspend(
+                        running.id,
+                        job.id,
+                        f"time slice: its turn is up; job {job.id} of VC {job.vc} "
+                        + ("resumes" if job.suspended_on else "starts")
+                        + " on its GPUs, and it resumes when its own turn comes",
+                        plugin.suspend_cost_s,
+                    )
+                )
+        return suspends
+
     # -- step 9 ------------------------------------------------------------------------
 
     def propose_changes(self, queue: list[PendingJob], max_jobs: int) -> Proposals:
@@ -414,6 +472,7 @@ class _CycleRun:
                 borrowed,
                 job.gpu_share_milli,
                 job.gpu_memory_mib if job.gpu_share_milli else 0,
+                resume=bool(job.suspended_on),
             )
         )
         self.started[job.id] = model
@@ -467,6 +526,8 @@ class _CycleRun:
             return never
         if job.gpu_share_milli:
             return self._place_share(job, model, statement)
+        if job.suspended_on and self._place_where_suspended(job, model, statement):
+            return SUCCESS
         self.ctx.placing = job
         quick = self._quick_fit(job, model)
         if not quick.ok:
@@ -517,6 +578,34 @@ class _CycleRun:
             placed.append(hold)
             self._placement_score += best[0]
         return SUCCESS
+
+    def _place_where_suspended(self, job: PendingJob, model: str, statement: Statement) -> bool:
+        """A suspended job goes back to the GPUs it left when they are all free; otherwise it
+        is placed like any job (and restores its state elsewhere)."""
+        state = self.state
+        holds = []
+        for replica in job.suspended_on:
+            idx = state.node_idx_by_name.get(replica.node)
+            if idx is None or not state.nodes[idx].usable:
+                return False
+            if not set(replica.gpu_indices) <= state.nodes[idx].free.get(model, set()):
+                return False
+            holds.append(
+                GpuHold(
+                    idx,
+                    model,
+                    replica.gpu_indices,
+                    job.cpu_milli_per_replica,
+                    job.memory_mib_per_replica,
+                    job.vc,
+                    job.user,
+                )
+            )
+        if len(holds) != job.replicas:
+            return False
+        for hold in holds:
+            statement.reserve(hold)
+        return True
 
     def _place_share(self, job: PendingJob, model: str, statement: Statement) -> Status:
         """A fractional job: one share of one GPU, on a GPU its tenant already shares with room

@@ -126,6 +126,18 @@ class PostCyclePlugin(Protocol):
 
 
 @runtime_checkable
+class RotationPlugin(Protocol):
+    """Optional companion of a post-cycle plugin: time-slicing. Pairs (running job to
+    suspend, waiting job that gets its GPUs at once); the cycle applies the swaps."""
+
+    suspend_cost_s: float
+
+    def rotate(
+        self, waiting: Sequence[PendingJob], released: set[str], ctx: CycleContext
+    ) -> list[tuple[RunningJob, PendingJob]]: ...
+
+
+@runtime_checkable
 class BackfillPlugin(Protocol):
     """Reserves capacity for the first blocked job and lets later jobs start only if they do
     not delay it. `reserve` returns an opaque reservation the cycle hands back to `allows`."""

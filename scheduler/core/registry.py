@@ -31,6 +31,7 @@ from scheduler.core.plugins.queue_sort import (
 )
 from scheduler.core.plugins.reclaim import Reclaim
 from scheduler.core.plugins.sharing import BestFitShare, FragmentationGradient
+from scheduler.core.plugins.timeslice import TimeSlice
 
 PluginFactory = Callable[[Mapping[str, Any]], object]
 
@@ -57,6 +58,7 @@ REGISTRY: dict[str, PluginFactory] = {
     "defrag": Defragment,
     "best_fit_share": BestFitShare,
     "fgd": FragmentationGradient,
+    "timeslice": TimeSlice,
 }
 
 

@@ -118,6 +118,10 @@ class RunningJob:
     # much of its memory; other fractional jobs of the same tenant may share the GPU.
     gpu_share_milli: int = 0
     gpu_memory_mib: int = 0
+    # Time-slicing: the job may be suspended for another job of its VC when its quantum is up;
+    # `slice_started_at` is when its current quantum began (None = started_at).
+    time_sliceable: bool = False
+    slice_started_at: float | None = None
     gpus: int = field(init=False, compare=False, repr=False)  # derived from placement
 
     def __post_init__(self) -> None:
@@ -149,6 +153,10 @@ class PendingJob:
     # fractional jobs of the same tenant, never with whole-GPU work.
     gpu_share_milli: int = 0
     gpu_memory_mib: int = 0
+    # Time-slicing: the job may share GPUs by time with jobs of its VC; a suspended one waits
+    # to resume on the GPUs it was suspended on (`suspended_on`).
+    time_sliceable: bool = False
+    suspended_on: tuple[ReplicaPlacement, ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -212,6 +220,19 @@ class Start:
     # the agent to enforce (MPS active-thread percentage, memory limit). 0 = whole GPUs.
     gpu_share_milli: int = 0
     gpu_memory_mib: int = 0
+    resume: bool = False  # a suspended job resumes on the GPUs it was suspended on
+
+
+@dataclass(frozen=True, slots=True)
+class Suspend:
+    """Time-slicing: suspend this running job (its GPUs go to `for_job`, of the same VC, at
+    once); it waits as pending to resume on the same GPUs. `cost_s` is what the suspension and
+    the later resume cost it (saving and restoring its state)."""
+
+    job_id: JobId
+    for_job: JobId
+    message: str
+    cost_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,3 +292,4 @@ class Plan:
     pending: tuple[PendingStatus, ...] = ()
     reservation: JobId | None = None
     wake_at: float | None = None
+    suspends: tuple[Suspend, ...] = ()

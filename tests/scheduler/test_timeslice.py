@@ -1,0 +1,76 @@
+"""Time-slicing: jobs of one VC take turns on the same GPUs in quanta."""
+
+from __future__ import annotations
+
+from sched_builders import Snap, profile
+
+from scheduler.core import NodeName, ReplicaPlacement, decide
+
+SLICE = profile(
+    queue_sort=["fifo"],
+    admission=["vc_quota"],
+    post_cycle=["timeslice"],
+    plugin_args={"timeslice": {"quantum_s": 600, "suspend_cost_s": 12}},
+)
+ALL4 = (ReplicaPlacement(NodeName("n0"), (0, 1, 2, 3)),)
+
+
+def busy_vc(**running_fields: object) -> Snap:
+    fields = {"time_sliceable": True, **running_fields}
+    return (
+        Snap()
+        .node("n0", 4)
+        .vc("team", guaranteed=4)
+        .vc("other", guaranteed=4)
+        .running("r", [("n0", (0, 1, 2, 3))], started_at=0.0, **fields)
+    )
+
+
+def test_a_waiting_job_takes_the_gpus_when_the_quantum_is_up() -> None:
+    snap = busy_vc().pending("w", 4, submitted_at=100.0, time_sliceable=True).build()
+    early = decide(snap, SLICE, 300.0)
+    assert early.suspends == () and early.starts == ()
+    assert early.wake_at == 600.0, "a cycle is due when r's quantum ends"
+
+    plan = decide(snap, SLICE, 700.0)
+    assert [(s.job_id, s.for_job, s.cost_s) for s in plan.suspends] == [("r", "w", 12.0)]
+    assert [(s.job_id, s.placement, s.resume) for s in plan.starts] == [("w", ALL4, False)]
+    assert "time slice" in plan.suspends[0].message
+    assert all(p.job_id != "w" for p in plan.pending)
+
+
+def test_jobs_that_opt_out_are_never_suspended() -> None:
+    snap = busy_vc(time_sliceable=False).pending("w", 4, submitted_at=100.0, time_sliceable=True).build()
+    plan = decide(snap, SLICE, 5000.0)
+    assert plan.suspends == () and plan.starts == ()
+    waiting_but_opted_out = busy_vc().pending("w", 4, submitted_at=100.0).build()
+    assert decide(waiting_but_opted_out, SLICE, 5000.0).suspends == ()
+
+
+def test_only_jobs_of_the_same_vc_share_gpus_by_time() -> None:
+    snap = busy_vc().pending("w", 4, vc="other", submitted_at=100.0, time_sliceable=True).build()
+    assert decide(snap, SLICE, 5000.0).suspends == ()
+
+
+def test_a_suspended_job_resumes_on_its_own_gpus_when_its_turn_comes() -> None:
+    snap = (
+        Snap()
+        .node("n0", 4)
+        .node("n1", 4)
+        .vc("team", guaranteed=4)
+        .running("w", [("n0", (0, 1, 2, 3))], started_at=700.0, time_sliceable=True)
+        .running("x", [("n1", (0, 1, 2, 3))], vc="other", started_at=0.0)
+        .pending("r", 4, submitted_at=0.0, time_sliceable=True, suspended_on=ALL4)
+        .build()
+    )
+    assert decide(snap, SLICE, 1000.0).suspends == ()  # w's quantum is not up
+    plan = decide(snap, SLICE, 1300.0)
+    assert [(s.job_id, s.for_job) for s in plan.suspends] == [("w", "r")]
+    assert [(s.job_id, s.placement, s.resume) for s in plan.starts] == [("r", ALL4, True)]
+
+
+def test_a_suspended_job_goes_back_to_its_gpus_when_they_are_free() -> None:
+    on_n1 = (ReplicaPlacement(NodeName("n1"), (0, 1, 2, 3)),)
+    snap = Snap().node("n0", 4).node("n1", 4).pending("r", 4, time_sliceable=True, suspended_on=on_n1).build()
+    plan = decide(snap, SLICE, 10.0)
+    assert [(s.placement[0].node, s.resume) for s in plan.starts] == [("n1", True)]
