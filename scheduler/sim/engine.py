@@ -94,6 +94,8 @@ class SimJob:
     estimated_start: float | None = None  # at submission
     baseline_start: float | None = None  # sum of runtime bounds of the jobs ahead, at submission
     pending_view: PendingJob | None = None
+    suspended_on: tuple[ReplicaPlacement, ...] = ()  # time-slicing: waits to resume there
+    suspensions: int = 0
 
     @property
     def gpus(self) -> int:
@@ -167,6 +169,8 @@ class Simulator:
         self.vcs = build_vcs([j.vc for j in jobs], vc_quotas, self.capacity)
         self.history = RuntimeHistory()
         self.trace = list(jobs)
+        # With the time-slicing plugin in the profile every job opts in (the traces say nothing).
+        self.time_sliceable = "timeslice" in profile.post_cycle
 
     def run(self) -> SimResult:
         events: list[tuple[float, int, int, str, int]] = []  # (time, kind, seq, job id, attempt)
@@ -246,11 +250,27 @@ class Simulator:
                     job.placement = start.placement
                     job.running_since = t
                     job.pending_view = None
+                    job.suspended_on = ()
                     if job.first_start is None:
                         job.first_start = t
                     running[start.job_id] = job
                     busy += job.gpus
                     push(t + job.remaining, _Event.FINISH, start.job_id, job.attempt)
+                for suspend in plan.suspends:
+                    # Its GPUs went to the job started above; it keeps its progress and pays
+                    # the cost of saving and restoring its state when it resumes.
+                    job = running.pop(suspend.job_id)
+                    self._advance(job, t)
+                    busy -= job.gpus
+                    job.attempt += 1  # invalidates the pending FINISH event
+                    job.suspensions += 1
+                    job.remaining += suspend.cost_s
+                    lost_gpu_s += suspend.cost_s * job.gpus
+                    by_reason["timeslice"] = by_reason.get("timeslice", 0) + 1
+                    placement = job.placement
+                    self._requeue(job, t)
+                    job.suspended_on = placement
+                    pending[suspend.job_id] = job
                 immediate = False
                 for preemption in plan.preemptions:
                     job = running[preemption.job_id]
@@ -327,6 +347,7 @@ class Simulator:
                     time_limit_s=self.time_limit_s,
                     submitted_at=job.trace.submit,
                     stopping=job.stopping,
+                    time_sliceable=self.time_sliceable,
                 )
             )
         pending_view = []
@@ -343,6 +364,8 @@ class Simulator:
                     estimated_runtime_s=job.estimate,
                     attained_gpu_s=job.attained_gpu_s,
                     queued_at=job.queued_at,
+                    time_sliceable=self.time_sliceable,
+                    suspended_on=job.suspended_on,
                 )
             pending_view.append(job.pending_view)
         return Snapshot(self.nodes, self.vcs, tuple(running_view), tuple(pending_view))

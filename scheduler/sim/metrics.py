@@ -69,6 +69,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
             per_vc[vc]["avg_queue_s_within_guarantee"] = round(_mean([_queue_delay(j) for j in fitting]), 1)
     # Jobs at least one full node wide: the ones fragmentation keeps waiting.
     gangs = [j for j in done if result.node_gpus and j.gpus >= result.node_gpus]
+    short = [j for j in done if j.trace.duration < 3600]  # under an hour of run time
     work_gpu_s = sum(j.trace.duration * j.gpus for j in result.jobs)
     allocation = (
         result.busy_gpu_s_while_waiting / result.capacity_gpu_s_while_waiting
@@ -98,6 +99,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "preemption_lost_gpu_s": round(result.preemption_lost_gpu_s, 1),
         # Share of all the GPU-time the jobs needed that preemptions cost on top.
         "preemption_lost_share": round(result.preemption_lost_gpu_s / work_gpu_s, 5) if work_gpu_s else 0.0,
+        "short_jobs": len(short),
+        "short_avg_jct_s": round(_mean([(j.finished_at or 0.0) - j.trace.submit for j in short]), 1),
         "gang_jobs": len(gangs),
         "gang_avg_queue_s": round(_mean([_queue_delay(j) for j in gangs]), 1),
     }

@@ -211,3 +211,28 @@ def test_cli_time_window_is_taken_before_the_vc_filter(
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["jobs"] == 2
     main([*base, "--until", "100", "--vc", "a"])
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["jobs"] == 1
+
+
+def test_time_slicing_lets_a_short_job_through_a_long_one(tmp_path: Path) -> None:
+    # One node of 4 GPUs; a (5,000 s) at t=0, b (50 s) at t=10, both 4 GPUs wide. Without
+    # slicing b waits for a: JCT 5,040. With 100 s quanta and 5 s to save and restore a job:
+    # at t=100 a is suspended and b runs 100..150 (JCT 140); a resumes at 150 with 4,900 s +
+    # 5 s left and ends at 5,055. Only b is short (under an hour).
+    trace = tmp_path / "two.csv"
+    trace.write_text("job_id,submission_time,duration,num_gpu\na,0,5000,4\nb,10,50,4\n")
+    jobs = load_trace(trace, "itp").jobs
+    plain = Profile.from_dict({"name": "fifo", "plugins": {"queue_sort": ["fifo"]}})
+    sliced = Profile.from_dict(
+        {
+            "name": "sliced",
+            "plugins": {"queue_sort": ["fifo"], "post_cycle": ["timeslice"]},
+            "plugin_args": {"timeslice": {"quantum_s": 100, "suspend_cost_s": 5}},
+        }
+    )
+    before = summarize(Simulator(uniform_cluster(1, 4), plain, jobs).run())
+    after = summarize(Simulator(uniform_cluster(1, 4), sliced, jobs).run())
+    assert before["short_avg_jct_s"] == 5040.0
+    assert after["short_avg_jct_s"] == 140.0
+    assert after["avg_jct_s"] == pytest.approx((5055.0 + 140.0) / 2)
+    assert after["preemptions_by_reason"] == {"timeslice": 1}
+    assert after["preemption_lost_gpu_s"] == pytest.approx(5.0 * 4)
