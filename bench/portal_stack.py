@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,24 +46,26 @@ def web_command(port: int, workers: int) -> list[str]:
     return command + (["--workers", str(workers)] if workers > 1 else [])
 
 
-def start(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """A long-lived process in its own process group, output discarded."""
-    return subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+def start(command: list[str], env: dict[str, str], log: Path | None = None) -> subprocess.Popen[bytes]:
+    """A long-lived process in its own process group; its output goes to `log` or nowhere."""
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (the child keeps it)
+    try:
+        return subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    finally:
+        if log is not None:
+            out.close()
 
 
 # The web server's own settings in docker-compose.yml.
 WEB_ENV = {"DATABASE_POOL_SIZE": "16"}
 
 
-def start_web(env: dict[str, str], port: int, workers: int = 1) -> subprocess.Popen[bytes]:
-    web = start(web_command(port, workers), {**env, **PRODUCTION, **WEB_ENV})
+def start_web(
+    env: dict[str, str], port: int, workers: int = 1, log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    web = start(web_command(port, workers), {**env, **PRODUCTION, **WEB_ENV}, log)
     wait_until(lambda: port_open(port), 60, "the web server")
     return web
 
@@ -108,6 +111,18 @@ def cpu_seconds(pid: int) -> float:
 def command_name(pid: int) -> str:
     args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     return " ".join(a.decode(errors="replace") for a in args[:6] if a)
+
+
+def postmaster_pid(port: int) -> int | None:
+    """The PostgreSQL server listening on `port` (its backends are its children)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if args and args[0].endswith("postgres") and str(port) in args and "-p" in args:
+            return int(cmdline.parent.name)
+    return None
 
 
 def load_average() -> list[float]:
@@ -233,6 +248,7 @@ class LoadResult:
         self.latencies: list[float] = []
         self.statuses: dict[int, int] = {}
         self.errors = 0
+        self.shed = 0
         self.started = self.ended = 0.0
 
     def record(self, status: int, latency: float) -> None:
@@ -282,10 +298,19 @@ async def closed_loop(host: str, port: int, raw: bytes, clients: int, seconds: f
 
 
 async def open_loop(
-    host: str, port: int, raw: bytes, rate: float, seconds: float, pool: int = 64
+    host: str,
+    port: int,
+    raw: bytes,
+    rate: float,
+    seconds: float,
+    pool: int = 64,
+    on_answer: Callable[[int, bytes], None] | None = None,
+    shed: bool = False,
 ) -> LoadResult:
     """Requests at a fixed rate whatever the answers; each latency counts from the request's
-    planned time, so a slow answer cannot hide the requests queued behind it."""
+    planned time, so a slow answer cannot hide the requests queued behind it. `on_answer` sees
+    each status and body. With `shed`, a request due while all `pool` connections wait for
+    answers is not sent but counted (the server is overloaded; the run keeps its length)."""
     result = LoadResult()
     idle: asyncio.Queue[HttpConnection] = asyncio.Queue()
     for _ in range(pool):
@@ -295,8 +320,10 @@ async def open_loop(
     async def one(planned: float) -> None:
         conn = await idle.get()
         try:
-            status, _ = await conn.request(raw)
+            status, body = await conn.request(raw)
             result.record(status, time.monotonic() - planned)
+            if on_answer is not None:
+                on_answer(status, body)
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             result.errors += 1
             await conn.close()
@@ -307,10 +334,13 @@ async def open_loop(
     n = 0
     while (planned := start + n / rate) < start + seconds:
         await asyncio.sleep(max(0.0, planned - time.monotonic()))
+        n += 1
+        if shed and idle.empty():
+            result.shed += 1
+            continue
         task = asyncio.create_task(one(planned))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-        n += 1
     await asyncio.gather(*tasks)
     result.ended = start + seconds
     while not idle.empty():
