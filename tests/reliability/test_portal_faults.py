@@ -16,6 +16,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from portal.accounts.models import AuditEntry
 from portal.cluster.models import Node
 from portal.jobs.models import Job, JobAttempt, JobEvent, LogLine
 from tests.conftest import wait_for
@@ -40,10 +41,15 @@ def heard_since(node: str, moment: object) -> bool:
     return Node.objects.filter(name=node, last_heartbeat_at__gt=moment).exists()
 
 
-@pytest.mark.parametrize("downtime", [0, 10], ids=["restarted-at-once", "down-longer-than-node-lost"])
+@pytest.mark.parametrize(
+    "downtime",
+    [0, 5, 10],
+    ids=["restarted-at-once", "down-longer-than-suspect", "down-longer-than-node-lost"],
+)
 def test_killing_every_portal_process_keeps_running_jobs_and_the_queue(api, agents, portal, downtime) -> None:  # type: ignore[no-untyped-def]
-    """F11: web, worker and beat are SIGKILLed together and come back after `downtime` seconds
-    (0, or longer than the 8 s after which a silent node is lost)."""
+    """F11: web, worker and beat are SIGKILLed together and come back after `downtime` seconds:
+    0, longer than the 4 s after which a silent node is suspect, or than the 8 s after which it
+    is lost."""
     agent = agents("a100-node-1")
     wait_ready("a100-node-1")
     alice = api("alice")
@@ -123,6 +129,9 @@ def test_a_postgresql_restart_during_a_burst_of_submissions(api, agents, portal,
     invariants_checked.update(acknowledged)
     stored = set(Job.objects.filter(name__startswith="burst-").values_list("pk", flat=True))
     assert stored == acknowledged, "a job was stored without a 201, or acknowledged and lost"
+    # No orphan: an audit entry (it has no foreign key) names exactly the stored jobs.
+    audited = set(AuditEntry.objects.filter(action="job.submit").values_list("object_id", flat=True))
+    assert audited == {str(pk) for pk in stored}
     # The loop goes on after the database returns.
     wait_for(
         lambda: JobEvent.objects.filter(to_state="scheduled", created_at__gt=restarted).exists(),
