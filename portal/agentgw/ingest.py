@@ -1,12 +1,13 @@
-"""Batched ingestion of what agents stream: telemetry samples and heartbeats.
+"""Batched ingestion of what agents stream all the time: telemetry samples and heartbeats.
 
-Writing each agent message on its own costs a database round trip per message on the
+Writing each agent message on its own costs database round trips per message on the
 consumers' one database thread, and a thousand agents reporting every second queue up behind
-each other. Instead the consumers append to this process's buffer, and once a second (or when a
-connection closes, or before a status report is handled) everything buffered goes out at once:
-the latest sample per GPU to Redis in one pipeline, the history rows to PostgreSQL in one COPY,
-heartbeats in two UPDATEs. Writes run on one thread of their own, in the order they were
-handed over, so a newer latest sample never lands before an older one.
+each other. Instead the consumers append to this process's buffer, and every half second (and
+when a connection closes, and before a status report is handled) everything buffered goes out
+at once: the latest sample per GPU to Redis and the history rows to PostgreSQL in one statement
+each (portal.cluster.services.store_telemetry), heartbeats in two UPDATEs. Writes run on a
+thread of their own, in the order they were handed over, so a newer latest sample never lands
+before an older one.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from agents.protocol import GpuSample
 
 log = logging.getLogger(__name__)
 
-FLUSH_INTERVAL_S = 1.0
+FLUSH_INTERVAL_S = 0.5
 
 
 def _write(samples: list[tuple[int, list[GpuSample]]], heartbeats: set[int]) -> None:
