@@ -335,6 +335,8 @@ class _CycleRun:
                 holds = self.holds.get(running.id)
                 if not holds or job.id in self.started or running.id in self.released:
                     continue
+                if not all(self._placeable(hold) for hold in holds):
+                    continue  # new work only on ready nodes and healthy GPUs, swap or not
                 statement = Statement(self.state)
                 for hold in holds:
                     statement.release(hold)
@@ -578,6 +580,10 @@ class _CycleRun:
             placed.append(hold)
             self._placement_score += best[0]
         return SUCCESS
+
+    def _placeable(self, hold: GpuHold) -> bool:
+        slot = self.state.nodes[hold.node_idx]
+        return slot.usable and all(i in slot.gpus and slot.gpus[i].healthy for i in hold.gpu_indices)
 
     def _place_where_suspended(self, job: PendingJob, model: str, statement: Statement) -> bool:
         """A suspended job goes back to the GPUs it left when they are all free; otherwise it

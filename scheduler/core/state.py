@@ -237,9 +237,11 @@ class ClusterState:
             self.user_share_used.pop(key, None)
 
     def block(self, hold: GpuHold) -> None:
-        """Mark GPUs busy without charging anyone's quota: the GPUs of a preempted job that
-        its preemptor does not use are free on paper but still busy until the job is gone."""
+        """Mark GPUs busy again and charge them back to their holder: the GPUs of a preempted
+        job that its preemptor does not use stay the job's, and its VC's, until it is gone, so
+        no later job of the cycle starts on them or on the quota they still take."""
         self._remove_free(hold)
+        self._add_usage(hold, len(hold.gpu_indices))
 
     def _remove_free(self, hold: GpuHold) -> None:
         slot = self.nodes[hold.node_idx]

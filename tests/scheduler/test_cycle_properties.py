@@ -87,6 +87,7 @@ class Portal:
                 int(per),  # type: ignore[call-overload]
                 submitted_at=self.now,
                 priority=int(priority),  # type: ignore[call-overload]
+                time_sliceable=self.next_id % 2 == 0,
             )
         elif kind == "submit_share":
             _, share, vc, memory = op
@@ -139,9 +140,26 @@ class Portal:
             queued_at=self.now,
             gpu_share_milli=job.gpu_share_milli,
             gpu_memory_mib=job.gpu_memory_mib,
+            time_sliceable=job.time_sliceable,
         )
 
     def apply_plan(self, plan: Plan) -> None:
+        for suspend in plan.suspends:
+            # Time-slicing: the job leaves its GPUs at once and waits to resume there.
+            job = self.running.pop(suspend.job_id)
+            assert job.time_sliceable, "a job that did not opt in was suspended"
+            self.pending[job.id] = PendingJob(
+                job.id,
+                job.vc,
+                job.user,
+                len(job.placement),
+                len(job.placement[0].gpu_indices),
+                submitted_at=job.submitted_at,
+                priority=job.priority,
+                queued_at=self.now,
+                time_sliceable=True,
+                suspended_on=job.placement,
+            )
         for preemption in plan.preemptions:
             # Like the portal: signal, keep the GPUs through the grace period, then requeue.
             self.running[preemption.job_id] = replace(self.running[preemption.job_id], stopping=True)
@@ -158,6 +176,7 @@ class Portal:
                 submitted_at=job.submitted_at,
                 gpu_share_milli=start.gpu_share_milli,
                 gpu_memory_mib=start.gpu_memory_mib,
+                time_sliceable=job.time_sliceable,
             )
 
 
@@ -193,6 +212,12 @@ def check_invariants(portal: Portal, before: Snapshot, plan: Plan) -> None:
     for start in plan.starts:
         job = pending_before[start.job_id]
         assert start.gpu_share_milli == job.gpu_share_milli
+    # A suspended job's GPUs go to a job of the same VC, which started in the same plan.
+    starts = {s.job_id: s for s in plan.starts}
+    running_before = {j.id: j for j in before.running}
+    for suspend in plan.suspends:
+        assert suspend.for_job in starts
+        assert pending_before[suspend.for_job].vc == running_before[suspend.job_id].vc
     # A VC that started work is within guarantee + borrow limit afterwards (shares counted
     # as whole GPUs, rounded up).
     started_vcs = {pending_before[s.job_id].vc for s in plan.starts}
@@ -211,6 +236,12 @@ def check_invariants(portal: Portal, before: Snapshot, plan: Plan) -> None:
 
 
 PROFILES = {name: load_profile(name) for name in ("fifo", "tiresias", "default")}
+# The default profile with time-slicing in quanta of two steps.
+PROFILES["default-timeslice"] = replace(
+    PROFILES["default"],
+    post_cycle=(*PROFILES["default"].post_cycle, "timeslice"),
+    plugin_args={**PROFILES["default"].plugin_args, "timeslice": {"quantum_s": 120}},
+)
 
 
 @pytest.mark.parametrize("profile_name", sorted(PROFILES))
@@ -218,6 +249,29 @@ PROFILES = {name: load_profile(name) for name in ("fifo", "tiresias", "default")
 @given(steps=st.lists(step, min_size=1, max_size=40))
 def test_invariants_hold_after_every_step(profile_name: str, steps: list[tuple[object, ...]]) -> None:
     profile: Profile = PROFILES[profile_name]
+    with_memory = tuple(replace(g, memory_mib=80 * 1024) for g in gpus(8))
+    nodes = [Node(NodeName(f"n{i}"), with_memory, rack=f"r{i // 2}") for i in range(NODE_COUNT)]
+    portal = Portal(nodes, {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
+    for op in steps:
+        portal.apply(op)
+        portal.now += 60.0
+        before = portal.snapshot()
+        plan = decide(before, profile, portal.now)
+        portal.apply_plan(plan)
+        check_invariants(portal, before, plan)
+
+
+crowded_submit = st.tuples(
+    st.just("submit"), st.sampled_from([2, 4]), st.just(1), st.just("nlp"), st.sampled_from([0, 100])
+)
+crowded = st.one_of(crowded_submit, crowded_submit, finish, node_down, node_up)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(crowded, min_size=4, max_size=40))
+def test_time_slicing_keeps_the_invariants_when_a_vc_is_crowded(steps: list[tuple[object, ...]]) -> None:
+    """One VC with a 4-GPU guarantee and a stream of same-sized jobs: turns are taken often."""
+    profile = PROFILES["default-timeslice"]
     with_memory = tuple(replace(g, memory_mib=80 * 1024) for g in gpus(8))
     nodes = [Node(NodeName(f"n{i}"), with_memory, rack=f"r{i // 2}") for i in range(NODE_COUNT)]
     portal = Portal(nodes, {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
