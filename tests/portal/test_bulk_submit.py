@@ -149,3 +149,11 @@ def test_bulk_and_single_submissions_share_the_submit_throttle(api_for, small_jo
     assert alice.post(URL, {"job": small_job, "array": 2}, format="json").status_code == 201
     assert alice.post(URL, {"job": small_job, "array": 2}, format="json").status_code == 429
     assert Job.objects.count() == 3
+
+
+def test_an_array_leaves_room_in_the_name_for_the_index(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    spec = {**small_job, "name": "n" * 97}
+    response = api_for("alice").post(URL, {"job": spec, "array": 1000}, format="json")
+    assert response.status_code == 400
+    assert "at most 96 characters" in response.json()["job"]["name"][0]
+    assert nothing_stored()

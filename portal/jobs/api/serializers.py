@@ -195,9 +195,9 @@ class BulkSubmitSerializer(serializers.Serializer):
             raise serializers.ValidationError({"jobs": ["Give a list of jobs, or a job and an array size."]})
         spec = self._checked_specs([attrs["job"]], field="job")[0]
         count = attrs["array"]
-        if len(spec["name"]) + len(f"-{count - 1}") > 100:
+        if len(spec["name"]) + len(suffix := f"-{count - 1}") > 100:
             raise serializers.ValidationError(
-                {"job": {"name": ["Leave room for the index: at most 95 characters."]}}
+                {"job": {"name": [f"Leave room for the index: at most {100 - len(suffix)} characters."]}}
             )
         if ARRAY_INDEX_ENV in spec["env"]:
             raise serializers.ValidationError(
@@ -210,14 +210,15 @@ class BulkSubmitSerializer(serializers.Serializer):
         return {"specs": specs, "array": True}
 
     def _checked_specs(self, items: list[dict[str, Any]], field: str = "jobs") -> list[dict[str, Any]]:
-        """Each item through JobSpecSerializer; every bad item's errors under its index."""
+        """Each item through JobSpecSerializer; every bad item's errors under its index. One
+        serializer checks them all, as DRF's ListSerializer does: building one copies its fields."""
         specs, errors = [], {}
+        child = JobSpecSerializer(context=self.context)
         for index, item in enumerate(items):
-            spec = JobSpecSerializer(data=item, context=self.context)
-            if spec.is_valid():
-                specs.append(spec.validated_data)
-            else:
-                errors[index] = spec.errors
+            try:
+                specs.append(child.run_validation(item))
+            except serializers.ValidationError as exc:
+                errors[index] = exc.detail
         if errors:
             raise serializers.ValidationError({field: errors[0] if field == "job" else errors})
         return specs
