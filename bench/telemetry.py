@@ -34,10 +34,12 @@ from agents.protocol import (
     GpuInfo,
     GpuSample,
     GpuTopology,
+    Heartbeat,
     Hello,
     HostInfo,
     RuntimeInfo,
     TelemetryBatch,
+    decode_from_portal,
     encode,
 )
 from bench.django_setup import portal_database
@@ -154,9 +156,12 @@ def batch_template(node: str, gpus: int) -> tuple[str, str]:
     return text, json.dumps(placeholder.isoformat().replace("+00:00", "Z"))
 
 
+HEARTBEAT = encode(Heartbeat(uptime_s=3600))
+
+
 class Agent:
     """A simulated agent: a websocket that says hello, then sends a batch of one sample per GPU
-    at the given rate."""
+    at the given rate, and heartbeats."""
 
     def __init__(self, url: str, node: str, token: str, gpus: int) -> None:
         self.url, self.node, self.token, self.gpus = url, node, token, gpus
@@ -172,17 +177,22 @@ class Agent:
                 open_timeout=120,
             )
             await self.ws.send(hello(self.node, self.gpus))
-            await self.ws.recv()  # welcome
+            welcome = decode_from_portal(await self.ws.recv())
+            self.heartbeat_interval_s = welcome.heartbeat_interval_s or 10
             await self.ws.recv()  # desired set
 
     async def stream(self, hz: float, until: float, sent: list[int]) -> None:
         period = 1 / hz
         await asyncio.sleep(random.random() * period)  # agents are not in lockstep
         next_at = time.monotonic()
+        heartbeat_at = next_at + random.random() * self.heartbeat_interval_s
         while next_at < until:
             now = json.dumps(datetime.now(UTC).isoformat().replace("+00:00", "Z"))
             await self.ws.send(self.template.replace(self.placeholder, now))
             sent[0] += self.gpus
+            if next_at >= heartbeat_at:  # as real agents do, at the interval the portal asked for
+                await self.ws.send(HEARTBEAT)
+                heartbeat_at += self.heartbeat_interval_s
             next_at += period
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
@@ -287,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 await asyncio.gather(*(a.connect(limit) for a in agents))
                 figures["connect_s"] = time.monotonic() - started
                 # Measured from here: every agent is connected and greeted, only telemetry flows.
+                figures["streaming_from"] = time.time()
                 cpu, busy, wall = cpu_seconds(web.pid), machine_busy_seconds(), time.monotonic()
                 own, threads = cpu_seconds(os.getpid()), thread_cpu_seconds(web.pid)
                 until = wall + args.seconds
@@ -309,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             deadline = time.monotonic() + 30
             while (stored := TelemetrySample.objects.count()) < sent[0] and time.monotonic() < deadline:
                 time.sleep(0.5)
+            since = datetime.fromtimestamp(figures["streaming_from"], UTC)
+            heard = Node.objects.filter(last_heartbeat_at__gt=since).count()
         finally:
             web.terminate()
             web.wait(timeout=30)
@@ -323,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         "samples_sent": sent[0],
         "samples_stored": stored,
         "samples_dropped": max(0, sent[0] - stored),
+        "nodes_heartbeat_recorded": heard,
         "lag_p50_s": round(percentile(lags, 0.5), 3),
         "lag_p99_s": round(percentile(lags, 0.99), 3),
         "lag_max_s": round(max(lags), 3) if lags else None,
