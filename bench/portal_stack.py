@@ -202,11 +202,18 @@ class HttpConnection:
         self.writer: asyncio.StreamWriter | None = None
 
     async def request(self, raw: bytes) -> tuple[int, bytes]:
+        reused = self.writer is not None
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
+        assert self.reader is not None and self.writer is not None
         self.writer.write(raw)
-        status = int((await self.reader.readline()).split()[1])
+        first = await self.reader.readline()
+        if not first and reused:
+            # The server closed the idle connection (keep-alive timeout) before reading the
+            # request: nothing was done, so send it again on a new connection.
+            await self.close()
+            return await self.request(raw)
+        status = int(first.split()[1])
         length, chunked, close = 0, False, False
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode("latin-1").partition(":")

@@ -48,6 +48,7 @@ class SimAgent:
         self.started_at = time.monotonic()
         self.counts = {"started": 0, "succeeded": 0, "stopped": 0, "connections": 0, "dropped": 0}
         self.stopping = False
+        self.drops: dict[str, int] = {}  # why connections ended, while not stopping
 
     def hello(self) -> Hello:
         return Hello(
@@ -97,8 +98,16 @@ class SimAgent:
                             await self._handle(decode_from_portal(text))
                     finally:
                         heartbeat.cancel()
-            except (OSError, TimeoutError, websockets.exceptions.WebSocketException):
-                pass
+            except websockets.exceptions.ConnectionClosed as exc:
+                reason = (
+                    f"closed {exc.rcvd.code} {exc.rcvd.reason}"
+                    if exc.rcvd
+                    else "closed without a close frame"
+                )
+                self.drops[reason] = self.drops.get(reason, 0) + 1
+            except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
+                reason = type(exc).__name__
+                self.drops[reason] = self.drops.get(reason, 0) + 1
             self.ws = None
             if not self.stopping:
                 self.counts["dropped"] += 1

@@ -217,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
                     key: sum(a.counts[key] for a in agents)
                     for key in ("started", "succeeded", "stopped", "connections", "dropped")
                 }
+                figures["drops"] = {}
+                for a in agents:
+                    for reason, n in a.drops.items():
+                        figures["drops"][reason] = figures["drops"].get(reason, 0) + n
                 for a in agents:
                     await a.stop()
                 await asyncio.gather(*runs, return_exceptions=True)
@@ -227,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             states = job_states()
             figures["ended_per_s"] = ended_rate()
             figures["stored_of_accepted"] = stored_of(accepted)
+            figures["stages"] = stage_seconds()
         finally:
             for proc in (web, worker, beat):
                 stop(proc)
@@ -259,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         "states_at_end": states,
         "drain_s": round(figures["drain_s"], 1),
         "jobs_ended_per_s": figures["ended_per_s"],
+        "time_to_reach_state": figures["stages"],
         "agents_counts": figures["agents"],
+        "agent_connections_lost": figures["drops"],
         "error_log_lines": errors,
         "memory": memory.report(),
         "cpu_s_by_process_kind": {
@@ -304,6 +311,32 @@ def ended_rate() -> float:
     if not span["n"] or span["first"] == span["last"]:
         return 0.0
     return round(span["n"] / (span["last"] - span["first"]).total_seconds(), 1)
+
+
+def stage_seconds() -> dict[str, dict[str, float]]:
+    """For each state, how long the soak jobs took to reach it from their previous event (p50,
+    p99): where a job's time goes, from submission to success."""
+    from django.db import connection
+
+    sql = """
+        SELECT to_state, percentile_cont(0.5) WITHIN GROUP (ORDER BY d),
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY d), count(*)
+        FROM (
+            SELECT e.to_state, extract(epoch FROM e.created_at - lag(e.created_at)
+                   OVER (PARTITION BY e.job_id ORDER BY e.id)) AS d
+            FROM jobs_jobevent e JOIN jobs_job j ON j.id = e.job_id
+            JOIN cluster_virtualcluster v ON v.id = j.virtual_cluster_id
+            WHERE v.name = 'bench'
+        ) AS steps
+        WHERE d IS NOT NULL
+        GROUP BY to_state
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return {
+            state: {"p50_s": round(p50, 3), "p99_s": round(p99, 3), "events": n}
+            for state, p50, p99, n in cursor.fetchall()
+        }
 
 
 def stored_of(ids: list[int]) -> int:
