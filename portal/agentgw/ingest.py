@@ -29,6 +29,8 @@ FLUSH_INTERVAL_S = 0.5
 def _write(samples: list[tuple[int, list[GpuSample]]], heartbeats: set[int]) -> None:
     from portal.cluster import services
 
+    if not samples and not heartbeats:
+        return
     close_old_connections()
     try:
         if heartbeats:
@@ -67,14 +69,13 @@ class IngestBuffer:
         self._schedule()
 
     async def flush(self) -> None:
-        """Hands everything buffered to the writer and waits until it is written."""
-        if not self.samples and not self.heartbeats:
-            return
+        """Hands everything buffered to the writer and waits until it, and every earlier hand-over,
+        is written (so a caller that found the buffer empty still waits for writes in flight)."""
         samples, self.samples = self.samples, []
         heartbeats, self.heartbeats = self.heartbeats, set()
         started = time.monotonic()
         await asyncio.get_running_loop().run_in_executor(self._writer, _write, samples, heartbeats)
-        if (took := time.monotonic() - started) > self.interval_s:
+        if (took := time.monotonic() - started) > 2 * self.interval_s:
             log.warning("writing %d telemetry batches took %.1f s", len(samples), took)
 
     def _schedule(self) -> None:
