@@ -80,8 +80,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         if self.node is not None and self.greeted:
-            await self.channel_layer.group_discard(node_group(self.node.pk), self.channel_name)
             await ingest.flush()  # nothing this agent sent is lost when it (or the server) goes
+            await self.channel_layer.group_discard(node_group(self.node.pk), self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         assert self.node is not None
