@@ -177,13 +177,18 @@ class JobSpecListField(serializers.ListField):
     child = serializers.DictField()
 
 
+@extend_schema_field(JobSpecSerializer)
+class JobSpecField(serializers.DictField):
+    """One job spec, checked in BulkSubmitSerializer."""
+
+
 class BulkSubmitSerializer(serializers.Serializer):
     """Many jobs in one request, all or nothing: either `jobs`, a list of specs, or `job` and
     `array`, one spec queued `array` times as NAME-0 .. NAME-(N-1), each with its index in the
     environment variable ARRAY_INDEX. Errors name the item: {"jobs": {"3": {"vc": [...]}}}."""
 
     jobs = JobSpecListField(required=False, min_length=1, max_length=MAX_BULK_JOBS)
-    job = serializers.DictField(required=False, help_text="One spec (a JobSpec) to queue `array` times.")
+    job = JobSpecField(required=False, help_text="One spec to queue `array` times.")
     array = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BULK_JOBS)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
