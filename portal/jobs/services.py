@@ -268,6 +268,7 @@ def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None
 
 
 def submitted_event(job: Job, user: Any) -> JobEvent:
+    """The unsaved first event of every job: submitted, pending (its history starts here)."""
     return JobEvent(
         job=job,
         from_state="",
