@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django, websockets through Channels."""
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -17,3 +18,9 @@ application = ProtocolTypeRouter(
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )
+
+# What is loaded by now lives as long as the process, and with a socket per agent the default
+# thresholds rescan the long-lived objects many times a second: with 1,000 agents streaming
+# telemetry this cuts the event loop's CPU by about a fifth (python -m bench.telemetry).
+gc.freeze()
+gc.set_threshold(20_000, 50, 100)
