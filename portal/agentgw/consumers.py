@@ -2,8 +2,8 @@
 
 Thin by design: decode with agents.protocol, call one service, reply. Telemetry and heartbeats,
 which every agent sends all the time, are buffered and written for all agents at once
-(portal.agentgw.ingest). Browsers never get in:
-a browser cannot send an Authorization header on a websocket and always sends an Origin.
+(portal.agentgw.ingest). Browsers never get in: a browser cannot send an Authorization header
+on a websocket and always sends an Origin.
 """
 
 from __future__ import annotations
