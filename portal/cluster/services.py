@@ -222,9 +222,9 @@ def latest_gpu_samples(node_ids: Iterable[int]) -> dict[int, dict[str, dict[str,
 
 
 def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
-    """Stores the samples of many nodes at once: the latest sample per GPU in Redis (one
-    pipeline), and the samples of allocated GPUs as their attempt's history in PostgreSQL (one
-    statement), pushed to the browsers watching those jobs.
+    """Stores the samples of many nodes at once: the latest sample per GPU in Redis and the
+    samples of allocated GPUs as their attempt's history in PostgreSQL (one statement each),
+    pushed to the browsers watching those jobs.
 
     A sample counts for the attempt holding that GPU on that node now: a node's report on a GPU
     it does not have, or one nobody holds, is kept as the latest reading only. PostgreSQL reads
@@ -240,7 +240,8 @@ def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
         texts = [sample.model_dump_json() for sample in samples]
         latest[node_id].update(zip((sample.gpu_uuid for sample in samples), texts, strict=True))
         documents.append(f'{{"node":{int(node_id)},"samples":[{",".join(texts)}]}}')
-    get_redis().eval(STORE_LATEST_LUA, 0, json.dumps(latest), TELEMETRY_TTL_S)
+    keys = [telemetry_key(node_id) for node_id in latest]
+    get_redis().eval(STORE_LATEST_LUA, len(keys), *keys, json.dumps(list(latest.values())), TELEMETRY_TTL_S)
     with connection.cursor() as cursor:
         cursor.execute(STORE_HISTORY_SQL, [f"[{','.join(documents)}]"])
         job_ids = [job_id for (job_id,) in cursor.fetchall()]
@@ -264,11 +265,11 @@ def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
 
 
 # One command for all nodes: redis-py spends far longer packing thousands of HSET arguments than
-# Redis takes to decode one JSON document {node id: {gpu uuid: sample JSON}}.
+# Redis takes to decode one JSON list of {gpu uuid: sample JSON}, one per key.
 STORE_LATEST_LUA = """
-for node, samples in pairs(cjson.decode(ARGV[1])) do
-    local key = 'telemetry:node:' .. node
-    for uuid, sample in pairs(samples) do
+local latest = cjson.decode(ARGV[1])
+for i, key in ipairs(KEYS) do
+    for uuid, sample in pairs(latest[i]) do
         redis.call('HSET', key, uuid, sample)
     end
     redis.call('EXPIRE', key, tonumber(ARGV[2]))
