@@ -123,15 +123,21 @@ def job_states() -> dict[str, int]:
 
 
 def error_lines(log_dir: Path) -> dict[str, Any]:
-    """ERROR lines and tracebacks in each portal process's output, with the first few."""
+    """ERROR lines and tracebacks in each portal process's output, with the first few (a
+    traceback by its last line, the exception)."""
     counts: dict[str, Any] = {}
     for log in sorted(log_dir.glob("*.log")):
-        lines = [
-            line
-            for line in log.read_text(errors="replace").splitlines()
-            if '"level": "ERROR"' in line or line.startswith("Traceback")
-        ]
-        counts[log.stem] = {"count": len(lines), "first": [line[:300] for line in lines[:3]]}
+        lines = log.read_text(errors="replace").splitlines()
+        found = []
+        for i, line in enumerate(lines):
+            if '"level": "ERROR"' in line:
+                found.append(line)
+            elif line.startswith("Traceback"):
+                end = i + 1
+                while end < len(lines) and lines[end].startswith((" ", "\t")):
+                    end += 1
+                found.append(f"Traceback: {lines[end] if end < len(lines) else '?'}")
+        counts[log.stem] = {"count": len(found), "first": [line[:300] for line in found[:3]]}
     return counts
 
 
