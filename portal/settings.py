@@ -219,7 +219,8 @@ CHECKPOINT_ROOT = env_str(
 # /metrics answers scrapers that show this token (Authorization: Bearer) or come from these addresses.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
-# A shipped scheduler profile (default, fifo, tiresias) or the path of a profile JSON file.
+# A shipped scheduler profile (default, fifo, tiresias, introspective, best-fit) or the path of a
+# profile JSON file.
 SCHEDULER_PROFILE = env_str("SCHEDULER_PROFILE", "default")
 AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 10)
 AGENT_TELEMETRY_INTERVAL_S = env_int("AGENT_TELEMETRY_INTERVAL_S", 5)

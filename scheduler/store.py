@@ -19,7 +19,7 @@ from agents.protocol import CheckpointRequest, StopRequest, encode
 from portal.agentgw.desired import agent_attempt_id
 from portal.agentgw.outbox import desired_set_changed, send_request
 from portal.cluster.models import Flavor, Gpu, Node, Quota, VirtualCluster
-from portal.jobs.choices import ACTIVE_STATES, JobState
+from portal.jobs.choices import ACTIVE_STATES, AttemptState, JobState
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
 from portal.jobs.services import transition_job, transition_jobs
 from scheduler import core
@@ -99,16 +99,23 @@ def load_snapshot(now: float) -> LoadedState:
         .select_related("virtual_cluster", "owner")
         .annotate(last_checkpoint=Max("checkpoints__written_at"))
     )
+    # A suspended (time-sliced) job's allocations say where it waits to resume; they are not
+    # a hold on the GPUs, which another job of its VC uses meanwhile.
     placements: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
+    suspended_on: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
     started: dict[int, float] = {}
+    slice_started: dict[int, float] = {}
     live = Allocation.objects.filter(
         released_at__isnull=True, attempt__job__in=[j.pk for j in jobs]
     ).select_related("node", "gpu", "attempt")
     for allocation in live.order_by("replica", "gpu__index"):
         job_id = allocation.attempt.job_id
-        replica = placements[job_id].setdefault(allocation.replica, (allocation.node.name, []))
+        held = suspended_on if allocation.suspended else placements
+        replica = held[job_id].setdefault(allocation.replica, (allocation.node.name, []))
         replica[1].append(allocation.gpu.index)
         started[job_id] = allocation.attempt.created_at.timestamp()
+        if allocation.attempt.resumed_at is not None:
+            slice_started[job_id] = allocation.attempt.resumed_at.timestamp()
     running, pending = [], []
     for job in jobs:
         common: dict[str, Any] = {
@@ -122,24 +129,32 @@ def load_snapshot(now: float) -> LoadedState:
             "cpu_milli_per_replica": job.cpu_per_replica * 1000,
             "memory_mib_per_replica": job.memory_gb_per_replica * 1024,
             "submitted_at": job.submitted_at.timestamp(),
+            "time_sliceable": bool(job.spec.get("time_sliceable")),
         }
         if job.state == JobState.PENDING:
             pending.append(
                 core.PendingJob(replicas=job.replicas, gpus_per_replica=job.gpus_per_replica, **common)
             )
+        elif job.state == JobState.SUSPENDED:
+            pending.append(
+                core.PendingJob(
+                    replicas=job.replicas,
+                    gpus_per_replica=job.gpus_per_replica,
+                    suspended_on=placement_of(suspended_on[job.pk]),
+                    attained_gpu_s=job.total_gpus * max(0.0, now - started.get(job.pk, now)),
+                    **common,
+                )
+            )
         elif job.pk in placements:
-            replicas = placements[job.pk]
             running.append(
                 core.RunningJob(
-                    placement=tuple(
-                        core.ReplicaPlacement(core.NodeName(node), tuple(indices))
-                        for _, (node, indices) in sorted(replicas.items())
-                    ),
+                    placement=placement_of(placements[job.pk]),
                     started_at=started[job.pk],
                     attained_gpu_s=job.total_gpus * max(0.0, now - started[job.pk]),
                     last_checkpoint_at=epoch(job.last_checkpoint),
                     checkpointable=bool((job.spec.get("checkpoint") or {}).get("enabled")),
                     stopping=job.state == JobState.CHECKPOINTING,
+                    slice_started_at=slice_started.get(job.pk),
                     **common,
                 )
             )
@@ -153,11 +168,22 @@ def load_snapshot(now: float) -> LoadedState:
     return LoadedState(snapshot, {str(j.pk): j.version for j in jobs}, gpu_ids, node_ids)
 
 
+def placement_of(replicas: dict[int, tuple[str, list[int]]]) -> tuple[core.ReplicaPlacement, ...]:
+    return tuple(
+        core.ReplicaPlacement(core.NodeName(node), tuple(indices))
+        for _, (node, indices) in sorted(replicas.items())
+    )
+
+
 def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, int]:
     """Writes the plan. Must run inside the cycle's transaction; returns what it did."""
     # Only the jobs the plan moves: every move is a compare-and-set on the version seen, so the
     # thousands of jobs left pending need neither a row lock nor a second read.
-    moving = {int(s.job_id) for s in plan.starts} | {int(p.job_id) for p in plan.preemptions}
+    moving = (
+        {int(s.job_id) for s in plan.starts}
+        | {int(p.job_id) for p in plan.preemptions}
+        | {int(s.job_id) for s in plan.suspends}
+    )
     jobs = Job.objects.select_for_update().in_bulk(moving)
 
     def unchanged(job_id: core.JobId, state: str) -> Job | None:
@@ -166,24 +192,38 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
             return None
         return job
 
-    # Time-slicing swaps (a suspend and a start on the same GPUs) are not carried out by the
-    # portal yet: starting the job would meet the suspended job's live allocations.
-    swapped = {suspend.for_job for suspend in plan.suspends}
-    if swapped:
-        logger.warning("time-slicing swaps are not applied by the portal; %d skipped", len(swapped))
-    starts = [
-        (job, start)
-        for start in plan.starts
-        if start.job_id not in swapped and (job := unchanged(start.job_id, JobState.PENDING))
-    ]
+    # Time-slicing first: a suspended job leaves its GPUs to the job that takes its turn. When
+    # the suspension cannot be made (the job moved on meanwhile), that turn is not taken.
+    suspended, no_turn = 0, set()
+    for suspend in plan.suspends:
+        job = unchanged(suspend.job_id, JobState.RUNNING)
+        if job is not None and suspend_job(job, suspend):
+            suspended += 1
+        else:
+            no_turn.add(suspend.for_job)
+    starts, resumes = [], []
+    for start in plan.starts:
+        if start.job_id in no_turn:
+            continue
+        if job := unchanged(start.job_id, JobState.PENDING):
+            starts.append((job, start))
+        elif job := unchanged(start.job_id, JobState.SUSPENDED):
+            resumes.append((job, start))
     started = start_jobs(starts, loaded)
+    resumed = sum(resume_job(job, start, now) for job, start in resumes)
     preempted = 0
     for preemption in plan.preemptions:
         job = unchanged(preemption.job_id, JobState.RUNNING)
         if job is not None and preempt_job(job, preemption):
             preempted += 1
     record_pending_statuses(plan.pending)
-    return {"started": started, "preempted": preempted, "pending": len(plan.pending)}
+    return {
+        "started": started,
+        "preempted": preempted,
+        "suspended": suspended,
+        "resumed": resumed,
+        "pending": len(plan.pending),
+    }
 
 
 def placement_text(start: core.Start) -> str:
@@ -260,7 +300,8 @@ def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> i
 
 def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
     """Reason, message, estimated start, queue position and what-if hints of every job left
-    pending, in one statement; a job that left pending meanwhile is not touched."""
+    pending (or suspended, waiting for its next turn), in one statement; a job that left those
+    states meanwhile is not touched."""
     if not statuses:
         return
     with connection.cursor() as cursor:
@@ -269,7 +310,7 @@ def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
             "estimated_start_at = s.estimate, queue_position = s.position, whatif_hints = s.hints::jsonb "
             "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[], %s::text[]) "
             "AS s(id, reason, message, estimate, position, hints) "
-            "WHERE jobs_job.id = s.id AND jobs_job.state = 'pending'",
+            "WHERE jobs_job.id = s.id AND jobs_job.state IN ('pending', 'suspended')",
             [
                 [int(st.job_id) for st in statuses],
                 [st.reason.value for st in statuses],
@@ -309,7 +350,7 @@ def preempt_job(job: Job, preemption: core.Preemption) -> bool:
         data={"preemption": preemption.reason, "for_job": preemption.for_job},
     ):
         return False
-    attempt = job.attempts.order_by("-number").first()
+    attempt = current_attempt(job)
     checkpoint = job.spec.get("checkpoint") or {}
     checkpointable = bool(checkpoint.get("enabled"))
     # The job's own grace (how long it needs to save), never longer than the profile allows.
@@ -322,4 +363,64 @@ def preempt_job(job: Job, preemption: core.Preemption) -> bool:
     # The desired set says it too (checkpoint_and_stop), so a request lost with a connection
     # still ends in a checkpoint, not a kill.
     desired_set_changed(node_id for _, node_id in replicas)
+    return True
+
+
+def current_attempt(job: Job) -> JobAttempt | None:
+    return job.attempts.order_by("-number").first()
+
+
+def suspend_job(job: Job, suspend: core.Suspend) -> bool:
+    """running -> suspended: its processes are paused where they are (the desired set says so,
+    level-triggered) and its allocations parked, so the job taking its turn gets the GPUs."""
+    if not transition_job(
+        job,
+        JobState.SUSPENDED,
+        label="scheduler",
+        reason=suspend.message,
+        data={"time_slice": "suspend", "for_job": suspend.for_job},
+    ):
+        return False
+    attempt = current_attempt(job)
+    held = Allocation.objects.filter(attempt=attempt, released_at__isnull=True)
+    nodes = set(held.values_list("node_id", flat=True))
+    held.update(suspended=True)
+    JobAttempt.objects.filter(pk=attempt.pk).update(state=AttemptState.SUSPENDED)
+    desired_set_changed(nodes)
+    return True
+
+
+def resume_job(job: Job, start: core.Start, now: float) -> bool:
+    """suspended -> running on the GPUs it was paused on. A paused process cannot move, so when
+    the plan puts it anywhere else the job checkpoints and stops instead, to restart from its
+    checkpoint on a new attempt (a preemption)."""
+    attempt = current_attempt(job)
+    parked = list(
+        Allocation.objects.filter(attempt=attempt, released_at__isnull=True, suspended=True).select_related(
+            "node", "gpu"
+        )
+    )
+    where = {(a.node.name, a.gpu.index) for a in parked}
+    if where != {(r.node, i) for r in start.placement for i in r.gpu_indices}:
+        grace = float((job.spec.get("checkpoint") or {}).get("grace_seconds", 30))
+        message = f"its GPUs are taken; it restarts from its checkpoint on {placement_text(start)} instead"
+        preempt_job(job, core.Preemption(start.job_id, "time-slice-move", message, grace, start.job_id))
+        return False
+    try:
+        with transaction.atomic():
+            Allocation.objects.filter(pk__in=[a.pk for a in parked]).update(suspended=False)
+            if not transition_job(
+                job,
+                JobState.RUNNING,
+                label="scheduler",
+                reason=f"its turn: resumed on {placement_text(start)}",
+                data={"time_slice": "resume"},
+            ):
+                raise IntegrityError("the job moved on")
+            JobAttempt.objects.filter(pk=attempt.pk).update(
+                state=AttemptState.RUNNING, resumed_at=from_epoch(now)
+            )
+    except IntegrityError:  # a GPU is held by another job: a stale view, the next cycle decides again
+        return False
+    desired_set_changed({a.node_id for a in parked})
     return True

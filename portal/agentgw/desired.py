@@ -62,7 +62,7 @@ def desired_attempt(attempt: JobAttempt, replica: int, allocations: list[Allocat
         resume=attempt.resume,
         checkpoint_signal=checkpoint.get("signal", "SIGUSR1"),
         grace_period_s=float(checkpoint.get("grace_seconds", 30)),
-        time_sliced=False,
+        time_sliced=bool(spec.get("time_sliceable")),
         run_state="suspended" if job.state == JobState.SUSPENDED else "running",
         # Preemption of a checkpointable job, level-triggered: it survives a lost request.
         checkpoint_and_stop=job.state == JobState.CHECKPOINTING and bool(checkpoint.get("enabled")),

@@ -26,7 +26,8 @@ def gpus_in_use(vcs: Iterable[VirtualCluster]) -> dict[tuple[int, str], int]:
     from portal.jobs.models import Allocation
 
     rows = (
-        Allocation.objects.filter(released_at__isnull=True, attempt__job__virtual_cluster__in=list(vcs))
+        Allocation.objects.holding()
+        .filter(attempt__job__virtual_cluster__in=list(vcs))
         .values("attempt__job__virtual_cluster_id", "gpu__model")
         .annotate(n=models.Count("id"))
     )
@@ -251,9 +252,9 @@ def store_telemetry(batches: list[tuple[int, list[GpuSample]]]) -> None:
         return
     owners = {
         (node_id, uuid): job_id
-        for node_id, uuid, job_id in Allocation.objects.filter(
-            released_at__isnull=True, attempt__job_id__in=watched
-        ).values_list("gpu__node_id", "gpu__uuid", "attempt__job_id")
+        for node_id, uuid, job_id in Allocation.objects.holding()
+        .filter(attempt__job_id__in=watched)
+        .values_list("gpu__node_id", "gpu__uuid", "attempt__job_id")
     }
     by_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for node_id, samples in batches:

@@ -116,6 +116,9 @@ class JobAttempt(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # Time-slicing: when the attempt last resumed after a suspension; its turn (quantum) on
+    # the GPUs counts from here, or from created_at if it was never suspended.
+    resumed_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     end_reason = models.CharField(max_length=500, blank=True)
     # What the agents last reported per replica: {"0": {"state": "running", "generation": 3,
@@ -131,8 +134,19 @@ class JobAttempt(models.Model):
         return f"job {self.job_id} attempt {self.number}"
 
 
+class AllocationQuerySet(models.QuerySet["Allocation"]):
+    def holding(self) -> AllocationQuerySet:
+        """Allocations that hold their GPU now: not released, and not parked by a suspension."""
+        return self.filter(released_at__isnull=True, suspended=False)
+
+
 class Allocation(models.Model):
-    """An attempt's hold on one GPU. The database forbids two live allocations of one GPU."""
+    """An attempt's hold on one GPU. The database forbids two live allocations of one GPU.
+
+    A time-sliced attempt that is suspended keeps its allocations, marked `suspended`: they
+    say where it waits to resume, but leave the GPU to the job that took its turn. Resuming
+    clears the mark, and the constraint then guards the GPU again.
+    """
 
     attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="allocations")
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
@@ -140,11 +154,16 @@ class Allocation(models.Model):
     replica = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
+    suspended = models.BooleanField(default=False)
+
+    objects = AllocationQuerySet.as_manager()
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["gpu"], condition=Q(released_at__isnull=True), name="one_live_allocation_per_gpu"
+                fields=["gpu"],
+                condition=Q(released_at__isnull=True, suspended=False),
+                name="one_live_allocation_per_gpu",
             )
         ]
 

@@ -148,6 +148,14 @@ class JobSpecSerializer(StrictSerializer):
     retries = RetriesSerializer(required=False)
     checkpoint = CheckpointSettingsSerializer(required=False)
     time_limit = DurationField(required=False, help_text="Seconds or '36h'; at most the flavor's limit.")
+    time_sliceable = serializers.BooleanField(
+        default=False,
+        help_text=(
+            "May take turns on its GPUs with other time-sliceable jobs of its VC when the VC has "
+            "more of them than GPUs: the job is suspended (its processes paused, memory kept) and "
+            "later resumed on the same GPUs. Only where the scheduler profile has time-slicing."
+        ),
+    )
 
     def validate_name(self, value: str) -> str:
         if not NAME_RE.match(value):

@@ -37,7 +37,7 @@ class PortalCollector:
             "gpuportal_node_gpus_allocated", "Allocated GPUs.", labels=["node", "model"]
         )
         counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-        live = set(Allocation.objects.filter(released_at__isnull=True).values_list("gpu_id", flat=True))
+        live = set(Allocation.objects.holding().values_list("gpu_id", flat=True))
         for gpu_id, node, model, ok in Gpu.objects.values_list("id", "node__name", "model", "healthy"):
             key = (node, model)
             counts[key]["total"] += 1
@@ -62,7 +62,7 @@ class PortalCollector:
             "gpuportal_tenant_gpus_allocated", "GPUs held by a tenant's jobs.", labels=["tenant", "model"]
         )
         held = Counter(
-            Allocation.objects.filter(released_at__isnull=True).values_list(
+            Allocation.objects.holding().values_list(
                 "attempt__job__virtual_cluster__name", "attempt__job__tenant__name", "gpu__model"
             )
         )
@@ -135,7 +135,7 @@ class PortalCollector:
         }
         owners = {
             uuid: (str(job), vc, tenant)
-            for uuid, job, vc, tenant in Allocation.objects.filter(released_at__isnull=True).values_list(
+            for uuid, job, vc, tenant in Allocation.objects.holding().values_list(
                 "gpu__uuid",
                 "attempt__job_id",
                 "attempt__job__virtual_cluster__name",

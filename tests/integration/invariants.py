@@ -26,9 +26,21 @@ def assert_invariants() -> None:
             "gpu", "attempt__job__virtual_cluster"
         )
     )
-    # No GPU in two live allocations.
+    # No GPU in two live allocations. A suspended (time-sliced) job's allocations are parked:
+    # they mark where it resumes and do not hold the GPU, which only a job of the same tenant
+    # may hold meanwhile.
+    parked = [a for a in live if a.suspended]
+    live = [a for a in live if not a.suspended]
     twice = [gpu for gpu, n in Counter(a.gpu_id for a in live).items() if n > 1]
     assert not twice, f"GPUs in two live allocations: {twice}"
+    holders = {a.gpu_id: a.attempt.job for a in live}
+    for allocation in parked:
+        job = allocation.attempt.job
+        assert job.state in (JobState.SUSPENDED, JobState.CHECKPOINTING), f"{job} parked while {job.state}"
+        holder = holders.get(allocation.gpu_id)
+        assert holder is None or holder.tenant_id == job.tenant_id, (
+            f"{holder} of another tenant holds a GPU {job} is suspended on"
+        )
     # At most one unfinished attempt per job, and only active jobs hold GPUs.
     unfinished = Counter(
         JobAttempt.objects.exclude(state__in=ATTEMPT_ENDED_STATES).values_list("job_id", flat=True)
@@ -51,8 +63,11 @@ def assert_invariants() -> None:
     by_attempt: dict[int, list[Allocation]] = defaultdict(list)
     for allocation in live:
         by_attempt[allocation.attempt_id].append(allocation)
+    for allocation in parked:
+        by_attempt[allocation.attempt_id].append(allocation)
     for allocations in by_attempt.values():
         job = allocations[0].attempt.job
+        assert len({a.suspended for a in allocations}) == 1, f"{job} is partly suspended"
         assert len(allocations) == job.total_gpus, f"{job} holds {len(allocations)} of {job.total_gpus} GPUs"
         assert len({a.replica for a in allocations}) == job.replicas
 
@@ -71,7 +86,7 @@ def assert_all_invariants(acknowledged: Iterable[int] = ()) -> None:
 def assert_nodes_within_capacity() -> None:
     """I2 per node: the replicas placed on a node fit its CPUs and memory (GPUs are I1)."""
     placed = (
-        Allocation.objects.filter(released_at__isnull=True)
+        Allocation.objects.holding()
         .values_list(
             "node_id",
             "attempt_id",

@@ -10,7 +10,7 @@ import pytest
 
 from portal.accounts.services import create_api_token
 from portal.cluster.models import Node
-from portal.jobs.models import Allocation, Job, JobAttempt
+from portal.jobs.models import Allocation, Job, JobAttempt, LogLine
 from tests.conftest import wait_for
 from tests.integration.invariants import assert_invariants
 
@@ -22,6 +22,11 @@ EXIT_WITH = "import sys\nprint('exiting', flush=True)\nsys.exit({code})\n"
 STUBBORN = (
     "import signal, time\nsignal.signal(signal.SIGUSR1, lambda *a: print('ignoring', flush=True))\n"
     "print('started', flush=True)\ntime.sleep(300)\n"
+)
+# Counts for as long as it runs: a paused and resumed process goes on from where it stopped.
+TICKER = (
+    "import time\nprint('started', flush=True)\nn = 0\n"
+    "while True:\n    n += 1\n    print(f'tick {n}', flush=True)\n    time.sleep(0.2)\n"
 )
 
 
@@ -175,3 +180,140 @@ def test_a_vc_reclaims_its_guarantee_from_a_borrower(api, a100_agents) -> None: 
     assert "checkpointing" in events(borrower) and "preempted" in events(borrower)
     assert_invariants()
     Job.objects.filter(pk=borrower)  # still queued or running again; never above its quota
+
+
+def ticks(job_id: int) -> list[int]:
+    lines = LogLine.objects.filter(attempt__job_id=job_id, text__startswith="tick ").values_list(
+        "text", flat=True
+    )
+    return sorted(int(line.split()[1]) for line in lines)
+
+
+def gpus_of(job_id: int, suspended: bool) -> set[tuple[str, int]]:
+    held = Allocation.objects.filter(attempt__job_id=job_id, released_at__isnull=True, suspended=suspended)
+    return set(held.values_list("node__name", "gpu__index"))
+
+
+def test_time_sliced_jobs_take_turns_on_the_same_gpus(api, a100_agents) -> None:  # type: ignore[no-untyped-def]
+    """Vision may hold 16 A100 (8 guaranteed, 8 borrowed). With two 8-GPU jobs running, a third
+    time-sliceable one takes turns with the time-sliceable one: paused and resumed, never
+    restarted; the job that did not opt in is never suspended."""
+    alice = api("alice")
+    first = submit(alice, "first", TICKER, flavor="l-A100", time_sliceable=True)
+    steady = submit(alice, "steady", SLEEP.format(seconds=300), flavor="l-A100")
+    wait_for(lambda: state(first) == "running" and state(steady) == "running", 60, "two jobs to run")
+    first_gpus = gpus_of(first, suspended=False)
+    second = submit(alice, "second", TICKER, flavor="l-A100", time_sliceable=True)
+
+    wait_for(lambda: state(second) == "running", 60, "the second job to take the first one's turn")
+    assert state(first) == "suspended"
+    assert gpus_of(second, suspended=False) == first_gpus == gpus_of(first, suspended=True)
+    assert_invariants()
+    # The agent paused the first job's process where it was.
+    wait_for(
+        lambda: JobAttempt.objects.get(job_id=first).replica_states["0"]["state"] == "suspended",
+        30,
+        "the agent to report the first job paused",
+    )
+    before = ticks(first)[-1]
+
+    wait_for(lambda: state(first) == "running", 60, "the first job's next turn")
+    assert state(second) == "suspended"
+    assert gpus_of(first, suspended=False) == first_gpus
+    assert_invariants()
+    wait_for(lambda: ticks(first)[-1] > before + 5, 30, "the first job to count on after its resume")
+    counted = ticks(first)
+    assert counted == list(range(1, counted[-1] + 1))  # one process throughout: no count restarted
+    assert JobAttempt.objects.filter(job_id=first).count() == 1
+    assert LogLine.objects.filter(attempt__job_id=first, text="started").count() == 1
+    assert events(first)[-3:] == ["running", "suspended", "running"]
+    assert "suspended" not in events(steady)
+
+    # Cancel works on a suspended job: its paused process is stopped and its GPUs freed.
+    wait_for(lambda: state(second) == "suspended", 60, "the second job to be suspended")
+    assert alice.post(f"/api/v1/jobs/{second}/cancel/").json()["state"] == "cancelled"
+    wait_for(
+        lambda: JobAttempt.objects.get(job_id=second).replica_states["0"]["state"] in ("exited", "vanished"),
+        30,
+        "the agent to stop the paused process",
+    )
+    for job in (first, steady):
+        alice.post(f"/api/v1/jobs/{job}/cancel/")
+    assert not Allocation.objects.filter(released_at__isnull=True).exists()
+    assert_invariants()
+
+
+# Counts steps, saves on the checkpoint signal (the agent then stops it) and, on a resumed
+# attempt, goes on from the saved step.
+CHECKPOINTER = """
+import json, os, signal, time
+directory = os.environ["GPUPORTAL_CHECKPOINT_DIR"]
+step = 0
+
+def save(*_):
+    with open(os.path.join(directory, "state"), "w") as f:
+        f.write(str(step))
+    with open(os.path.join(directory, ".marker"), "w") as f:
+        json.dump({"step": step, "path": "state"}, f)
+    os.replace(os.path.join(directory, ".marker"), os.path.join(directory, "checkpoint.json"))
+
+signal.signal(signal.SIGUSR1, save)
+os.makedirs(directory, exist_ok=True)
+if os.environ.get("GPUPORTAL_RESUME") == "1":
+    with open(os.path.join(directory, "checkpoint.json")) as f:
+        step = json.load(f)["step"]
+print(f"from {step}", flush=True)
+while True:
+    step += 1
+    time.sleep(0.1)
+"""
+
+
+def test_a_migration_frees_a_node_for_a_blocked_gang(api, a100_agents, users) -> None:  # type: ignore[no-untyped-def]
+    """Two 2-GPU jobs on two 8-GPU nodes leave 12 GPUs free but no node with 8: the 8-GPU job is
+    blocked by fragmentation alone. One small job checkpoints, stops, and resumes from its
+    checkpoint beside the other, and the 8-GPU job starts on the node it left."""
+    from portal.cluster.services import set_node_state
+
+    alice = api("alice")
+    admin = users["admin"]
+    node_1, node_2 = (Node.objects.get(name=name) for name in ("a100-node-1", "a100-node-2"))
+    small: list[int] = []
+    for here, there in ((node_1, node_2), (node_2, node_1)):  # one small job on each node
+        set_node_state(there, "cordon", admin)
+        job = submit(
+            alice, f"small-{here.name}", CHECKPOINTER, checkpoint={"enabled": True, "grace_seconds": 30}
+        )
+        small.append(job)
+        # Running, and past the point where it listens for the checkpoint signal.
+        wait_for(
+            lambda job=job: LogLine.objects.filter(attempt__job_id=job).exists(), 60, "a small job to run"
+        )
+        assert gpus_of(job, suspended=False) <= {(here.name, i) for i in range(8)}
+        set_node_state(there, "uncordon", admin)
+    wait_for(lambda: Node.objects.filter(name__startswith="a100", state="ready").count() == 2, 30, "uncordon")
+
+    gang = submit(alice, "wide", SLEEP.format(seconds=1), flavor="l-A100")
+    wait_for(lambda: state(gang) == "succeeded", 120, "the 8-GPU job to start and finish")
+    moved = [job for job in small if "preempted" in events(job)]
+    assert len(moved) == 1, [events(job) for job in small]
+    moved_job = moved[0]
+    preemption = Job.objects.get(pk=moved_job).events.filter(to_state="checkpointing").get()
+    assert preemption.data["preemption"] == "defrag" and preemption.data["for_job"] == str(gang)
+    wait_for(lambda: state(moved_job) == "running", 60, "the moved job to run again")
+    second = JobAttempt.objects.get(job_id=moved_job, number=2)
+    assert second.resume
+    resumed_from = LogLine.objects.filter(attempt=second, text__startswith="from ").values_list(
+        "text", flat=True
+    )
+    wait_for(lambda: resumed_from.exists(), 30, "the resumed attempt's first line")
+    assert int(resumed_from.first().split()[1]) > 0  # it went on from its checkpoint
+    # Both small jobs now share one node; the wide job had the other one to itself.
+    nodes = {name for job in small for name, _ in gpus_of(job, suspended=False)}
+    assert len(nodes) == 1
+    wide_nodes = set(Allocation.objects.filter(attempt__job_id=gang).values_list("node__name", flat=True))
+    assert len(wide_nodes) == 1 and wide_nodes.isdisjoint(nodes)
+    assert_invariants()
+    for job in small:
+        alice.post(f"/api/v1/jobs/{job}/cancel/")
+    assert_invariants()

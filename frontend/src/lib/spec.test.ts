@@ -28,6 +28,7 @@ describe("form and spec", () => {
       checkpointSignal: "SIGUSR2",
       checkpointGrace: "60",
       timeLimit: "36h",
+      timeSliceable: true,
     };
     const yaml = specToYaml(formToSpec(form));
     const parsed = parseSpecYaml(yaml);

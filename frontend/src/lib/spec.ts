@@ -32,6 +32,7 @@ export interface SpecForm {
   checkpointSignal: string;
   checkpointGrace: string;
   timeLimit: string;
+  timeSliceable: boolean;
 }
 
 export type SpecObject = Record<string, unknown>;
@@ -49,6 +50,7 @@ export const FORM_KEYS = [
   "retries",
   "checkpoint",
   "time_limit",
+  "time_sliceable",
 ];
 
 export function emptyForm(): SpecForm {
@@ -70,6 +72,7 @@ export function emptyForm(): SpecForm {
     checkpointSignal: "SIGUSR1",
     checkpointGrace: "120",
     timeLimit: "",
+    timeSliceable: false,
   };
 }
 
@@ -117,6 +120,7 @@ export function formToSpec(form: SpecForm, extra: SpecObject = {}): SpecObject {
     };
   }
   if (form.timeLimit.trim()) spec.time_limit = numberOrText(form.timeLimit);
+  if (form.timeSliceable) spec.time_sliceable = true;
   for (const [key, value] of Object.entries(extra)) {
     if (!FORM_KEYS.includes(key)) spec[key] = value;
   }
@@ -168,6 +172,7 @@ export function specToForm(spec: SpecObject): { form: SpecForm; extra: SpecObjec
     if (c.grace_seconds !== undefined) form.checkpointGrace = text(c.grace_seconds);
   }
   if (spec.time_limit !== undefined && spec.time_limit !== null) form.timeLimit = text(spec.time_limit);
+  form.timeSliceable = spec.time_sliceable === true;
   return { form, extra };
 }
 

@@ -412,6 +412,17 @@ function SpecFields({ form, update, choices, errors, tenants }: FieldsProps) {
             </Field>
           </div>
         )}
+        <div className={errors("time_sliceable").length ? "field has-error" : "field"}>
+          <label className="checkbox">
+            <input type="checkbox" checked={form.timeSliceable} onChange={(e) => update({ timeSliceable: e.target.checked })} /> Time-sliceable
+            (may take turns on its GPUs with other jobs of its VC: paused and resumed, never restarted)
+          </label>
+          {errors("time_sliceable").map((msg) => (
+            <p key={msg} className="field-error">
+              {msg}
+            </p>
+          ))}
+        </div>
       </fieldset>
 
       <fieldset className="card">

@@ -63,7 +63,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_serializer_context(self) -> dict[str, Any]:
         context = super().get_serializer_context()
-        live = Allocation.objects.filter(released_at__isnull=True)
+        live = Allocation.objects.holding()
         context["allocated_gpu_ids"] = set(live.values_list("gpu_id", flat=True))
         visible = Job.objects.for_user(self.request.user).values("pk")
         context["visible_jobs"] = dict(

@@ -1,0 +1,141 @@
+"""Time-slicing as the store applies it: a suspension parks the job's allocations so the job
+taking its turn gets the GPUs, a resume takes them back, and a resume the plan puts elsewhere
+becomes a checkpoint-and-restart, because a paused process cannot move."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from portal.agentgw.desired import desired_set_for
+from portal.cluster.models import Node
+from portal.jobs.choices import JobState
+from portal.jobs.models import Allocation, Job, JobAttempt
+from portal.jobs.services import transition_job
+from scheduler import core
+from scheduler.store import apply_plan, load_snapshot
+from scheduler.tasks import run_cycle
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LIVE_PROFILE = Path(__file__).resolve().parents[1] / "testdata" / "live-profile.json"
+
+
+def every_cycle_a_new_turn() -> core.Profile:
+    """The tests' profile with a quantum of zero: every cycle, a waiting job takes a turn."""
+    data = json.loads(LIVE_PROFILE.read_text())
+    data["plugin_args"]["timeslice"]["quantum_s"] = 0
+    return core.Profile.from_dict(data)
+
+
+def submit(client: Any, name: str, **spec: Any) -> int:
+    body = {"name": name, "vc": "vision", "flavor": "l-A100", "command": "sleep 600", **spec}
+    response = client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    return int(response.json()["id"])
+
+
+def run(job_id: int) -> None:
+    """What the agents' reports would do: scheduled -> running."""
+    job = Job.objects.get(pk=job_id)
+    assert job.state == JobState.SCHEDULED
+    assert transition_job(job, JobState.RUNNING, label="test")
+
+
+def state(job_id: int) -> str:
+    return Job.objects.values_list("state", flat=True).get(pk=job_id)
+
+
+def gpus(job_id: int, suspended: bool) -> set[tuple[str, int]]:
+    held = Allocation.objects.filter(attempt__job_id=job_id, released_at__isnull=True, suspended=suspended)
+    return set(held.values_list("node__name", "gpu__index"))
+
+
+@pytest.fixture
+def two_running(api_for: Any, paused_loop: Any) -> tuple[Any, int, int]:
+    """Vision's 16 A100 (8 guaranteed, 8 borrowed) taken by a time-sliceable and a plain job."""
+    Node.objects.update(state="ready")
+    alice = api_for("alice")
+    sliced = submit(alice, "sliced", time_sliceable=True)
+    plain = submit(alice, "plain")
+    run_cycle(every_cycle_a_new_turn())
+    run(sliced)
+    run(plain)
+    return alice, sliced, plain
+
+
+def test_a_waiting_job_takes_the_turn_of_a_time_sliceable_one_and_gives_it_back(two_running) -> None:  # type: ignore[no-untyped-def]
+    alice, sliced, plain = two_running
+    sliced_gpus = gpus(sliced, suspended=False)
+    waiting = submit(alice, "waiting", time_sliceable=True)
+    result = run_cycle(every_cycle_a_new_turn())
+    assert result is not None and result["suspended"] == 1
+
+    assert state(sliced) == "suspended" and state(waiting) == "scheduled" and state(plain) == "running"
+    assert gpus(sliced, suspended=True) == sliced_gpus == gpus(waiting, suspended=False)
+    assert not gpus(sliced, suspended=False)
+    assert JobAttempt.objects.get(job_id=sliced).state == "suspended"
+    event = Job.objects.get(pk=sliced).events.get(to_state="suspended")
+    assert event.data == {"time_slice": "suspend", "for_job": str(waiting)} and "time slice" in event.reason
+    # The agent is told both: pause the one, run the other, on the same GPUs.
+    node = Node.objects.get(name=next(iter(sliced_gpus))[0])
+    desired = {a.job_id: a for a in desired_set_for(node).attempts}
+    assert desired[str(sliced)].run_state == "suspended" and desired[str(waiting)].run_state == "running"
+    assert desired[str(sliced)].time_sliced and str(plain) not in desired  # on the other node
+    # The API shows the suspended job with why it waits.
+    shown = alice.get(f"/api/v1/jobs/{sliced}/").json()
+    assert shown["state"] == "suspended"
+
+    run(waiting)
+    result = run_cycle(every_cycle_a_new_turn())
+    assert result is not None and result["resumed"] == 1 and result["suspended"] == 1
+    assert state(sliced) == "running" and state(waiting) == "suspended"
+    assert gpus(sliced, suspended=False) == sliced_gpus == gpus(waiting, suspended=True)
+    attempt = JobAttempt.objects.get(job_id=sliced)  # the same attempt throughout
+    assert attempt.state == "running" and attempt.resumed_at is not None
+    assert state(plain) == "running"  # it did not opt in: never suspended
+    assert not Job.objects.get(pk=plain).events.filter(to_state="suspended").exists()
+
+
+def test_a_resume_elsewhere_is_a_checkpoint_and_restart(two_running) -> None:  # type: ignore[no-untyped-def]
+    alice, sliced, plain = two_running
+    waiting = submit(alice, "waiting", time_sliceable=True)
+    run_cycle(every_cycle_a_new_turn())
+    assert state(sliced) == "suspended"
+    elsewhere = sorted(gpus(plain, suspended=False))
+    now = time.time()
+    with transaction.atomic():
+        loaded = load_snapshot(now)
+        suspended = next(j for j in loaded.snapshot.pending if j.id == str(sliced))
+        assert suspended.suspended_on and suspended.time_sliceable
+        placement = (core.ReplicaPlacement(core.NodeName(elsewhere[0][0]), tuple(i for _, i in elsewhere)),)
+        plan = core.Plan(starts=(core.Start(core.JobId(str(sliced)), placement, resume=True),))
+        result = apply_plan(plan, loaded, now)
+    assert result["resumed"] == 0
+    assert state(sliced) == "checkpointing"
+    event = Job.objects.get(pk=sliced).events.get(to_state="checkpointing")
+    assert event.data["preemption"] == "time-slice-move"
+    # It never held the other job's GPUs, and the job on its own GPUs keeps them.
+    assert gpus(plain, suspended=False) == set(elsewhere)
+    assert gpus(waiting, suspended=False) == gpus(sliced, suspended=True)
+
+
+def test_no_turn_is_taken_when_the_suspension_cannot_be_made(two_running) -> None:  # type: ignore[no-untyped-def]
+    alice, sliced, _ = two_running
+    waiting = submit(alice, "waiting", time_sliceable=True)
+    now = time.time()
+    with transaction.atomic():
+        loaded = load_snapshot(now)
+        plan = core.decide(loaded.snapshot, every_cycle_a_new_turn(), now)
+        assert [s.job_id for s in plan.suspends] == [str(sliced)]
+        # Meanwhile the job ends (an agent's report): the plan was made on a stale view.
+        Job.objects.filter(pk=sliced).update(version=Job.objects.get(pk=sliced).version + 1)
+        result = apply_plan(plan, loaded, now)
+    assert result["suspended"] == 0 and result["started"] == 0
+    assert state(waiting) == "pending" and not gpus(waiting, suspended=False)
+    assert state(sliced) == "running" and not gpus(sliced, suspended=True)
