@@ -224,6 +224,49 @@ def test_defrag_does_not_move_jobs_that_would_find_no_room() -> None:
     assert plan.pending[0].reason is ReasonCode.FRAGMENTATION
 
 
+def test_defrag_never_moves_a_job_again_within_its_minimum_interval() -> None:
+    def snap() -> Snap:
+        return (
+            Snap()
+            .node("a", 4)
+            .node("b", 4)
+            .running("x", [("a", (0,))], started_at=4900, time_limit_s=86400.0)  # (re)started 100 s ago
+            .running("y", [("b", (0,))], started_at=4900, time_limit_s=86400.0)
+            .pending("wide", 4, submitted_at=5000)
+        )
+
+    held = decide(snap().build(), DEFRAG, now=5000.0)
+    assert not held.preemptions and held.pending[0].reason is ReasonCode.FRAGMENTATION
+    eager = profile(preemption=["defrag"], score=["binpack"], plugin_args={"defrag": {"min_interval_s": 60}})
+    moved = decide(snap().build(), eager, now=5000.0)
+    assert [p.reason for p in moved.preemptions] == ["defrag"]
+
+
+@pytest.mark.parametrize(
+    ("other_ends_in_s", "moves"),
+    [
+        pytest.param(30.0, False, id="a layout frees in 30 s: 4 x 30 GPU-s gained < 1 x 160 lost"),
+        pytest.param(3600.0, True, id="a layout frees in an hour: worth a 160 GPU-s move"),
+    ],
+)
+def test_defrag_moves_a_job_only_when_the_blocked_job_gains_more_than_the_move_costs(
+    other_ends_in_s: float, moves: bool
+) -> None:
+    """y lost 100 s since its checkpoint plus a 60 s restart: 160 GPU-s. Node a frees up when x
+    reaches its time limit; until then the 4-GPU job waits."""
+    now = 10_000.0
+    snap = (
+        Snap()
+        .node("a", 4)
+        .node("b", 4)
+        .running("x", [("a", (0,))], started_at=0, time_limit_s=now + other_ends_in_s, checkpointable=False)
+        .running("y", [("b", (0,))], started_at=0, last_checkpoint_at=now - 100, time_limit_s=10 * now)
+        .pending("wide", 4, submitted_at=now)
+    )
+    plan = decide(snap.build(), DEFRAG, now=now)
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == ([("y", "defrag")] if moves else [])
+
+
 @pytest.mark.parametrize(
     ("fields", "expected_end"),
     [
