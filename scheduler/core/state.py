@@ -42,6 +42,36 @@ def whole_gpus(milli: int) -> int:
     return -(-milli // 1000)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeLayout:
+    """What never changes about a node's GPUs during a cycle: which GPU of which model sits
+    where in the topology. Nodes built alike share one layout object, so a placement plugin
+    can remember a choice or a score per (layout, free GPUs) and reuse it on every node of
+    that kind: in a homogeneous cluster one computation serves all nodes. Compared by
+    identity (cheap to hash); two equal layouts that are distinct objects are merely not
+    shared."""
+
+    signature: tuple[tuple[int, str, int, int, int], ...]  # (index, model, nvlink, pcie, numa)
+    indices_by_model: dict[str, tuple[int, ...]]  # every GPU of the model, healthy or not, sorted
+
+    @staticmethod
+    def signature_of(gpus: dict[int, Gpu]) -> tuple[tuple[int, str, int, int, int], ...]:
+        return tuple(
+            (i, g.model, g.nvlink_group, g.pcie_switch, g.numa_node) for i, g in sorted(gpus.items())
+        )
+
+    @classmethod
+    def of(cls, gpus: dict[int, Gpu]) -> NodeLayout:
+        signature = cls.signature_of(gpus)
+        by_model: dict[str, list[int]] = {}
+        for index, model, _, _, _ in signature:
+            by_model.setdefault(model, []).append(index)
+        return cls(signature, {m: tuple(indices) for m, indices in by_model.items()})
+
+    def indices(self, model: str) -> tuple[int, ...]:
+        return self.indices_by_model.get(model, ())
+
+
 @dataclass(slots=True)
 class NodeSlot:
     """Mutable per-cycle view of one node. `idx` is its position in the snapshot, used as
@@ -55,6 +85,11 @@ class NodeSlot:
     cpu_free: int | None  # None = not tracked
     memory_free: int | None
     shared: dict[int, SharedGpu] = field(default_factory=dict)  # GPU index -> its shares
+    layout: NodeLayout = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.layout is None:
+            self.layout = NodeLayout.of(self.gpus)
 
     def free_count(self, model: str) -> int:
         free = self.free.get(model)
@@ -385,6 +420,7 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
 
     max_gpus: dict[str, int] = {}
     slots: list[NodeSlot] = []
+    layouts: dict[tuple[tuple[int, str, int, int, int], ...], NodeLayout] = {}
     for idx, node in enumerate(snapshot.nodes):
         free: dict[str, set[int]] = {}
         per_model: dict[str, int] = {}
@@ -408,6 +444,7 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
                 gpus=gpu_maps[idx],
                 cpu_free=node.cpu_milli - cpu_used[idx] if node.cpu_milli else None,
                 memory_free=node.memory_mib - memory_used[idx] if node.memory_mib else None,
+                layout=_shared_layout(layouts, gpu_maps[idx]),
             )
         )
     buckets: dict[str, list[set[int]]] = {m: [set() for _ in range(n + 1)] for m, n in max_gpus.items()}
@@ -437,6 +474,16 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
     for hold in shared_holds:
         state.take(hold)
     return state, holds
+
+
+def _shared_layout(
+    layouts: dict[tuple[tuple[int, str, int, int, int], ...], NodeLayout], gpus: dict[int, Gpu]
+) -> NodeLayout:
+    signature = NodeLayout.signature_of(gpus)
+    layout = layouts.get(signature)
+    if layout is None:
+        layout = layouts[signature] = NodeLayout.of(gpus)
+    return layout
 
 
 def _share_holds(

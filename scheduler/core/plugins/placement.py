@@ -7,11 +7,11 @@ blocks whole so that large jobs still find a block after many small ones came an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from scheduler.core.framework import SUCCESS, Code, CycleContext, Status
-from scheduler.core.state import GpuHold, NodeSlot
+from scheduler.core.state import GpuHold, NodeLayout, NodeSlot
 from scheduler.core.types import PendingJob, ReasonCode
 
 # Affinity levels of one replica's GPUs, best first (Gandiva's order inside a node).
@@ -87,29 +87,41 @@ def _tightest(members: list[int], node: NodeSlot, count: int, attrs: tuple[str, 
     return tuple(members[:count])
 
 
+# A choice or score depends only on the node's layout (its fixed topology), its free GPUs and
+# the request, so the plugins below remember answers per (layout, free GPUs, request): nodes
+# of one kind in the same state are computed once per cycle (the plugins are built anew for
+# every cycle). The free GPUs are part of the key, so a remembered answer cannot go stale.
+ChoiceKey = tuple[NodeLayout, frozenset[int], int]
+
+
 class TopologyChooser:
     name = "topology"
 
     def __init__(self, args: Mapping[str, Any]) -> None:
-        pass
+        self._memo: dict[ChoiceKey, tuple[int, ...] | None] = {}
 
     def choose(self, free: set[int], node: NodeSlot, count: int) -> tuple[int, ...] | None:
-        return choose_by_topology(free, node, count)
+        key = (node.layout, frozenset(free), count)
+        if key in self._memo:
+            return self._memo[key]
+        chosen = self._memo[key] = choose_by_topology(free, node, count)
+        return chosen
 
 
-def _model_indices(node: NodeSlot, model: str) -> list[int]:
-    return sorted(i for i, g in node.gpus.items() if g.model == model)
+def _model_indices(node: NodeSlot, model: str) -> tuple[int, ...]:
+    return node.layout.indices(model)
 
 
-def largest_free_block(indices: list[int], free: set[int]) -> int:
+def largest_free_block(indices: Sequence[int], free: set[int] | frozenset[int]) -> int:
     """Size of the largest fully free aligned power-of-two block (buddy cell) of a node."""
     n = len(indices)
+    is_free = [i in free for i in indices]
     size = 1
     while size * 2 <= n:
         size *= 2
     while size >= 1:
         for start in range(0, n - size + 1, size):
-            if all(indices[p] in free for p in range(start, start + size)):
+            if all(is_free[start : start + size]):
                 return size
         size //= 2
     return 0
@@ -125,19 +137,20 @@ def choose_buddy(free: set[int], node: NodeSlot, count: int, strict: bool) -> tu
     model = node.gpus[some].model
     indices = _model_indices(node, model)
     n = len(indices)
+    is_free = [i in free for i in indices]
     block = 1
     while block < count:
         block *= 2
     if block <= n:
         best: tuple[int, int] | None = None  # (largest free enclosing block, start)
         for start in range(0, n - block + 1, block):
-            if not all(indices[p] in free for p in range(start, start + block)):
+            if not all(is_free[start : start + block]):
                 continue
             enclosing = block
             size = block * 2
             while size <= n:
                 parent = (start // size) * size
-                if parent + size <= n and all(indices[p] in free for p in range(parent, parent + size)):
+                if parent + size <= n and all(is_free[parent : parent + size]):
                     enclosing = size
                     size *= 2
                 else:
@@ -157,9 +170,14 @@ class BuddyChooser:
 
     def __init__(self, args: Mapping[str, Any]) -> None:
         self.strict = bool(args.get("strict", False))
+        self._memo: dict[ChoiceKey, tuple[int, ...] | None] = {}
 
     def choose(self, free: set[int], node: NodeSlot, count: int) -> tuple[int, ...] | None:
-        return choose_buddy(free, node, count, self.strict)
+        key = (node.layout, frozenset(free), count)
+        if key in self._memo:
+            return self._memo[key]
+        chosen = self._memo[key] = choose_buddy(free, node, count, self.strict)
+        return chosen
 
 
 class BinPack:
@@ -173,7 +191,7 @@ class BinPack:
     def score(
         self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
     ) -> float:
-        total = sum(1 for g in node.gpus.values() if g.model == model) or 1
+        total = len(node.layout.indices(model)) or 1
         free_after = node.free_count(model) - len(gpus)
         return 100.0 * (1.0 - free_after / total)
 
@@ -189,7 +207,7 @@ class Spread:
     def score(
         self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
     ) -> float:
-        total = sum(1 for g in node.gpus.values() if g.model == model) or 1
+        total = len(node.layout.indices(model)) or 1
         free_after = node.free_count(model) - len(gpus)
         return 100.0 * free_after / total
 
@@ -203,12 +221,15 @@ class TopologyAffinity:
     _INTRA = {SAME_NVLINK: 100.0, SAME_PCIE_SWITCH: 75.0, SAME_NUMA: 60.0, SAME_NODE: 50.0}
 
     def __init__(self, args: Mapping[str, Any]) -> None:
-        pass
+        self._intra: dict[tuple[NodeLayout, tuple[int, ...]], float] = {}
 
     def score(
         self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
     ) -> float:
-        intra = self._INTRA[affinity_level(node, gpus)]
+        key = (node.layout, gpus)
+        intra = self._intra.get(key)
+        if intra is None:
+            intra = self._intra[key] = self._INTRA[affinity_level(node, gpus)]
         if not placed:
             return intra
         nodes = ctx.state.nodes
@@ -228,15 +249,22 @@ class BuddyCells:
     name = "buddy_cells"
 
     def __init__(self, args: Mapping[str, Any]) -> None:
-        pass
+        self._memo: dict[tuple[NodeLayout, str, frozenset[int], tuple[int, ...]], float] = {}
 
     def score(
         self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
     ) -> float:
-        indices = _model_indices(node, model)
+        free = frozenset(node.free.get(model, ()))
+        key = (node.layout, model, free, gpus)
+        score = self._memo.get(key)
+        if score is None:
+            score = self._memo[key] = self._score(_model_indices(node, model), free, gpus)
+        return score
+
+    @staticmethod
+    def _score(indices: Sequence[int], free: frozenset[int], gpus: tuple[int, ...]) -> float:
         if not indices:
             return 0.0
-        free = node.free.get(model, set())
         before = largest_free_block(indices, free)
         if before == 0:
             return 0.0
