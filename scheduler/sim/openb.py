@@ -1,22 +1,36 @@
 """The openb fill experiment (Weng et al., "Beware of Fragmentation", ATC'23).
 
-Pods of the Alibaba openb trace arrive in creation order and never leave; each batch of
-arrivals is one scheduling cycle of the core. Arrivals go on (cycling through the trace) until
-the GPUs they asked for add up to `demand` times the cluster's GPUs. Then:
+Pods of the Alibaba openb trace arrive and never leave; each batch of arrivals is one
+scheduling cycle of the core. Arrivals go on (cycling through the list) until the GPUs they
+asked for add up to `demand` times the cluster's GPUs. The order is the trace's creation
+order, or with `sample(..., seed)` the paper's Monte-Carlo workload: the trace's pods plus
+pods drawn from it at random (with replacement) until they ask for 1.3 times the cluster's
+GPUs, shuffled. Then:
 
 - `allocated_gpu_ratio`: GPUs handed out (shares as their fraction) over all GPUs;
+- `free_gpus`: GPUs not handed out; with `demand` 1.0 this is the paper's "unallocated GPUs"
+  when the arrived workload reaches the cluster's GPU capacity (arrived minus placed);
 - `unallocated_gpus`: free GPU capacity that no pod left pending could use: on every GPU with
   free capacity, none of the pending pods' shapes fits (the share does not fit the room left,
   a whole-GPU pod finds too few whole free GPUs on the node, or the node lacks CPU or memory).
   That is capacity lost to fragmentation, the figure FGD reduces.
 
-Pods without GPUs are left out (the core schedules GPU work); every pod belongs to one VC and
+FGD's target workload: when the profile uses `fgd` and gives it no `workload`, the fill gives
+it the task types of the pods it replays and how often each occurs (as the paper takes its
+typical pods from the trace it replays). Pods without GPUs are left out (the core schedules
+GPU work; the paper places them too, on the GPU nodes' CPUs); every pod belongs to one VC and
 one tenant, whose guarantee is the whole cluster, so quotas never bind.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import json
+import random
+import sys
+import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,6 +50,7 @@ from scheduler.core import (
     VcName,
     VirtualCluster,
     decide,
+    load_profile,
 )
 from scheduler.core.plugins.sharing import WHOLE, node_free_vector
 from scheduler.core.state import build_state
@@ -96,6 +111,43 @@ def load_pods(path: str | Path) -> tuple[list[Pod], int]:
     return [pod for _, _, pod in rows], skipped
 
 
+def task_types(pods: Sequence[Pod]) -> list[dict[str, int]]:
+    """The pods' task types (GPUs, share, CPU, memory) and how many pods have each: the
+    workload FGD's fragmentation is measured against."""
+    counts = Counter((0 if p.share_milli else p.gpus, p.share_milli, p.cpu_milli, p.memory_mib) for p in pods)
+    return [
+        {"gpus": gpus, "share_milli": share, "cpu_milli": cpu, "memory_mib": memory, "weight": n}
+        for (gpus, share, cpu, memory), n in sorted(counts.items())
+    ]
+
+
+def sample(pods: Sequence[Pod], gpus: int, seed: int, ratio: float = 1.3) -> list[Pod]:
+    """The paper's Monte-Carlo workload: every pod of the trace, plus pods drawn from it at
+    random until the next one would take the demand past `ratio` times `gpus`, shuffled."""
+    rng = random.Random(seed)
+    out = list(pods)
+    total = sum(p.demand_milli for p in out)
+    while pods:
+        pod = pods[rng.randrange(len(pods))]
+        if total + pod.demand_milli > ratio * gpus * WHOLE:
+            break
+        out.append(pod)
+        total += pod.demand_milli
+    rng.shuffle(out)
+    return out
+
+
+def with_trace_workload(profile: Profile, pods: Sequence[Pod]) -> Profile:
+    """The profile with `fgd` measuring fragmentation against the pods' task types, unless
+    the profile gives it a workload of its own or does not use it."""
+    uses_fgd = profile.share_chooser == "fgd" or any(name == "fgd" for name, _ in profile.score)
+    if not uses_fgd or "workload" in profile.plugin_args.get("fgd", {}):
+        return profile
+    args = {name: dict(values) for name, values in profile.plugin_args.items()}
+    args.setdefault("fgd", {})["workload"] = task_types(pods)
+    return replace(profile, plugin_args=args)
+
+
 def fill(
     nodes: tuple[Node, ...], pods: Sequence[Pod], profile: Profile, demand: float = 1.0, batch: int = 64
 ) -> dict[str, Any]:
@@ -104,7 +156,10 @@ def fill(
     capacity = sum(1 for node in nodes for gpu in node.gpus if gpu.healthy)
     vcs = (VirtualCluster(VC, (Quota("*", capacity, 0),), tenant="openb"),)
     # A fill needs placements only: no estimates or hints, no clock (every pod starts at 0).
-    quiet = replace(profile, cycle=replace(profile.cycle, estimate_starts=False, whatif_max_jobs=0))
+    quiet = replace(
+        with_trace_workload(profile, pods),
+        cycle=replace(profile.cycle, estimate_starts=False, whatif_max_jobs=0),
+    )
     running: list[RunningJob] = []
     pending_left: list[Pod] = []
     arrived_milli = arrivals = cycles = 0
@@ -113,7 +168,7 @@ def fill(
         chunk: list[tuple[JobId, Pod]] = []
         while len(chunk) < batch and arrived_milli < target:
             pod = pods[arrivals % len(pods)]
-            chunk.append((JobId(f"{pod.name}/{arrivals // len(pods)}"), pod))
+            chunk.append((JobId(f"{pod.name}/{arrivals}"), pod))
             arrived_milli += pod.demand_milli
             arrivals += 1
         pending = tuple(
@@ -159,6 +214,7 @@ def fill(
         "pods_pending": len(pending_left),
         "arrived_gpu_demand": round(arrived_milli / WHOLE, 1),
         "allocated_gpu_ratio": round(allocated_milli / (capacity * WHOLE), 4),
+        "free_gpus": round(capacity - allocated_milli / WHOLE, 1),
         "unallocated_gpus": round(unallocated_milli(nodes, vcs, running, pending_left) / WHOLE, 1),
         "cycles": cycles,
     }
@@ -194,3 +250,36 @@ def unallocated_milli(
             if not usable:
                 lost += room
     return lost
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m scheduler.sim.openb`: the fill on the paper's Monte-Carlo workloads, one
+    JSON line per seed and one with the mean over them."""
+    parser = argparse.ArgumentParser(prog="python -m scheduler.sim.openb", description=main.__doc__)
+    parser.add_argument("--trace", required=True, help="openb pod list CSV")
+    parser.add_argument("--nodes", required=True, help="openb node list CSV")
+    parser.add_argument("--profile", required=True, help="profile name or JSON file")
+    parser.add_argument("--seeds", default="42", help="comma-separated seeds (default 42)")
+    parser.add_argument("--ratio", type=float, default=1.3, help="inflation of the workload (default 1.3)")
+    parser.add_argument("--demand", type=float, default=1.0, help="arrivals stop at this times the GPUs")
+    args = parser.parse_args(argv)
+    nodes = load_nodes(args.nodes)
+    pods, _ = load_pods(args.trace)
+    profile = with_trace_workload(load_profile(args.profile), pods)
+    gpus = sum(1 for node in nodes for gpu in node.gpus if gpu.healthy)
+    keys = ("unallocated_gpus", "free_gpus", "allocated_gpu_ratio", "pods_placed", "pods_pending")
+    runs = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        started = time.perf_counter()
+        summary = fill(nodes, sample(pods, gpus, seed, args.ratio), profile, args.demand)
+        summary.update(seed=seed, profile=args.profile, wall_s=round(time.perf_counter() - started, 2))
+        sys.stdout.write(json.dumps(summary, sort_keys=True) + "\n")
+        runs.append(summary)
+    mean = {key: round(sum(r[key] for r in runs) / len(runs), 4) for key in keys}
+    mean.update(seeds=len(runs), profile=args.profile)
+    sys.stdout.write(json.dumps(mean, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -102,15 +102,14 @@ def test_shares_count_for_quota_as_whole_gpus_rounded_up() -> None:
 def test_fgd_keeps_room_for_the_common_share_where_best_fit_strands_it() -> None:
     # GPU 0 has 600 thousandths left; most of the workload asks for 500. A 200 share on GPU 0
     # would leave 400 there, which no 500 task can use: FGD puts it on the free GPU 1, best
-    # fit on GPU 0. (The 500 tasks ask for a model the cluster lacks, so they stay queued and
-    # only shape the workload.)
+    # fit on GPU 0. (The 500 tasks come later in the queue: here they only shape the workload.)
     base = Node(NodeName("n0"), tuple(Gpu(i, "A100", uuid=f"g{i}") for i in range(2)))
     snap = Snap()
     snap._nodes = [base]
     snap.running("r", [("n0", (0,))], gpu_share_milli=400)
     snap.pending("small", 1, gpu_share_milli=200, submitted_at=1)
     for i in range(4):
-        snap.pending(f"common{i}", 1, gpu_share_milli=500, gpu_model="H100", submitted_at=2 + i)
+        snap.pending(f"common{i}", 1, gpu_share_milli=500, submitted_at=2 + i)
     built = snap.build()
     assert placed(decide(built, BEST_FIT, 10.0))["small"] == ("n0", 0, 200)
     assert placed(decide(built, FGD, 10.0))["small"] == ("n0", 1, 200)

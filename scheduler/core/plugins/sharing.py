@@ -17,6 +17,7 @@ and GPU memory, and one free GPU per node with free GPUs) and a share chooser pi
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,10 +25,9 @@ from typing import Any
 
 from scheduler.core.framework import CycleContext
 from scheduler.core.state import GpuHold, NodeSlot
-from scheduler.core.types import PendingJob
+from scheduler.core.types import ANY_MODEL, PendingJob
 
 WHOLE = 1000  # a GPU in thousandths
-SCORE_SCALE_GPUS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,58 +52,114 @@ class BestFitShare:
 
 
 class FragmentationGradient:
-    """`fgd` as share chooser and as score plugin. Args: `max_shapes` (default 32), the most
-    common task shapes (GPUs, share, CPU, memory per replica) kept for the workload."""
+    """`fgd` as share chooser and as score plugin.
+
+    Args:
+    - `workload`: the target workload as task types, each `{"gpus", "share_milli",
+      "cpu_milli", "memory_mib", "model", "weight"}` (gpus 0 with share_milli 0 is a task
+      without GPUs; weights need not add up to 1). A caller that knows the workload to expect
+      passes it (the openb experiment passes the trace's); without it the workload is learned
+      every cycle from the snapshot's pending and running jobs.
+    - `popularity` (default 0.95): the most common task types that make up this share of the
+      workload are kept (the FGD paper's typical pods), the rare rest is left out.
+    - `memory` (default false): whether task types are told apart, and checked against the
+      node, by host memory as well (the paper looks at GPUs and CPU only).
+    - `scale_milli` (default 1000): the score is 100 * sigmoid(-gradient / scale_milli), the
+      paper's normalisation (50 = fragmentation unchanged)."""
 
     name = "fgd"
 
     def __init__(self, args: Mapping[str, Any]) -> None:
-        self.max_shapes = int(args.get("max_shapes", 32))
-        self.shapes: list[Shape] = []
+        self.popularity = float(args.get("popularity", 0.95))
+        self.use_memory = bool(args.get("memory", False))
+        self.scale = float(args.get("scale_milli", WHOLE))
+        self.given: list[Shape] | None = None
+        if args.get("workload") is not None:
+            counts: Counter[tuple[int, int, int, int, str]] = Counter()
+            for entry in args["workload"]:
+                key = self._key(
+                    int(entry.get("share_milli", 0)),
+                    int(entry.get("gpus", 0)),
+                    int(entry.get("cpu_milli", 0)),
+                    int(entry.get("memory_mib", 0)),
+                    str(entry.get("model", ANY_MODEL)),
+                )
+                counts[key] += float(entry.get("weight", 1.0))
+            self.given = self._typical(counts)
+        self.shapes: list[Shape] = list(self.given or [])
+        self._memo: dict[tuple[Any, ...], float] = {}
+
+    def _key(
+        self, share_milli: int, gpus: int, cpu_milli: int, memory_mib: int, model: str
+    ) -> tuple[int, int, int, int, str]:
+        if share_milli:
+            gpus = 0
+        return (gpus, share_milli, cpu_milli, memory_mib if self.use_memory else 0, model)
+
+    def _typical(self, counts: Mapping[tuple[int, int, int, int, str], float]) -> list[Shape]:
+        """The most common task types up to `popularity` of the workload, weights summing to 1."""
+        total = sum(counts.values())
+        if total <= 0:
+            return []
+        kept: list[tuple[tuple[int, int, int, int, str], float]] = []
+        covered = 0.0
+        for key, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+            if covered >= self.popularity * total:
+                break
+            kept.append((key, n))
+            covered += n
+        return [Shape(*key, weight=n / covered) for key, n in kept]
 
     def prepare(self, ctx: CycleContext) -> None:
-        counts: Counter[tuple[int, int, int, int]] = Counter()
+        if self.given is not None:
+            self._memo = _shared_memo(self.given, self.use_memory)
+            return
+        counts: Counter[tuple[int, int, int, int, str]] = Counter()
         for job in ctx.snapshot.pending:
-            key = _shape(
+            key = self._key(
                 job.gpu_share_milli,
                 job.gpus_per_replica,
                 job.cpu_milli_per_replica,
                 job.memory_mib_per_replica,
+                job.gpu_model,
             )
             counts[key] += job.replicas
         for running in ctx.snapshot.running:
             per_replica = running.gpus // max(len(running.placement), 1)
-            key = _shape(
+            key = self._key(
                 running.gpu_share_milli,
                 per_replica,
                 running.cpu_milli_per_replica,
                 running.memory_mib_per_replica,
+                running.gpu_model,
             )
             counts[key] += len(running.placement)
-        common = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[: self.max_shapes]
-        total = sum(n for _, n in common) or 1
-        self.shapes = [Shape(*key, weight=n / total) for key, n in common]
+        self.shapes = self._typical(counts)
+        self._memo = {}
 
     # -- share chooser -------------------------------------------------------------------
 
     def choose_share(
         self, job: PendingJob, candidates: Sequence[ShareCandidate], ctx: CycleContext
     ) -> ShareCandidate | None:
+        """The candidate GPU, over all nodes listed, where the expected fragmentation grows
+        least (ties: least room left, then node and GPU order)."""
         best: tuple[float, int, int, int] | None = None
         chosen: ShareCandidate | None = None
-        vectors: dict[int, list[int]] = {}
+        before: dict[int, tuple[list[int], float]] = {}
         for candidate in candidates:
-            free = vectors.get(candidate.node_idx)
-            if free is None:
-                free = vectors[candidate.node_idx] = node_free_vector(ctx.state.nodes[candidate.node_idx])
             slot = ctx.state.nodes[candidate.node_idx]
+            known = before.get(candidate.node_idx)
+            if known is None:
+                free = node_free_vector(slot)
+                known = before[candidate.node_idx] = (free, self.node_fragmentation(slot, free))
+            free, frag = known
             after = list(free)
             after[_position(slot, candidate.gpu_index)] -= job.gpu_share_milli
-            cpu, memory = _headroom(slot)
-            delta = self.fragmentation(
-                after, cpu - job.cpu_milli_per_replica, memory - job.memory_mib_per_replica
+            delta = (
+                self.node_fragmentation(slot, after, job.cpu_milli_per_replica, job.memory_mib_per_replica)
+                - frag
             )
-            delta -= self.fragmentation(free, cpu, memory)
             key = (delta, candidate.room_milli, candidate.node_idx, candidate.gpu_index)
             if best is None or key < best:
                 best, chosen = key, candidate
@@ -120,53 +176,97 @@ class FragmentationGradient:
         after = list(free)
         for index in gpus:
             after[_position(node, index)] = 0
-        cpu, memory = _headroom(node)
         job_cpu, job_memory = _replica_needs(ctx, node, placed)
-        delta = self.fragmentation(after, cpu - job_cpu, memory - job_memory)
-        delta -= self.fragmentation(free, cpu, memory)
-        # Nodes are compared by the change itself, so the scale is one constant for all of
-        # them (a DGX's worth of GPUs): less fragmentation added scores higher.
-        return max(0.0, min(100.0, 50.0 - 50.0 * delta / (SCORE_SCALE_GPUS * WHOLE)))
+        delta = self.node_fragmentation(node, after, job_cpu, job_memory) - self.node_fragmentation(
+            node, free
+        )
+        return self.score_of(delta)
 
-    def fragmentation(self, free: Sequence[int], cpu_free: float, memory_free: float) -> float:
-        """Expected free capacity (thousandths of GPUs) that the workload's tasks could not
-        use on a node with these free amounts per GPU and this much free CPU and memory."""
+    def score_of(self, delta: float) -> float:
+        """Less fragmentation added scores higher: 100 * sigmoid(-delta / scale), 50 for none.
+        Nodes are compared by the change itself, so the scale is one constant for all."""
+        x = max(-60.0, min(60.0, delta / self.scale))
+        return 100.0 / (1.0 + math.exp(x))
+
+    def node_fragmentation(
+        self, node: NodeSlot, free: Sequence[int], cpu_taken: int = 0, memory_taken: int = 0
+    ) -> float:
+        """`fragmentation` of a node with these free amounts per GPU, less the CPU and memory
+        of a replica being placed there. Nodes in the same state share one computation."""
+        cpu, memory = _headroom(node)
+        cpu -= cpu_taken
+        memory = memory - memory_taken if self.use_memory else float("inf")
+        models = _node_models(node) if any(s.model for s in self.shapes) else frozenset()
+        key = (tuple(sorted(free)), cpu, memory, models)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = self.fragmentation(free, cpu, memory, models)
+        return value
+
+    def fragmentation(
+        self,
+        free: Sequence[int],
+        cpu_free: float,
+        memory_free: float = float("inf"),
+        models: frozenset[str] = frozenset(),
+    ) -> float:
+        """Expected free GPU capacity (thousandths) that the workload's tasks could not use on a
+        node with these free amounts per GPU and this much free CPU and memory (FGD's F_n(M)):
+        for each task type, weighted by its popularity, all of the node's free GPU capacity if
+        the task cannot run there (no GPU of its model, too few GPUs with room for it, too
+        little CPU or memory, or it asks for no GPU at all), else the capacity of the GPUs
+        with less room than it needs from each GPU (partly used GPUs for whole-GPU tasks)."""
         total = sum(free)
-        if total == 0:
+        if total <= 0:
             return 0.0
-        whole_free = sum(1 for f in free if f >= WHOLE)
-        partly = total - whole_free * WHOLE
-        largest = max(free)
         expected = 0.0
         for shape in self.shapes:
-            if shape.cpu_milli > cpu_free or shape.memory_mib > memory_free:
+            need = shape.share_milli or WHOLE
+            count = 1 if shape.share_milli else shape.gpus
+            if (
+                count <= 0
+                or shape.cpu_milli > cpu_free
+                or shape.memory_mib > memory_free
+                or (shape.model and shape.model not in models)
+                or sum(1 for f in free if f >= need) < count
+            ):
                 stranded = total
-            elif shape.share_milli:  # GPUs with less room than the share are lost to it
-                share = shape.share_milli
-                stranded = total if largest < share else sum(f for f in free if f < share)
             else:
-                stranded = total if whole_free < shape.gpus else partly
+                stranded = sum(f for f in free if f < need)
             expected += shape.weight * stranded
         return expected
 
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """A task shape of the workload and how common it is."""
+    """A task type of the workload and how common it is."""
 
-    gpus: int  # whole GPUs per replica (0 for a fractional task)
+    gpus: int  # whole GPUs per replica (0 for a fractional task or a task without GPUs)
     share_milli: int
     cpu_milli: int
     memory_mib: int
+    model: str = ANY_MODEL  # the GPU model it asks for ("" = any)
     weight: float = 0.0
 
 
-def _shape(
-    share_milli: int, gpus_per_replica: int, cpu_milli: int, memory_mib: int
-) -> tuple[int, int, int, int]:
-    if share_milli:
-        return (0, share_milli, cpu_milli, memory_mib)
-    return (gpus_per_replica, 0, cpu_milli, memory_mib)
+# Fragmentation by node state for a workload given in the arguments: the plugin is built
+# anew every cycle, the workload stays; the last one's results are kept for the next cycle.
+_SHARED_MEMO: dict[tuple[Any, ...], dict[tuple[Any, ...], float]] = {}
+
+
+def _shared_memo(shapes: Sequence[Shape], use_memory: bool) -> dict[tuple[Any, ...], float]:
+    key = (tuple(shapes), use_memory)
+    memo = _SHARED_MEMO.get(key)
+    if memo is None:
+        _SHARED_MEMO.clear()
+        memo = _SHARED_MEMO[key] = {}
+    elif len(memo) > 1_000_000:
+        memo.clear()
+    return memo
+
+
+def _node_models(node: NodeSlot) -> frozenset[str]:
+    return frozenset(g.model for g in node.gpus.values() if g.healthy)
 
 
 def _headroom(node: NodeSlot) -> tuple[float, float]:
