@@ -3,11 +3,16 @@ never mixed with whole-GPU work, counted for quotas as whole GPUs; FGD versus be
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
+import pytest
 from sched_builders import Snap, profile
 
 from scheduler.core import Gpu, Node, NodeName, Plan, Quota, ReasonCode, VcName, VirtualCluster, decide
+from scheduler.core.framework import CycleContext
+from scheduler.core.plugins.sharing import FragmentationGradient
+from scheduler.core.state import build_state
 
 BEST_FIT = profile(queue_sort=["fifo"], admission=["vc_quota"], share_chooser="best_fit_share")
 FGD = profile(queue_sort=["fifo"], admission=["vc_quota"], share_chooser="fgd")
@@ -113,3 +118,103 @@ def test_fgd_keeps_room_for_the_common_share_where_best_fit_strands_it() -> None
     built = snap.build()
     assert placed(decide(built, BEST_FIT, 10.0))["small"] == ("n0", 0, 200)
     assert placed(decide(built, FGD, 10.0))["small"] == ("n0", 1, 200)
+
+
+# -- the FGD measure, by hand -------------------------------------------------------------
+
+# A: one whole GPU and 4 cores (half the workload); B: half a GPU and 2 cores; C: two whole
+# T4 GPUs and 8 cores.
+WORKLOAD = [
+    {"gpus": 1, "share_milli": 0, "cpu_milli": 4000, "weight": 5},
+    {"gpus": 0, "share_milli": 500, "cpu_milli": 2000, "weight": 3},
+    {"gpus": 2, "share_milli": 0, "cpu_milli": 8000, "model": "T4", "weight": 2},
+]
+
+
+@pytest.mark.parametrize(
+    ("free", "cpu", "models", "expected"),
+    [
+        # A strands the partly used GPUs (600 + 200), B the one with less than 500 left (200),
+        # C everything (1800: no T4): 0.5 * 800 + 0.3 * 200 + 0.2 * 1800.
+        ([1000, 600, 200, 0], 6000, {"A100"}, 820.0),
+        # 3 cores: A no longer fits, it strands all 1800.
+        ([1000, 600, 200, 0], 3000, {"A100"}, 0.5 * 1800 + 0.3 * 200 + 0.2 * 1800),
+        # Whole free GPUs: A and B use them; C has its T4s but lacks CPU (8 > 6 cores).
+        ([1000, 1000, 0, 0], 6000, {"T4"}, 0.2 * 2000),
+        # With the CPU, C fits too: nothing is stranded.
+        ([1000, 1000, 0, 0], 9000, {"T4"}, 0.0),
+        # Only one whole GPU: C (two) cannot run.
+        ([1000, 500, 0, 0], 9000, {"T4"}, 0.5 * 500 + 0.2 * 1500),
+        ([0, 0], 9000, {"T4"}, 0.0),
+    ],
+)
+def test_fragmentation_is_the_capacity_each_task_type_cannot_use(
+    free: list[int], cpu: int, models: set[str], expected: float
+) -> None:
+    fgd = FragmentationGradient({"workload": WORKLOAD})
+    assert [s.weight for s in fgd.shapes] == pytest.approx([0.5, 0.3, 0.2])
+    assert fgd.fragmentation(free, cpu, models=frozenset(models)) == pytest.approx(expected)
+
+
+def test_a_task_without_gpus_strands_all_free_gpus_and_rare_types_are_left_out() -> None:
+    cpu_only = FragmentationGradient({"workload": [{"gpus": 0, "share_milli": 0, "cpu_milli": 1000}]})
+    assert cpu_only.fragmentation([1000, 300], 64000) == pytest.approx(1300)
+    # Keeping 70 % of the workload keeps A and B (80 %), reweighted, and leaves C out.
+    fgd = FragmentationGradient({"workload": WORKLOAD, "popularity": 0.7})
+    assert [(s.gpus, s.share_milli) for s in fgd.shapes] == [(1, 0), (0, 500)]
+    assert [s.weight for s in fgd.shapes] == pytest.approx([0.625, 0.375])
+
+
+def test_the_fgd_score_is_the_papers_sigmoid_of_the_gradient() -> None:
+    fgd = FragmentationGradient({})
+    assert fgd.score_of(0.0) == pytest.approx(50.0)
+    assert fgd.score_of(-1000.0) == pytest.approx(100 / (1 + math.exp(-1)))
+    assert fgd.score_of(1000.0) < 50.0 < fgd.score_of(-10.0)
+
+
+def test_fgd_learns_the_workload_from_the_snapshot_without_one_given() -> None:
+    snap = Snap().node("n0", 2).pending("a", 1, gpu_share_milli=500, cpu_milli_per_replica=1000)
+    snap.pending("b", 1, gpu_share_milli=500, cpu_milli_per_replica=1000).pending("c", 2)
+    built = snap.build()
+    fgd = FragmentationGradient({})
+    fgd.prepare(CycleContext(built, 0.0, build_state(built)[0], {}, {}))
+    assert [(s.gpus, s.share_milli, s.cpu_milli) for s in fgd.shapes] == [(0, 500, 1000), (2, 0, 0)]
+    assert [s.weight for s in fgd.shapes] == pytest.approx([2 / 3, 1 / 3])
+
+
+def test_fgd_places_a_whole_gpu_pod_where_it_strands_least_cpu_bound_capacity() -> None:
+    # Most of the workload needs 10 cores per GPU. "lean" has 2 GPUs and 12 cores, "rich" 2
+    # GPUs and 64 cores. A 10-core pod on "lean" leaves its other GPU 2 cores: stranded for
+    # most tasks; on "rich" nothing is stranded. (Without FGD the first node, "lean", wins.)
+    workload = [{"gpus": 1, "cpu_milli": 10000, "weight": 9}, {"gpus": 1, "cpu_milli": 1000}]
+    args = {"fgd": {"workload": workload}}
+    fgd_only = profile(queue_sort=["fifo"], admission=["vc_quota"], score=["fgd"], plugin_args=args)
+    snap = Snap().node("lean", 2, cpu_milli=12000).node("rich", 2, cpu_milli=64000)
+    snap.pending("heavy", 1, cpu_milli_per_replica=10000)
+    assert decide(snap.build(), fgd_only, 0.0).starts[0].placement[0].node == "rich"
+
+
+def test_best_fit_prefers_the_node_with_least_cpu_and_gpu_left() -> None:
+    # After a 1-GPU, 4-core pod: "big" keeps 3 of the largest node's 4 GPUs and 60 of its 64
+    # cores, "small" 1 GPU and 12 cores: best fit takes "small".
+    bf = profile(queue_sort=["fifo"], admission=["vc_quota"], score=["best_fit_share"])
+    snap = Snap().node("big", 4, cpu_milli=64000).node("small", 2, cpu_milli=16000)
+    snap.pending("p", 1, cpu_milli_per_replica=4000)
+    assert decide(snap.build(), bf, 0.0).starts[0].placement[0].node == "small"
+    # CPU counts: a node with 2 free GPUs of 4 but its CPU nearly gone is the better fit than
+    # a node with 1 free GPU of 2 and all its CPU.
+    snap = Snap().node("a", 4, cpu_milli=64000).node("b", 2, cpu_milli=64000)
+    snap.running("ra", [("a", (0, 1))], cpu_milli_per_replica=56000)
+    snap.running("rb", [("b", (0,))], cpu_milli_per_replica=1000)
+    snap.pending("p", 1, cpu_milli_per_replica=4000)
+    assert decide(snap.build(), bf, 0.0).starts[0].placement[0].node == "a"
+
+
+def test_best_fit_share_goes_to_the_fullest_node_then_the_tightest_gpu() -> None:
+    snap = Snap().node("n0", 4, cpu_milli=64000).node("n1", 2, cpu_milli=64000)
+    snap.running("r0", [("n0", (0,))], gpu_share_milli=300, cpu_milli_per_replica=1000)
+    snap.running("r1", [("n1", (0,))], gpu_share_milli=500, cpu_milli_per_replica=1000)
+    snap.running("r2", [("n1", (1,))], cpu_milli_per_replica=1000)
+    snap.pending("s", 1, gpu_share_milli=200, cpu_milli_per_replica=1000)
+    # n1 has 0.5 GPU left, n0 3.7: the share goes to n1's shared GPU although n0's has less room.
+    assert placed(decide(snap.build(), BEST_FIT, 0.0))["s"] == ("n1", 0, 200)

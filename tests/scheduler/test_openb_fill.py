@@ -74,3 +74,55 @@ def test_cli_runs_the_fill_with_nodes(tmp_path: Path, capsys: pytest.CaptureFixt
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"unallocated_gpus", "allocated_gpu_ratio", "pods_pending", "profile"} <= set(summary)
     assert summary["profile"] == "default"
+
+
+def test_fgd_is_given_the_task_types_of_the_replayed_pods(tmp_path: Path) -> None:
+    rows = [
+        "a,1000,1024,1,500,,LS,Running,0,9,0",
+        "b,1000,1024,1,500,,LS,Running,1,9,1",
+        "c,4000,2048,2,1000,,LS,Running,2,9,2",
+    ]
+    _, trace = write(tmp_path, rows)
+    pods, _ = openb.load_pods(trace)
+    assert openb.task_types(pods) == [
+        {"gpus": 0, "share_milli": 500, "cpu_milli": 1000, "memory_mib": 1024, "weight": 2},
+        {"gpus": 2, "share_milli": 0, "cpu_milli": 4000, "memory_mib": 2048, "weight": 1},
+    ]
+    default = openb.with_trace_workload(load_profile("default"), pods)
+    assert default.plugin_args["fgd"]["workload"] == openb.task_types(pods)
+    assert "fgd" not in load_profile("default").plugin_args, "the shipped profile is left alone"
+    best_fit = load_profile("best-fit")
+    assert openb.with_trace_workload(best_fit, pods) is best_fit, "no fgd, nothing to give"
+
+
+def test_the_monte_carlo_workload_is_the_trace_plus_draws_up_to_the_ratio_shuffled(tmp_path: Path) -> None:
+    rows = [f"p{i},1000,1024,1,{200 + 100 * i},,LS,Running,{i},9,{i}" for i in range(5)]
+    _, trace = write(tmp_path, rows)
+    pods, _ = openb.load_pods(trace)
+    drawn = openb.sample(pods, gpus=4, seed=7)
+    assert drawn == openb.sample(pods, gpus=4, seed=7), "a seed gives one workload"
+    assert {p.name for p in pods} <= {p.name for p in drawn}, "every pod of the trace is in it"
+    demand = sum(p.demand_milli for p in drawn)
+    assert 4 * 1000 < demand <= 1.3 * 4 * 1000
+    assert openb.sample(pods, gpus=4, seed=8) != drawn
+
+
+def test_free_gpus_is_what_is_not_handed_out(tmp_path: Path) -> None:
+    nodes, trace = write(tmp_path, ["a,1000,1024,1,500,,LS,Running,0,9,0"])
+    pods, _ = openb.load_pods(trace)
+    result = openb.fill(openb.load_nodes(nodes), pods, load_profile("default"), demand=0.1)
+    assert result["free_gpus"] == pytest.approx(2.5)
+
+
+def test_the_openb_command_reports_each_seed_and_the_mean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = ["a,1000,1024,1,500,,LS,Running,0,9,0", "b,1000,1024,1,700,,LS,Running,1,9,1"]
+    nodes, trace = write(tmp_path, rows)
+    args = ["--trace", str(trace), "--nodes", str(nodes), "--profile", "default", "--seeds", "1,2"]
+    assert openb.main(args) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [line.get("seed") for line in lines] == [1, 2, None]
+    assert lines[-1]["seeds"] == 2
+    mean = (lines[0]["unallocated_gpus"] + lines[1]["unallocated_gpus"]) / 2
+    assert lines[-1]["unallocated_gpus"] == pytest.approx(mean)

@@ -3,7 +3,8 @@
 The cycle lists the candidates (GPUs the job's tenant already shares with room for the share
 and GPU memory, and one free GPU per node with free GPUs) and a share chooser picks one:
 
-- `best_fit_share`: the GPU with the least room left after the share (classic best fit).
+- `best_fit_share`: best fit as the FGD paper's baseline: the node with the least CPU and GPU
+  left after the share, there the GPU with the least room left.
 - `fgd`: fragmentation gradient descent (Weng et al., ATC'23). A node's fragmentation for a
   task shape is the free GPU capacity that task could not use there (all of it if the task
   does not fit the node at all; else the partly free GPUs for whole-GPU tasks, or the GPUs
@@ -38,17 +39,49 @@ class ShareCandidate:
 
 
 class BestFitShare:
+    """`best_fit_share` as share chooser and as score plugin: best fit as the FGD paper's
+    baseline defines it. A node scores by what it has left after the placement, CPU and GPU
+    weighted half and half, each over the most any node of the cluster has (less left scores
+    higher); a share goes to the node with the least left and there to the GPU with the least
+    room left after it. Args: `cpu_weight` (default 0.5; 0 = GPUs only)."""
+
     name = "best_fit_share"
 
     def __init__(self, args: Mapping[str, Any]) -> None:
-        pass
+        self.cpu_weight = float(args.get("cpu_weight", 0.5))
+        self.max_cpu = 1.0
+        self.max_gpus = 1.0
+
+    def prepare(self, ctx: CycleContext) -> None:
+        cpus = [n.cpu_milli for n in ctx.snapshot.nodes if n.cpu_milli]
+        self.max_cpu = float(max(cpus, default=1))
+        self.max_gpus = float(max((len(n.gpus) for n in ctx.snapshot.nodes), default=1) or 1)
+
+    def left(self, node: NodeSlot, gpu_milli_taken: int, cpu_taken: int) -> float:
+        """Weighted share of the most a node has that this node keeps after a placement (0-1)."""
+        gpu_left = (sum(node_free_vector(node)) - gpu_milli_taken) / (WHOLE * self.max_gpus)
+        if node.cpu_free is None or self.cpu_weight <= 0:
+            return gpu_left
+        cpu_left = (node.cpu_free - cpu_taken) / self.max_cpu
+        return self.cpu_weight * cpu_left + (1.0 - self.cpu_weight) * gpu_left
 
     def choose_share(
         self, job: PendingJob, candidates: Sequence[ShareCandidate], ctx: CycleContext
     ) -> ShareCandidate | None:
         if not candidates:
             return None
-        return min(candidates, key=lambda c: (c.room_milli, c.node_idx, c.gpu_index))
+        lefts: dict[int, float] = {}
+        for c in candidates:
+            if c.node_idx not in lefts:
+                node = ctx.state.nodes[c.node_idx]
+                lefts[c.node_idx] = self.left(node, job.gpu_share_milli, job.cpu_milli_per_replica)
+        return min(candidates, key=lambda c: (lefts[c.node_idx], c.room_milli, c.node_idx, c.gpu_index))
+
+    def score(
+        self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
+    ) -> float:
+        job_cpu, _ = _replica_needs(ctx, node, placed)
+        return 100.0 * (1.0 - max(0.0, min(1.0, self.left(node, len(gpus) * WHOLE, job_cpu))))
 
 
 class FragmentationGradient:
