@@ -68,6 +68,7 @@ _CAPACITY_REASONS = frozenset(
     {ReasonCode.INSUFFICIENT_GPUS, ReasonCode.FRAGMENTATION, ReasonCode.GANG_NODES, ReasonCode.NODE_RESOURCES}
 )
 _QUOTA_REASONS = frozenset({ReasonCode.VC_QUOTA, ReasonCode.USER_LIMIT})
+_PREEMPTION_REASONS = _CAPACITY_REASONS | _QUOTA_REASONS
 
 
 def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
@@ -226,8 +227,24 @@ class _CycleRun:
         self._admissions: dict[tuple[str, str, str, int, int], tuple[int, Status]] = {}
         self._rack_nodes: dict[str, list[int]] | None = None
         self._placement_score = 0.0  # sum of the chosen replicas' scores in the last _place
+        # Blocked jobs' outcomes, by what decides them when the job was turned away before
+        # any node was looked at (by _never_fits, admission or _quick_fit), with the state
+        # version they hold for. Only without backfill, whose gate has side effects.
+        self._outcomes: dict[tuple[str, str, str, int, int, int], tuple[int, Status]] = {}
+        self._reuse_outcomes = plugins.backfill is None
+        # Fixed for the cycle: the bucket lists never grow, the usable capacity never changes.
+        self._max_node_gpus = {model: self.state.max_node_gpus(model) for model in self.state.buckets}
 
     # -- step 4 ------------------------------------------------------------------------
+
+    def _may_preempt(self, failure: Status) -> bool:
+        """Whether step 5 would look for victims for a whole-GPU job that failed so."""
+        return (
+            failure.code is Code.UNSCHEDULABLE
+            and failure.reason in _PREEMPTION_REASONS
+            and bool(self.plugins.preemption)
+            and self.preemption_attempts < self.settings.max_preemption_attempts
+        )
 
     def consider(self, job: PendingJob) -> None:
         if job.replicas <= 0 or job.gpus_per_replica <= 0:
@@ -235,6 +252,17 @@ class _CycleRun:
                 Code.UNRESOLVABLE, ReasonCode.NO_MATCHING_GPU, "requests no GPUs; nothing to place"
             )
             return
+        # Most of a long queue is turned away for the same reason as a job just before it
+        # with the same request, while nothing changed: reuse that outcome. Fractional jobs
+        # are left out (their quota use depends on the shares already held).
+        outcome_key = None
+        if self._reuse_outcomes and not job.gpu_share_milli:
+            outcome_key = (job.gpu_model, job.vc, job.user, job.gpus_per_replica, job.replicas, job.priority)
+            known = self._outcomes.get(outcome_key)
+            if known is not None and known[0] == self.state.version and not self._may_preempt(known[1]):
+                self.reasons[job.id] = known[1]
+                return
+        looked_at_nodes = False
         models = [job.gpu_model] if job.gpu_model != ANY_MODEL else self.state.models
         if not models:
             models = [job.gpu_model]
@@ -261,6 +289,7 @@ class _CycleRun:
             if status.ok and not job.gpu_share_milli:
                 status = self._quick_fit(job, model)
             if status.ok:
+                looked_at_nodes = True
                 statement = Statement(self.state)
                 status = self._place(job, model, statement)
                 if status.ok and compare and not job.gpu_share_milli:
@@ -283,14 +312,10 @@ class _CycleRun:
                 return
             statement.discard()
         model, failure = failures[0] if len(failures) == 1 else self._most_telling(failures)
+        if outcome_key is not None and not looked_at_nodes and not self._may_preempt(failure):
+            self._outcomes[outcome_key] = (self.state.version, failure)
         # 5. Preemption.
-        if (
-            failure.code is Code.UNSCHEDULABLE
-            and not job.gpu_share_milli  # shares free no whole GPU; they wait instead
-            and failure.reason in _CAPACITY_REASONS | _QUOTA_REASONS
-            and self.plugins.preemption
-            and self.preemption_attempts < self.settings.max_preemption_attempts
-        ):
+        if not job.gpu_share_milli and self._may_preempt(failure):  # shares free no whole GPU
             self.preemption_attempts += 1
             for candidate_model in models:
                 key = self._preemption_key(job, candidate_model, failure)
@@ -486,7 +511,7 @@ class _CycleRun:
         whatever happens to quotas or other jobs; say so before anything else."""
         state = self.state
         capacity = state.capacity_total.get(model, 0)
-        if capacity >= job.gpus and state.max_node_gpus(model) >= job.gpus_per_replica:
+        if capacity >= job.gpus and self._max_node_gpus.get(model, 0) >= job.gpus_per_replica:
             return SUCCESS
         label = model_label(model)
         return Status(

@@ -13,7 +13,6 @@ estimate, which errs on the late side.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -89,124 +88,174 @@ def estimate_starts(
     parts: dict[str, list[tuple[str, int]]] = {
         r.id: [(h.model, len(h.gpu_indices)) for h in holds.get(r.id, ())] for r, _ in running
     }
-    released_running: set[str] = set()
+    released_running: set[int] = set()  # positions in `running`
     latest_end = max((end for _, end in running), default=now)
     free = dict(state.free_total)
     vc_used = {vc: state.vc_used(vc, "*") for vc in state.quotas}
+    # The working state does not change during the estimate: read its per-model figures and
+    # quota rows once instead of once per job.
+    capacity = state.capacity_total
+    max_node = {model: state.max_node_gpus(model) for model in state.buckets}
+    quotas: dict[tuple[str, str], tuple[int, int, int] | None] = {}
+    # Bookings are appended to their VC's list and the list is sorted only when read (a job
+    # held back by its quota, a probe): most bookings are never read back.
+    unsorted_vcs: set[str] = set()
+
+    def sort_booked() -> None:
+        for vc in unsorted_vcs:
+            vc_booked[vc].sort()
+        unsorted_vcs.clear()
+
+    # When each running job would yield to a kind of job (horizon key), before the VC rule:
+    # the queue is sorted by more than the horizon key, so the same kind comes back after
+    # other kinds and reuses its answers.
+    yields_by_key: dict[tuple[tuple[float, ...], ...], list[float]] = {}
+    borrowing = [ctx.borrowed_gpus.get(r.id, 0) > 0 for r, _ in running]
 
     any_model: dict[int, str | None] = {}  # GPUs -> model an any-model job is estimated on
     estimates: dict[str, float | None] = {}
     segment: tuple[tuple[float, ...], ...] | None = None
+    # (release time, position in `running`, job): the position breaks ties in running order.
     passing: list[tuple[float, int, RunningJob]] = []
-    vc_passing: dict[str, list[tuple[float, int]]] = {}
+    vc_passing: dict[str, list[tuple[float, int]]] | None = {}  # by VC, made when first read
     next_passing = 0
     cursor = now
     columns = [[h.horizon_key(job, ctx) for job in queue] for h in horizons]
     horizon_keys: list[tuple[tuple[float, ...], ...]] = (
         list(zip(*columns, strict=True)) if columns else [()] * len(queue)
     )
+    heappush, heappop = heapq.heappush, heapq.heappop
     for position, job in enumerate(queue):
-        if job.id in started:
+        job_id = job.id
+        if job_id in started:
             continue
-        if job.id in waiting:
-            estimates[job.id] = waiting[job.id][0]
+        waited = waiting.get(job_id)
+        if waited is not None:
+            estimates[job_id] = waited[0]
             continue
         key = horizon_keys[position]
         if key != segment and not (len(released_running) == len(running) and cursor >= latest_end):
             # (Once every running job is gone by its expected end, no kind of job can see one
             # later, so the remaining kinds need no recomputation.)
             segment = key
-            passing = []
-            vc_passing = {}
-            for r, end in running:
-                at = _release_for(job, r, end, ctx, horizons, settings)
-                if r.id in released_running:
-                    if at <= cursor:
-                        continue
-                    released_running.discard(r.id)
-                    for rmodel, gpus in parts[r.id]:
-                        free[rmodel] = free.get(rmodel, 0) - gpus
-                        if r.vc in vc_used:
-                            vc_used[r.vc] += gpus
-                seq += 1
-                passing.append((at, seq, r))
-                vc_passing.setdefault(r.vc, []).append((at, r.gpus))
-            passing.sort(key=lambda e: (e[0], e[1]))
-            for entries in vc_passing.values():
-                entries.sort()
+            yields = yields_by_key.get(key)
+            if yields is None:
+                yields = yields_by_key[key] = [
+                    _yield_time(job, r, end, ctx, horizons, settings) for r, end in running
+                ]
+            vc = job.vc
+            # Only work of the job's own VC and borrowed work yield to it before their end.
+            ats = [
+                at if at == end or r.vc == vc or lends else end
+                for at, (r, end), lends in zip(yields, running, borrowing, strict=True)
+            ]
+            for i in [i for i in released_running if not ats[i] <= cursor]:
+                # Counted as gone for the kind before, but not yet for this kind: back in use.
+                released_running.discard(i)
+                r = running[i][0]
+                for rmodel, gpus in parts[r.id]:
+                    free[rmodel] = free.get(rmodel, 0) - gpus
+                    if r.vc in vc_used:
+                        vc_used[r.vc] += gpus
+            # (time, position) is unique, so the jobs themselves are never compared.
+            passing = sorted((at, i, running[i][0]) for i, at in enumerate(ats) if i not in released_running)
+            vc_passing = None
             next_passing = 0
-        for probe in probes.get(job.id, ()):
-            estimates[probe.id] = _probe_start(
-                probe,
-                cursor,
-                free,
-                passing[next_passing:],
-                parts,
-                booked,
-                vc_used,
-                vc_passing,
-                vc_booked,
-                ctx,
-            )
+        if probes and job_id in probes:
+            sort_booked()
+            if vc_passing is None:
+                vc_passing = _by_vc(passing)
+            for probe in probes[job_id]:
+                estimates[probe.id] = _probe_start(
+                    probe,
+                    cursor,
+                    free,
+                    passing[next_passing:],
+                    parts,
+                    booked,
+                    vc_used,
+                    vc_passing,
+                    vc_booked,
+                    ctx,
+                )
         model = job.gpu_model
-        if model == ANY_MODEL:
-            model = any_model.get(job.gpus, ANY_MODEL)
-            if model == ANY_MODEL:
-                model = any_model[job.gpus] = _pick_model(job, state.capacity_total)
         need = job.gpus
-        if (
-            model is None
-            or state.capacity_total.get(model, 0) < need
-            or state.max_node_gpus(model) < job.gpus_per_replica
-        ):
-            estimates[job.id] = None
+        if model == ANY_MODEL:
+            model = any_model.get(need, ANY_MODEL)
+            if model == ANY_MODEL:
+                model = any_model[need] = _pick_model(job, capacity)
+        if model is None or capacity.get(model, 0) < need or max_node.get(model, 0) < job.gpus_per_replica:
+            estimates[job_id] = None
             continue
-        while free.get(model, 0) < need:
+        have = free.get(model, 0)
+        while have < need:
             if next_passing < len(passing) and (not booked or passing[next_passing][0] <= booked[0][0]):
-                at, _, r = passing[next_passing]
+                at, i, r = passing[next_passing]
                 next_passing += 1
-                released_running.add(r.id)
-                cursor = max(cursor, at)
+                released_running.add(i)
+                if at > cursor:
+                    cursor = at
                 for rmodel, gpus in parts[r.id]:
                     free[rmodel] = free.get(rmodel, 0) + gpus
                     if r.vc in vc_used:
                         vc_used[r.vc] -= gpus
             elif booked:
-                at, _, rmodel, gpus, vc = heapq.heappop(booked)
-                cursor = max(cursor, at)
+                at, _, rmodel, gpus, vc = heappop(booked)
+                if at > cursor:
+                    cursor = at
                 free[rmodel] = free.get(rmodel, 0) + gpus
                 if vc in vc_used:
                     vc_used[vc] -= gpus
             else:
                 break
-        if free.get(model, 0) < need:
-            estimates[job.id] = None
+            have = free.get(model, 0)
+        if have < need:
+            estimates[job_id] = None
             continue
         start = cursor
-        quota = state.quota_for(job.vc, job.gpu_model if job.gpu_model != ANY_MODEL else model)
+        vc = job.vc
+        quota_key = (vc, job.gpu_model if job.gpu_model != ANY_MODEL else model)
+        if quota_key in quotas:
+            quota = quotas[quota_key]
+        else:
+            quota = quotas[quota_key] = state.quota_for(*quota_key)
         if quota is not None:
             limit = quota[0] + quota[1]
             if need > limit:
-                estimates[job.id] = None
+                estimates[job_id] = None
                 continue
-            used = vc_used.get(job.vc, 0)
+            used = vc_used.get(vc, 0)
             if used + need > limit:
-                own = heapq.merge(vc_passing.get(job.vc, ()), vc_booked.get(job.vc, ()))
+                sort_booked()
+                if vc_passing is None:
+                    vc_passing = _by_vc(passing)
+                own = heapq.merge(vc_passing.get(vc, ()), vc_booked.get(vc, ()))
                 start = max(start, _quota_time(own, used, need, limit, start))
-        estimates[job.id] = start
+        estimates[job_id] = start
         end = start + _remaining(job, default_s)
         # Book the job as holding its GPUs from now to its end (errs late, never double-counts).
-        free[model] -= need
-        if job.vc in vc_used:
-            vc_used[job.vc] += need
+        free[model] = have - need
+        if vc in vc_used:
+            vc_used[vc] += need
         seq += 1
-        heapq.heappush(booked, (end, seq, model, need, job.vc))
+        heappush(booked, (end, seq, model, need, vc))
         if quota is not None:
-            bisect.insort(vc_booked.setdefault(job.vc, []), (end, need))
+            vc_booked.setdefault(vc, []).append((end, need))
+            unsorted_vcs.add(vc)
     return estimates
 
 
-def _release_for(
+def _by_vc(passing: Sequence[tuple[float, int, RunningJob]]) -> dict[str, list[tuple[float, int]]]:
+    """The running jobs' releases per VC, in time order, for the quota checks."""
+    by_vc: dict[str, list[tuple[float, int]]] = {}
+    for at, _, r in passing:
+        by_vc.setdefault(r.vc, []).append((at, r.gpus))
+    for entries in by_vc.values():
+        entries.sort()
+    return by_vc
+
+
+def _yield_time(
     job: PendingJob,
     victim: RunningJob,
     end: float,
@@ -214,11 +263,10 @@ def _release_for(
     horizons: Sequence[PreemptionHorizonPlugin],
     settings: CycleSettings,
 ) -> float:
-    """When `victim`'s GPUs become available to `job`: its expected end, or earlier if the
-    job may preempt it (the same common rules as the cycle's victim search)."""
+    """When `victim`'s GPUs become available to `job` if the victim's VC rule lets it yield
+    (same VC, or borrowed work; the walk applies that rule): its expected end, or earlier if
+    the job may preempt it. The same for every job of one horizon key."""
     if not horizons or not victim.preemptible:
-        return end
-    if victim.vc != job.vc and ctx.borrowed_gpus.get(victim.id, 0) <= 0:
         return end
     best = end
     for horizon in horizons:
