@@ -5,7 +5,8 @@ scheduling cycle of the core. Arrivals go on (cycling through the list) until th
 asked for add up to `demand` times the cluster's GPUs. The order is the trace's creation
 order, or with `sample(..., seed)` the paper's Monte-Carlo workload: the trace's pods plus
 pods drawn from it at random (with replacement) until they ask for 1.3 times the cluster's
-GPUs, shuffled. Then:
+GPUs, shuffled. As in the paper every pod is placed by scoring every node (of any GPU model),
+whatever the profile's candidate limit and model order for a live cluster. Then:
 
 - `allocated_gpu_ratio`: GPUs handed out (shares as their fraction) over all GPUs;
 - `free_gpus`: GPUs not handed out; with `demand` 1.0 this is the paper's "unallocated GPUs"
@@ -156,9 +157,17 @@ def fill(
     capacity = sum(1 for node in nodes for gpu in node.gpus if gpu.healthy)
     vcs = (VirtualCluster(VC, (Quota("*", capacity, 0),), tenant="openb"),)
     # A fill needs placements only: no estimates or hints, no clock (every pod starts at 0).
+    # As in the paper every node is scored for every pod, of every GPU model (the pods take
+    # any model), whatever the profile's limits for a live cluster.
     quiet = replace(
         with_trace_workload(profile, pods),
-        cycle=replace(profile.cycle, estimate_starts=False, whatif_max_jobs=0),
+        cycle=replace(
+            profile.cycle,
+            estimate_starts=False,
+            whatif_max_jobs=0,
+            max_candidates=max(len(nodes), 1),
+            any_model="best",
+        ),
     )
     running: list[RunningJob] = []
     pending_left: list[Pod] = []
