@@ -6,14 +6,15 @@ and GPU memory, and one free GPU per node with free GPUs) and a share chooser pi
 - `best_fit_share`: best fit as the FGD paper's baseline: the node with the least CPU and GPU
   left after the share, there the GPU with the least room left.
 - `fgd`: fragmentation gradient descent (Weng et al., ATC'23). A node's fragmentation for a
-  task shape is the free GPU capacity that task could not use there (all of it if the task
-  does not fit the node at all; else the partly free GPUs for whole-GPU tasks, or the GPUs
-  with less room than the share for fractional tasks). Weighted by how common each shape is in
-  the workload (the pending and running jobs of the snapshot), it says how much of the node's
-  free capacity is likely stranded. A task that the node's free CPU or memory cannot hold
-  strands all of the node's free GPUs, which is why packing GPUs without looking at CPU leaves
-  GPUs idle on CPU-bound nodes. `fgd` places a share where that expected fragmentation
-  grows least, and as a score plugin steers whole-GPU placements the same way.
+  task type is the free GPU capacity that task could not use there (all of it if the task
+  cannot run there at all: no GPU of its model, too few GPUs with room, too little CPU, or no
+  GPU asked for; else the GPUs with less room than it needs from each, for whole-GPU tasks the
+  partly used GPUs). Weighted by each type's popularity in the target workload (given by the
+  caller, or learned from the snapshot's pending and running jobs), it says how much of the
+  node's free capacity is likely stranded. A task the node's free CPU cannot hold strands all
+  of its free GPUs, which is why packing GPUs without looking at CPU leaves GPUs idle on
+  CPU-bound nodes. `fgd` places a share where that expected fragmentation grows least, and as
+  a score plugin steers whole-GPU placements the same way.
 """
 
 from __future__ import annotations
