@@ -5,8 +5,8 @@
 One uvicorn process (as deployed, DEBUG off) on private PostgreSQL and Redis. `--clients`
 browsers, each with a signed-in session of its own, open /ws/live/ with the site's origin and
 subscribe to their tenant's jobs. The bench then changes a job `--rate` times a second through
-the portal's own publish path (portal.live.publish.publish_job_change: the channel layer on
-Redis, as the scheduler and the agent gateway send it), so every browser gets `--rate`
+the portal's own publish path (portal.live.publish.publish_job_change: Redis pub/sub to the web
+process's fan-out hub, as the scheduler and the agent gateway send it), so every browser gets `--rate`
 messages a second. Delivery latency is from the publish call until a browser has the message
 (both ends in this process, one clock). Reports p50/p99 latency, messages missed, connections
 lost, and the web process's CPU and memory. Goal (issue #9, anchor W1): p99 <= 250 ms, no
@@ -40,8 +40,6 @@ from bench.portal_stack import (
     stop,
 )
 from portal.devstack import free_port
-
-LAYERS = {"redis": "portal.settings", "pubsub": "bench.pubsub_settings"}
 
 
 def browser_sessions(username: str, count: int) -> list[str]:
@@ -144,15 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=1.0, help="job changes per second")
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument(
-        "--layer",
-        choices=sorted(LAYERS),
-        default="redis",
-        help="channel layer: the portal's (redis) or, for comparison, Redis pub/sub (bench only)",
-    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    os.environ["DJANGO_SETTINGS_MODULE"] = LAYERS[args.layer]
+    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
     load_before = load_average()
     figures: dict[str, Any] = {}
     latencies: list[float] = []
@@ -162,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         job = bench_job()
         keys = browser_sessions("bench", args.clients)
         port = free_port()
-        web = start_web({**env, "DJANGO_SETTINGS_MODULE": LAYERS[args.layer]}, port, workers=1)
+        web = start_web(env, port, workers=1)
         try:
 
             async def run() -> list[Browser]:
@@ -200,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "benchmark": "websockets",
         "clients": args.clients,
-        "channel_layer": args.layer,
         "rate_per_client_per_s": args.rate,
         "seconds": args.seconds,
         "connect_s": round(figures["connect_s"], 1),

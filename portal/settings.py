@@ -181,7 +181,17 @@ CHANNEL_LAYERS = {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         # The layer waits on blocking pops; redis-py 8 would otherwise cut every idle read after
         # its 5 s default socket timeout and tear down every websocket with it.
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
+        # Each group_add or group_discard borrows a connection; when a thousand agents or browsers
+        # connect or leave at once, redis-py's default of 100 would refuse most of them.
+        "CONFIG": {
+            "hosts": [
+                {
+                    "address": REDIS_URL,
+                    "socket_timeout": None,
+                    "max_connections": env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 2000),
+                }
+            ]
+        },
     },
 }
 

@@ -303,28 +303,16 @@ SELECT DISTINCT attempt.job_id FROM stored JOIN jobs_jobattempt attempt ON attem
 
 
 def watched_jobs(job_ids: Iterable[int]) -> list[int]:
-    """The jobs some browser is subscribed to, in one Redis round trip. A group send costs two
-    round trips even to an empty group, and most jobs that stream telemetry are not watched."""
-    from channels.layers import get_channel_layer
-
+    """The jobs some browser follows, in one Redis round trip: most jobs that stream telemetry
+    are not watched, and a publish to nobody still costs one."""
+    from portal.live.hub import channel_for
     from portal.live.publish import job_group
 
-    layer, ids = get_channel_layer(), list(job_ids)
-    if layer is None or not ids:
+    ids = list(job_ids)
+    if not ids:
         return []
-    # channels_redis keeps a group as a sorted set under this key.
-    keys = [layer._group_key(job_group(job_id)) for job_id in ids]
-    found = get_redis().eval(EXISTING_KEYS_LUA, len(keys), *keys)
-    return [ids[i - 1] for i in found]
-
-
-EXISTING_KEYS_LUA = """
-local found = {}
-for i, key in ipairs(KEYS) do
-    if redis.call('EXISTS', key) == 1 then table.insert(found, i) end
-end
-return found
-"""
+    counts = get_redis().pubsub_numsub(*(channel_for(job_group(job_id)) for job_id in ids))
+    return [job_id for job_id, (_, subscribers) in zip(ids, counts, strict=True) if subscribers > 0]
 
 
 TELEMETRY_FIELDS = {

@@ -1,4 +1,5 @@
-"""Sending to channel-layer groups from synchronous code without waiting for Redis.
+"""Sending to channel-layer groups and publishing on Redis pub/sub from synchronous code without
+waiting for Redis.
 
 async_to_sync spins up an event loop per call (milliseconds each), which a scheduling cycle that
 starts thousands of jobs cannot afford. Messages go instead to one background event loop per
@@ -14,11 +15,13 @@ import os
 import threading
 from typing import Any
 
+import redis.asyncio as aioredis
 from channels.layers import get_channel_layer
 
 log = logging.getLogger(__name__)
 
-Outgoing = asyncio.Queue[tuple[str, dict[str, Any]]]
+# (group, channel-layer event) or (pub/sub channel, text)
+Outgoing = asyncio.Queue[tuple[str, dict[str, Any] | str]]
 
 
 class _BackgroundSender:
@@ -38,9 +41,9 @@ class _BackgroundSender:
                 self._loop, self._queue, self._pid = loop, queue, os.getpid()
             return self._loop, self._queue
 
-    def send(self, group: str, event: dict[str, Any]) -> None:
+    def send(self, target: str, message: dict[str, Any] | str) -> None:
         loop, queue = self._start()
-        loop.call_soon_threadsafe(queue.put_nowait, (group, event))
+        loop.call_soon_threadsafe(queue.put_nowait, (target, message))
 
 
 def _run(loop: asyncio.AbstractEventLoop, queue: Outgoing) -> None:
@@ -50,15 +53,19 @@ def _run(loop: asyncio.AbstractEventLoop, queue: Outgoing) -> None:
 
 async def _drain(queue: Outgoing) -> None:
     """One message at a time: one Redis connection, however many messages a burst brings."""
+    from django.conf import settings
+
     layer = get_channel_layer()
+    redis = aioredis.Redis.from_url(settings.REDIS_URL)
     while True:
-        group, event = await queue.get()
-        if layer is None:
-            continue
+        target, message = await queue.get()
         try:
-            await layer.group_send(group, event)
+            if isinstance(message, str):
+                await redis.publish(target, message)
+            elif layer is not None:
+                await layer.group_send(target, message)
         except Exception as exc:  # a hint lost; the receiver resyncs
-            log.warning("channel layer send to %s failed: %s", group, exc)
+            log.warning("send to %s failed: %s", target, exc)
 
 
 _sender = _BackgroundSender()
@@ -66,3 +73,7 @@ _sender = _BackgroundSender()
 
 def group_send(group: str, event: dict[str, Any]) -> None:
     _sender.send(group, event)
+
+
+def publish(channel: str, text: str) -> None:
+    _sender.send(channel, text)

@@ -6,7 +6,6 @@ one job; a job it may not see is answered exactly like one that does not exist.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -14,6 +13,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from portal.accounts.models import Tenant
 from portal.jobs.models import Job
+from portal.live.hub import hub
 from portal.live.publish import ALL_JOBS_GROUP, job_group, tenant_group
 
 MAX_SUBSCRIPTIONS = 50
@@ -38,9 +38,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.groups_joined: set[str] = set()
         await self.accept()
 
+    async def send_text(self, text: str) -> None:
+        await self.send(text_data=text)
+
     async def disconnect(self, code: int) -> None:
         for group in getattr(self, "groups_joined", set()):
-            await self.channel_layer.group_discard(group, self.channel_name)
+            await hub().leave(group, self.send_text)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         user = self.scope["user"]
@@ -62,9 +65,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"error": f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection"})
             return
         for group in groups:
-            await self.channel_layer.group_add(group, self.channel_name)
+            await hub().join(group, self.send_text)
             self.groups_joined.add(group)
         await self.send_json({"subscribed": topic, "id": content.get("id")})
-
-    async def live_message(self, event: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps(event["payload"]))

@@ -1,4 +1,5 @@
-"""Pushing changes to browsers: after commit, to the groups of the job and of its tenant.
+"""Pushing changes to browsers: after commit, to the topics of the job and of its tenant, over
+Redis pub/sub to every web process (portal.live.hub).
 
 A message is only a hint that something changed, with enough data to redraw; a browser that
 missed one resyncs over the REST API on reconnect.
@@ -6,11 +7,13 @@ missed one resyncs over the REST API on reconnect.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import transaction
 
-from portal.lib.channels import group_send
+from portal.lib.channels import publish
+from portal.live.hub import channel_for
 
 
 def job_group(job_id: int) -> str:
@@ -49,5 +52,7 @@ def publish_telemetry(job_id: int, samples: list[dict[str, Any]]) -> None:
 
 
 def _send(groups: list[str], payload: dict[str, Any]) -> None:
+    # Encoded once here, not once per browser: each web process writes it to its browsers as is.
+    text = json.dumps(payload)
     for group in groups:
-        group_send(group, {"type": "live.message", "payload": payload})
+        publish(channel_for(group), text)
