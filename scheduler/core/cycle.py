@@ -170,7 +170,7 @@ def order_queue(
     def ordered(jobs: Sequence[PendingJob], sorters: Sequence[QueueSortPlugin]) -> list[PendingJob]:
         # One column of keys per plugin, then one concatenated tuple per job: cheaper than
         # building each job's key piece by piece when the queue is long.
-        columns = [[sorter.sort_key(job, ctx) for job in jobs] for sorter in sorters]
+        columns = [_sort_keys(sorter, jobs, ctx) for sorter in sorters]
         tails = [(job.submitted_at, job.id) for job in jobs]
         keys = [sum(parts, ()) for parts in zip(*columns, tails, strict=True)]
         order = sorted(range(len(jobs)), key=keys.__getitem__)
@@ -196,6 +196,17 @@ def order_queue(
         for i, job in zip(positions, own, strict=True):
             queue[i] = job
     return queue
+
+
+def _sort_keys(
+    sorter: QueueSortPlugin, jobs: Sequence[PendingJob], ctx: CycleContext
+) -> list[tuple[float, ...]]:
+    """Every job's key from one plugin: in one call where the plugin offers `sort_keys`."""
+    bulk = getattr(sorter, "sort_keys", None)
+    if bulk is not None:
+        keys: list[tuple[float, ...]] = bulk(jobs, ctx)
+        return keys
+    return [sorter.sort_key(job, ctx) for job in jobs]
 
 
 class _CycleRun:
@@ -232,6 +243,7 @@ class _CycleRun:
         # version they hold for. Only without backfill, whose gate has side effects.
         self._outcomes: dict[tuple[str, str, str, int, int, int], tuple[int, Status]] = {}
         self._reuse_outcomes = plugins.backfill is None
+        self._disjoint: bool | None = None  # see _holds_disjoint
         # Fixed for the cycle: the bucket lists never grow, the usable capacity never changes.
         self._max_node_gpus = {model: self.state.max_node_gpus(model) for model in self.state.buckets}
 
@@ -843,6 +855,32 @@ class _CycleRun:
         statement.discard()
         return None
 
+    def _fits_as_released(self, job: PendingJob, model: str, keep_in: Statement | None = None) -> bool:
+        """Whether the job fits in the state as it is (victims released). The placement is
+        discarded, or with `keep_in` added to that statement."""
+        if self.state.free_total.get(model, 0) < job.gpus or not self._admit(job, model).ok:
+            return False
+        placement = Statement(self.state)
+        if not self._place(job, model, placement).ok:
+            return False
+        if keep_in is None:
+            placement.discard()
+        else:
+            keep_in.absorb(placement)
+        return True
+
+    def _holds_disjoint(self) -> bool:
+        """No GPU in two running jobs' holds (a snapshot should never say otherwise)."""
+        if self._disjoint is None:
+            seen: set[tuple[int, str, int]] = set()
+            count = 0
+            for job_holds in self.holds.values():
+                for hold in job_holds:
+                    count += len(hold.gpu_indices)
+                    seen.update((hold.node_idx, hold.model, i) for i in hold.gpu_indices)
+            self._disjoint = len(seen) == count
+        return self._disjoint
+
     def _try_preempt(self, job: PendingJob, model: str, failure: Status) -> bool:
         candidates = self._victims(job, model, failure)
         if not candidates:
@@ -869,20 +907,42 @@ class _CycleRun:
                 placement.discard()
                 fitted = True
                 break
-        growing.discard()
         if not fitted:
+            growing.discard()
             return False
         # ... then drop, most expensive first, every victim the fit does not need.
-        for candidate in reversed(chosen[:-1]):
-            trial = [c for c in chosen if c is not candidate]
-            attempt = self._fits_after_releasing(job, model, [v for v, _ in trial])
-            if attempt is not None:
-                attempt.discard()
-                chosen = trial
+        incremental = self._holds_disjoint()
+        if incremental:
+            # Each trial takes one victim's GPUs back from the released set and tries the
+            # fit there: with no GPU in two holds that is the very state of releasing all
+            # the others, at the cost of one victim instead of all of them.
+            for candidate in reversed(chosen[:-1]):
+                kept = Statement(self.state)
+                for hold in self.holds[candidate[0].id]:
+                    kept.reserve(hold)
+                if self._fits_as_released(job, model):
+                    growing.absorb(kept)
+                    chosen = [c for c in chosen if c is not candidate]
+                else:
+                    kept.discard()
+        else:
+            growing.discard()
+            for candidate in reversed(chosen[:-1]):
+                trial = [c for c in chosen if c is not candidate]
+                attempt = self._fits_after_releasing(job, model, [v for v, _ in trial])
+                if attempt is not None:
+                    attempt.discard()
+                    chosen = trial
         moved = sum(v.gpus for v, r in chosen if r == "defrag")
         if moved and moved > free_before - job.gpus:
+            growing.discard()
             return False  # the moved jobs would find no room to restart
-        final = self._fits_after_releasing(job, model, [v for v, _ in chosen])
+        if incremental:
+            placed = self._fits_as_released(job, model, keep_in=growing)
+            assert placed, "a victim set that fitted must fit again"
+            final: Statement | None = growing
+        else:
+            final = self._fits_after_releasing(job, model, [v for v, _ in chosen])
         assert final is not None, "a victim set that fitted must fit again"
         final.commit()
         # The victims' GPUs that the job does not take stay busy until the victims are gone

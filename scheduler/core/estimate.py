@@ -120,7 +120,7 @@ def estimate_starts(
     vc_passing: dict[str, list[tuple[float, int]]] | None = {}  # by VC, made when first read
     next_passing = 0
     cursor = now
-    columns = [[h.horizon_key(job, ctx) for job in queue] for h in horizons]
+    columns = [_horizon_keys(h, queue, ctx) for h in horizons]
     horizon_keys: list[tuple[tuple[float, ...], ...]] = (
         list(zip(*columns, strict=True)) if columns else [()] * len(queue)
     )
@@ -243,6 +243,17 @@ def estimate_starts(
             vc_booked.setdefault(vc, []).append((end, need))
             unsorted_vcs.add(vc)
     return estimates
+
+
+def _horizon_keys(
+    horizon: PreemptionHorizonPlugin, queue: Sequence[PendingJob], ctx: CycleContext
+) -> list[tuple[float, ...]]:
+    """Every job's horizon key: in one call where the plugin offers `horizon_keys`."""
+    bulk = getattr(horizon, "horizon_keys", None)
+    if bulk is not None:
+        keys: list[tuple[float, ...]] = bulk(queue, ctx)
+        return keys
+    return [horizon.horizon_key(job, ctx) for job in queue]
 
 
 def _by_vc(passing: Sequence[tuple[float, int, RunningJob]]) -> dict[str, list[tuple[float, int]]]:

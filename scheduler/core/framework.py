@@ -58,7 +58,9 @@ class CycleContext:
 @runtime_checkable
 class QueueSortPlugin(Protocol):
     """Orders pending jobs. Keys of all queue-sort plugins in the profile are concatenated in
-    profile order; the cycle appends (submitted_at, id) so the order is total."""
+    profile order; the cycle appends (submitted_at, id) so the order is total. A plugin may
+    also offer `sort_keys(jobs, ctx)`, the same keys for a whole list in one call, which the
+    cycle then uses."""
 
     def prepare(self, ctx: CycleContext) -> None: ...
 
@@ -153,7 +155,8 @@ class BackfillPlugin(Protocol):
 class PreemptionHorizonPlugin(Protocol):
     """Optional companion of a preemption plugin, used only for estimated starts: from when on
     would `job` be allowed to preempt `victim` (None = never)? Jobs with the same
-    `horizon_key` get the same answers, which lets the estimator share one forward pass."""
+    `horizon_key` get the same answers, which lets the estimator share one forward pass.
+    A plugin may also offer `horizon_keys(jobs, ctx)`, the keys of a whole list in one call."""
 
     def horizon_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]: ...
 
