@@ -23,6 +23,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -263,6 +264,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
+def logged_errors(output: str) -> int:
+    """Errors the web process logged (its JSON log lines at ERROR or worse, and tracebacks), e.g.
+    a refused Redis connection while a thousand agents leave at once."""
+    count = 0
+    for line in output.splitlines():
+        if line.startswith("{"):
+            try:
+                count += json.loads(line).get("level") in ("ERROR", "CRITICAL")
+            except ValueError:
+                continue
+        elif line.startswith("Traceback"):
+            count += 1
+    return count
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.telemetry")
     parser.add_argument("--agents", type=int, default=1000)
@@ -279,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         nodes = dict(Node.objects.values_list("pk", "name"))
         watched = dict(random.sample(sorted(nodes.items()), min(200, len(nodes))))
         port = free_port()
+        web_log = tempfile.TemporaryFile()  # noqa: SIM115 (read back once the web process ends)
         web = subprocess.Popen(
             [
                 str(Path(sys.executable).parent / "uvicorn"),
@@ -294,8 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
             cwd=REPO,
             env={**env, **PRODUCTION, "LOG_LEVEL": "WARNING"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=web_log,
+            stderr=subprocess.STDOUT,
         )
         try:
             wait_until(lambda: port_open(port), 30, "the web server")
@@ -340,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             web.terminate()
             web.wait(timeout=30)
+            web_log.seek(0)
+            errors = logged_errors(web_log.read().decode(errors="replace"))
+            web_log.close()
     wall = figures["wall_s"]
     result: dict[str, Any] = {
         "benchmark": "telemetry",
@@ -361,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "web_other_threads_share": round(figures["web_other_threads_cpu_s"] / wall, 3),
         "bench_agents_cpu_share_of_one_core": round(figures["bench_cpu_s"] / wall, 3),
         "machine_busy_cores": round(figures["machine_cpu_s"] / wall, 2),
+        "web_errors_logged": errors,
         "goal": {"lag_p99_s": 2.0, "samples_dropped": 0, "web_cpu_share_of_one_core": 0.5},
     }
     if not args.json:
