@@ -117,16 +117,17 @@ def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
             probes=proposals.probes,
         )
         hints = choose(proposals, estimates, now)
+    started, reasons = run.started, run.reasons
+    statuses = [(job.id, reasons[job.id]) for job in queue if job.id not in started]
     pending = tuple(
         PendingStatus(
-            job.id,
-            run.reasons[job.id].reason or ReasonCode.QUEUED_BEHIND,
-            run.reasons[job.id].message,
-            estimates.get(job.id),
-            hints.get(job.id, ()),
+            job_id,
+            status.reason or ReasonCode.QUEUED_BEHIND,
+            status.message,
+            estimates.get(job_id),
+            hints.get(job_id, ()),
         )
-        for job in queue
-        if job.id not in run.started
+        for job_id, status in statuses
     )
     return Plan(
         starts=tuple(run.starts),

@@ -232,7 +232,11 @@ def estimate_starts(
                 own = heapq.merge(vc_passing.get(vc, ()), vc_booked.get(vc, ()))
                 start = max(start, _quota_time(own, used, need, limit, start))
         estimates[job_id] = start
-        end = start + _remaining(job, default_s)
+        # _remaining(job, default_s), written out: this line runs for every job of the queue.
+        runtime = job.estimated_runtime_s
+        if runtime is None:
+            runtime = job.time_limit_s if job.time_limit_s is not None else default_s
+        end = start + max(runtime - job.attained_gpu_s / max(need, 1), 60.0)
         # Book the job as holding its GPUs from now to its end (errs late, never double-counts).
         free[model] = have - need
         if vc in vc_used:

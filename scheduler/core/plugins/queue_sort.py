@@ -148,6 +148,13 @@ class DiscretizedLas:
             self._pending_levels = {}
             self._levels_now = now
         levels = self._pending_levels
+        if self.starvation_factor <= 0 and self.service == "gpu_time":
+            # _pending_level without the starvation guard, written out for long queues.
+            thresholds = self.thresholds
+            for job in jobs:
+                if job.id not in levels:
+                    levels[job.id] = bisect.bisect_right(thresholds, job.attained_gpu_s)
+            return levels
         for job in jobs:
             if job.id not in levels:
                 levels[job.id] = self._pending_level(job, now)
