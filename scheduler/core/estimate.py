@@ -140,9 +140,7 @@ def estimate_starts(
             segment = key
             yields = yields_by_key.get(key)
             if yields is None:
-                yields = yields_by_key[key] = [
-                    _yield_time(job, r, end, ctx, horizons, settings) for r, end in running
-                ]
+                yields = yields_by_key[key] = _yield_times(job, running, ctx, horizons, settings)
             vc = job.vc
             # Only work of the job's own VC and borrowed work yield to it before their end.
             ats = [
@@ -178,13 +176,14 @@ def estimate_starts(
                     vc_booked,
                     ctx,
                 )
-        model = job.gpu_model
-        need = job.gpus
+        asked = model = job.gpu_model
+        per_replica = job.gpus_per_replica
+        need = job.replicas * per_replica  # job.gpus
         if model == ANY_MODEL:
             model = any_model.get(need, ANY_MODEL)
             if model == ANY_MODEL:
                 model = any_model[need] = _pick_model(job, capacity)
-        if model is None or capacity.get(model, 0) < need or max_node.get(model, 0) < job.gpus_per_replica:
+        if model is None or capacity.get(model, 0) < need or max_node.get(model, 0) < per_replica:
             estimates[job_id] = None
             continue
         have = free.get(model, 0)
@@ -214,7 +213,7 @@ def estimate_starts(
             continue
         start = cursor
         vc = job.vc
-        quota_key = (vc, job.gpu_model if job.gpu_model != ANY_MODEL else model)
+        quota_key = (vc, asked if asked != ANY_MODEL else model)
         if quota_key in quotas:
             quota = quotas[quota_key]
         else:
@@ -232,11 +231,12 @@ def estimate_starts(
                 own = heapq.merge(vc_passing.get(vc, ()), vc_booked.get(vc, ()))
                 start = max(start, _quota_time(own, used, need, limit, start))
         estimates[job_id] = start
-        # _remaining(job, default_s), written out: this line runs for every job of the queue.
+        # _remaining(job, default_s), written out: this runs for every job of the queue.
         runtime = job.estimated_runtime_s
         if runtime is None:
             runtime = job.time_limit_s if job.time_limit_s is not None else default_s
-        end = start + max(runtime - job.attained_gpu_s / max(need, 1), 60.0)
+        remaining = runtime - job.attained_gpu_s / (need if need > 1 else 1)
+        end = start + (60.0 if remaining < 60.0 else remaining)
         # Book the job as holding its GPUs from now to its end (errs late, never double-counts).
         free[model] = have - need
         if vc in vc_used:
@@ -270,24 +270,32 @@ def _by_vc(passing: Sequence[tuple[float, int, RunningJob]]) -> dict[str, list[t
     return by_vc
 
 
-def _yield_time(
+def _yield_times(
     job: PendingJob,
-    victim: RunningJob,
-    end: float,
+    running: Sequence[tuple[RunningJob, float]],
     ctx: CycleContext,
     horizons: Sequence[PreemptionHorizonPlugin],
     settings: CycleSettings,
-) -> float:
-    """When `victim`'s GPUs become available to `job` if the victim's VC rule lets it yield
-    (same VC, or borrowed work; the walk applies that rule): its expected end, or earlier if
-    the job may preempt it. The same for every job of one horizon key."""
-    if not horizons or not victim.preemptible:
-        return end
-    best = end
+) -> list[float]:
+    """When each running job's GPUs become available to `job` if the victim's VC rule lets
+    it yield (same VC, or borrowed work; the walk applies that rule): its expected end, or
+    earlier if the job may preempt it. The same for every job of one horizon key. Each
+    horizon answers for all running jobs in one call where it offers `yields_at_all`."""
+    best = [end for _, end in running]
+    if not horizons:
+        return best
+    victims = [r for r, _ in running]
+    min_runtime = settings.min_runtime_s
     for horizon in horizons:
-        at = horizon.yields_at(job, victim, ctx)
-        if at is not None:
-            best = min(best, max(at, victim.started_at + settings.min_runtime_s))
+        bulk = getattr(horizon, "yields_at_all", None)
+        if bulk is not None:
+            times: list[float | None] = bulk(job, victims, ctx)
+        else:
+            times = [horizon.yields_at(job, victim, ctx) for victim in victims]
+        best = [
+            b if at is None or not victim.preemptible else min(b, max(at, victim.started_at + min_runtime))
+            for b, at, victim in zip(best, times, victims, strict=True)
+        ]
     return best
 
 

@@ -156,7 +156,8 @@ class PreemptionHorizonPlugin(Protocol):
     """Optional companion of a preemption plugin, used only for estimated starts: from when on
     would `job` be allowed to preempt `victim` (None = never)? Jobs with the same
     `horizon_key` get the same answers, which lets the estimator share one forward pass.
-    A plugin may also offer `horizon_keys(jobs, ctx)`, the keys of a whole list in one call."""
+    A plugin may also offer `horizon_keys(jobs, ctx)`, the keys of a whole list in one call,
+    and `yields_at_all(job, victims, ctx)`, the answers for a whole list of victims."""
 
     def horizon_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]: ...
 

@@ -81,6 +81,12 @@ class PriorityClass:
     def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
         return ctx.now if job.priority > victim.priority else None
 
+    def yields_at_all(
+        self, job: PendingJob, victims: Sequence[RunningJob], ctx: CycleContext
+    ) -> list[float | None]:
+        now, priority = ctx.now, job.priority
+        return [now if priority > victim.priority else None for victim in victims]
+
 
 class DiscretizedLas:
     """Tiresias' discretized two-dimensional least-attained-service (2D-LAS).
@@ -214,6 +220,33 @@ class DiscretizedLas:
         rate = float(victim.gpus) if self.service == "gpu_time" else 1.0
         service = self.service_of(victim.attained_gpu_s, victim.gpus)
         return ctx.now + max(self.thresholds[level] - service, 0.0) / max(rate, 1e-9)
+
+    def yields_at_all(
+        self, job: PendingJob, victims: Sequence[RunningJob], ctx: CycleContext
+    ) -> list[float | None]:
+        """yields_at for every victim, with what depends only on `job` worked out once."""
+        now, priority = ctx.now, job.priority
+        level = self.pending_level(job, now)
+        threshold = self.thresholds[level] if level < len(self.thresholds) else None
+        by_gpu_time = self.service == "gpu_time"
+        running_levels = self._running_levels
+        times: list[float | None] = []
+        for victim in victims:
+            if priority < victim.priority:
+                times.append(None)
+                continue
+            victim_level = running_levels.get(victim.id)
+            if victim_level is None:
+                victim_level = self.running_level(victim)
+            if level < victim_level:
+                times.append(now)
+            elif threshold is None:
+                times.append(None)
+            else:
+                rate = float(victim.gpus) if by_gpu_time else 1.0
+                service = self.service_of(victim.attained_gpu_s, victim.gpus)
+                times.append(now + max(threshold - service, 0.0) / max(rate, 1e-9))
+        return times
 
     def wake_at(self, ctx: CycleContext) -> float | None:
         """The next time a running job's demotion lets a waiting job preempt it. Only
