@@ -12,11 +12,12 @@ from portal.accounts.models import Membership, Tenant, hash_secret, new_secret
 from portal.cluster.choices import NodeState, QueueingPolicy
 from portal.cluster.models import Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
 
+# (name, value, preemptible, tenant admins only, description)
 PRIORITY_CLASSES = [
-    ("production", 1000, False, "Serving and deadline work; never preempted."),
-    ("training", 500, True, "Regular training jobs."),
-    ("dev", 100, True, "Interactive and debugging work."),
-    ("opportunistic", 0, True, "Runs on idle GPUs; preempted first."),
+    ("production", 1000, False, True, "Serving and deadline work; never preempted. Tenant admins only."),
+    ("training", 500, True, False, "Regular training jobs."),
+    ("dev", 100, True, False, "Interactive and debugging work."),
+    ("opportunistic", 0, True, False, "Runs on idle GPUs; preempted first."),
 ]
 DEFAULT_PRIORITY = "training"
 
@@ -65,9 +66,15 @@ def ensure_user(username: str, staff: bool = False) -> User:
 @transaction.atomic
 def seed_demo(agent_token_dir: Path | None = None) -> None:
     ensure_user("admin", staff=True)
-    for name, value, preemptible, description in PRIORITY_CLASSES:
+    for name, value, preemptible, admins_only, description in PRIORITY_CLASSES:
         PriorityClass.objects.update_or_create(
-            name=name, defaults={"value": value, "preemptible": preemptible, "description": description}
+            name=name,
+            defaults={
+                "value": value,
+                "preemptible": preemptible,
+                "tenant_admins_only": admins_only,
+                "description": description,
+            },
         )
     PriorityClass.objects.exclude(name=DEFAULT_PRIORITY).update(is_default=False)
     PriorityClass.objects.filter(name=DEFAULT_PRIORITY).update(is_default=True)

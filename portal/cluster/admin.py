@@ -52,7 +52,7 @@ class FlavorAdmin(AuditedModelAdmin):
 
 @admin.register(PriorityClass)
 class PriorityClassAdmin(AuditedModelAdmin):
-    list_display = ["name", "value", "preemptible", "is_default"]
+    list_display = ["name", "value", "preemptible", "is_default", "tenant_admins_only"]
 
 
 class GpuInline(admin.TabularInline):

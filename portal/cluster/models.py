@@ -106,6 +106,10 @@ class PriorityClass(models.Model):
     value = models.IntegerField()
     preemptible = models.BooleanField(default=True)
     is_default = models.BooleanField(default=False, help_text="Used when a job names no priority.")
+    tenant_admins_only = models.BooleanField(
+        default=False,
+        help_text="Only a tenant's admins (and cluster admins) may submit jobs of this class.",
+    )
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:

@@ -508,7 +508,7 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         message = f"replica on {vanished[0]['node']} vanished"
         if transition_job(job, JobState.LOST, label=label, reason=message):
             end_attempt(job, attempt, AttemptState.LOST, None, message)
-            requeue_job(job, "requeued after the attempt was lost")
+            requeue_lost_job(job, message)
         return
     if len(reported) == job.replicas and all(
         s["state"] == "exited" and s["reason"] == "succeeded" for s in reported
@@ -600,6 +600,18 @@ def requeue_job(job: Job, reason: str) -> None:
     )
 
 
+def requeue_lost_job(job: Job, reason: str) -> None:
+    """A lost attempt (its node or its processes gone): back to the queue, to resume from its
+    last checkpoint, unless the spec says a job must not run twice; then it fails, NODE_FAIL."""
+    if job.spec.get("requeue_on_node_failure", True):
+        requeue_job(job, f"requeued: {reason}")
+        return
+    message = f"NODE_FAIL: {reason}; not requeued (requeue_on_node_failure is false)"
+    transition_job(
+        job, JobState.FAILED, label="portal", reason=message, finished_at=timezone.now(), end_reason=message
+    )
+
+
 def record_log_chunk(node: Node, chunk: LogChunk) -> int:
     """Stores the chunk's lines; lines the portal already has are skipped. Returns lines added."""
     with transaction.atomic():
@@ -666,7 +678,7 @@ def requeue_jobs_holding(allocations: models.QuerySet[Allocation], reason: str) 
         attempt = job.attempts.order_by("-number").first()
         if attempt is not None and transition_job(job, JobState.LOST, label="portal", reason=reason):
             end_attempt(job, attempt, AttemptState.LOST, None, reason)
-            requeue_job(job, f"requeued: {reason}")
+            requeue_lost_job(job, reason)
             requeued.append(job.pk)
     return requeued
 

@@ -13,8 +13,11 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
 
 from agents.runtime.policy import image_problems
+from portal.accounts.choices import Role
+from portal.accounts.models import Membership
 from portal.cluster.models import Flavor, PriorityClass, VirtualCluster
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -148,6 +151,14 @@ class JobSpecSerializer(StrictSerializer):
     retries = RetriesSerializer(required=False)
     checkpoint = CheckpointSettingsSerializer(required=False)
     time_limit = DurationField(required=False, help_text="Seconds or '36h'; at most the flavor's limit.")
+    requeue_on_node_failure = serializers.BooleanField(
+        default=True,
+        help_text=(
+            "When its node is lost or its processes vanish, queue the job again (a new attempt, "
+            "from its last checkpoint). False: the job fails with NODE_FAIL instead, for work "
+            "that must not run twice."
+        ),
+    )
     time_sliceable = serializers.BooleanField(
         default=False,
         help_text=(
@@ -215,6 +226,25 @@ class JobSpecSerializer(StrictSerializer):
             raise serializers.ValidationError(f"No priority class named {value!r}. Classes: {names}.")
         return pc
 
+    def check_priority_allowed(self, priority: PriorityClass, vc: VirtualCluster) -> None:
+        """A class above the submitter's role is refused outright (403), not a field to fix."""
+        if not priority.tenant_admins_only:
+            return
+        user = self.context["request"].user
+        allowed = self._lookup(
+            "tenant-admin",
+            vc.tenant_id,
+            lambda: (
+                user.is_staff
+                or Membership.objects.filter(user=user, tenant_id=vc.tenant_id, role=Role.ADMIN).exists()
+            ),
+        )
+        if not allowed:
+            raise PermissionDenied(
+                f"Priority class {priority.name} is for admins of tenant {vc.tenant.name}; "
+                "ask one of them, or submit with another class."
+            )
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         errors: dict[str, str] = {}
         flavor: Flavor | None = attrs.get("flavor")
@@ -250,6 +280,7 @@ class JobSpecSerializer(StrictSerializer):
             attrs["priority"] = default
         if errors:
             raise serializers.ValidationError(errors)
+        self.check_priority_allowed(attrs["priority"], attrs["vc"])
         attrs.setdefault("retries", RetriesSerializer().to_internal_value({}))
         attrs.setdefault("checkpoint", CheckpointSettingsSerializer().to_internal_value({}))
         return attrs

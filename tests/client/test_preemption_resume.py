@@ -108,7 +108,9 @@ def preempt_and_resume(run_cli: Any, users: dict[str, Any], start_agent: Any, tm
         priority="production",
         command=[sys.executable, "-c", "import time; print('production work', flush=True); time.sleep(2)"],
     )
-    production = run_cli(token, "submit", str(urgent), "--follow", "-q", timeout=300)
+    # Production is for tenant admins: vision's admin submits it.
+    admin_token = create_api_token(users["vision-admin"], "cli test")[1]
+    production = run_cli(admin_token, "submit", str(urgent), "--follow", "-q", timeout=300)
     assert production.returncode == 0, production.stderr
     assert "production work" in production.stdout
     production_id = int(production.stdout.splitlines()[0])

@@ -153,7 +153,10 @@ def test_priority_preemption_and_cancel_during_the_checkpoint(api, a100_agents) 
         checkpoint={"enabled": True, "grace_seconds": 60},
     )
     wait_for(lambda: state(stubborn) == "running", 60, "the dev gang to run")
-    urgent = submit(alice, "urgent", SLEEP.format(seconds=1), flavor="l-A100", priority="production")
+    # Production is for tenant admins.
+    urgent = submit(
+        api("vision-admin"), "urgent", SLEEP.format(seconds=1), flavor="l-A100", priority="production"
+    )
     wait_for(lambda: state(stubborn) == "checkpointing", 60, "the dev job to be asked to checkpoint")
     assert state(urgent) == "pending"
     assert_invariants()

@@ -239,3 +239,21 @@ def test_job_detail_lists_its_checkpoints_newest_first(api_for, small_job) -> No
         (200, "step-200", 1),
         (100, "step-100", 1),
     ]
+
+
+def test_a_class_for_tenant_admins_is_refused_to_members_with_403(api_for, users) -> None:  # type: ignore[no-untyped-def]
+    """reliability-security.md B6: a priority above the submitter's role is a 403, and nothing
+    is stored; the tenant's admin and a cluster admin may use it, also in a job array."""
+    body = {"name": "urgent", "vc": "vision", "flavor": "s-A100", "command": "true", "priority": "production"}
+    refused = api_for("alice").post("/api/v1/jobs/", body, format="json")
+    assert refused.status_code == 403
+    assert "production is for admins of tenant vision" in refused.json()["detail"]
+    bulk = api_for("alice").post(
+        "/api/v1/jobs/bulk/", {"jobs": [{**body, "priority": "dev"}, body]}, format="json"
+    )
+    assert bulk.status_code == 403
+    assert not Job.objects.exists()
+    assert api_for("vision-admin").post("/api/v1/jobs/", body, format="json").status_code == 201
+    assert api_for("admin").post("/api/v1/jobs/", body, format="json").status_code == 201
+    classes = {c["name"]: c for c in api_for("alice").get("/api/v1/priority-classes/").json()["results"]}
+    assert classes["production"]["tenant_admins_only"] and not classes["training"]["tenant_admins_only"]

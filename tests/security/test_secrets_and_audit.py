@@ -143,9 +143,7 @@ def test_secrets_stay_out_of_logs_task_arguments_and_browser_messages(
     def on_publish(sender: Any = None, body: Any = None, headers: Any = None, **kwargs: Any) -> None:
         published.append((sender, body, headers))
 
-    monkeypatch.setattr(
-        "portal.live.publish.group_send", lambda group, message: sent_to_browsers.append(message)
-    )
+    monkeypatch.setattr("portal.live.publish.publish", lambda channel, text: sent_to_browsers.append(text))
     before_task_publish.connect(on_publish)
     records = Recorder()
     root = logging.getLogger()

@@ -18,7 +18,7 @@ class FlavorSerializer(serializers.ModelSerializer):
 class PriorityClassSerializer(serializers.ModelSerializer):
     class Meta:
         model = PriorityClass
-        fields = ["id", "name", "value", "preemptible", "is_default", "description"]
+        fields = ["id", "name", "value", "preemptible", "is_default", "tenant_admins_only", "description"]
 
 
 class QuotaSerializer(serializers.ModelSerializer):
