@@ -1,0 +1,226 @@
+"""The cycle's shortcuts give the same answers as the long way round.
+
+A long queue is decided fast because the cycle reuses answers: a blocked job's outcome for
+later jobs with the same request while the state is unchanged, GPU choices and scores per
+node layout and free GPUs, queue keys and preemption horizons computed for the whole queue
+at once, and a preemption search that takes one victim back per trial. Each is checked here
+against the plain computation, including a state that changes in the middle of the walk.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from sched_builders import Snap, profile, with_cycle
+
+from bench.scheduler_scale import build_snapshot
+from scheduler.core import (
+    Gpu,
+    JobId,
+    Node,
+    NodeName,
+    PendingJob,
+    Plan,
+    Profile,
+    ReasonCode,
+    RunningJob,
+    Snapshot,
+    UserName,
+    VcName,
+    decide,
+    load_profile,
+)
+from scheduler.core import cycle as cycle_module
+from scheduler.core.framework import CycleContext
+from scheduler.core.plugins.placement import (
+    BuddyCells,
+    BuddyChooser,
+    TopologyAffinity,
+    TopologyChooser,
+    choose_buddy,
+    choose_by_topology,
+)
+from scheduler.core.plugins.queue_sort import (
+    DiscretizedLas,
+    DominantResourceFairness,
+    Fifo,
+    GuaranteeFirst,
+    PriorityClass,
+    ShortestExpectedFirst,
+)
+from scheduler.core.state import NodeSlot, build_state
+
+NOW = 100_000.0
+
+
+def random_jobs(rng: random.Random, count: int) -> list[PendingJob]:
+    return [
+        PendingJob(
+            JobId(f"p{k}"),
+            VcName(f"vc{k % 3}"),
+            UserName(f"u{k % 5}"),
+            replicas=rng.choice([1, 1, 2]),
+            gpus_per_replica=rng.choice([1, 2, 4, 8]),
+            submitted_at=float(rng.randint(0, 1000)),
+            priority=rng.choice([0, 100, 500]),
+            estimated_runtime_s=rng.choice([None, 600.0, 90_000.0]),
+            time_limit_s=rng.choice([None, 3600.0]),
+            attained_gpu_s=rng.choice([0.0, 500.0, 20_000.0, 4_000_000.0]),
+            queued_at=rng.choice([None, float(rng.randint(0, int(NOW)))]),
+        )
+        for k in range(count)
+    ]
+
+
+def random_running(rng: random.Random, count: int) -> list[RunningJob]:
+    return [
+        RunningJob(
+            JobId(f"r{k}"),
+            VcName(f"vc{k % 3}"),
+            UserName(f"u{k % 5}"),
+            (),
+            started_at=float(rng.randint(0, 50_000)),
+            priority=rng.choice([0, 100, 500]),
+            preemptible=rng.random() < 0.8,
+            attained_gpu_s=float(rng.randint(0, 2_000_000)),
+        )
+        for k in range(count)
+    ]
+
+
+def context(pending: list[PendingJob], running: list[RunningJob]) -> CycleContext:
+    snapshot = build_snapshot(8, 0)
+    snapshot = Snapshot(snapshot.nodes, snapshot.vcs, tuple(running), tuple(pending))
+    state, _ = build_state(snapshot)
+    return CycleContext(snapshot, NOW, state, {r.id: r for r in running}, {r.id: r.gpus for r in running})
+
+
+def queue_sorters() -> Iterator[object]:
+    yield Fifo({})
+    yield Fifo({"by_requeue_time": True})
+    yield PriorityClass({})
+    yield DiscretizedLas({"thresholds": [900, 3600, 57600], "service": "gpu_time"})
+    yield DiscretizedLas({"thresholds": [3600], "service": "time", "starvation_factor": 2})
+    yield DiscretizedLas({"thresholds": [3600, 36000], "order_in_queue": "service"})
+    yield ShortestExpectedFirst({"by": "gpu_time"})
+    yield DominantResourceFairness({})
+    yield GuaranteeFirst({})
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_whole_queue_keys_equal_one_call_per_job(seed: int) -> None:
+    rng = random.Random(seed)
+    pending, running = random_jobs(rng, 200), random_running(rng, 50)
+    for plugin in queue_sorters():
+        ctx = context(pending, running)
+        plugin.prepare(ctx)  # type: ignore[attr-defined]
+        one_by_one = [plugin.sort_key(job, ctx) for job in pending]  # type: ignore[attr-defined]
+        assert plugin.sort_keys(pending, ctx) == one_by_one  # type: ignore[attr-defined]
+        if hasattr(plugin, "horizon_keys"):
+            assert plugin.horizon_keys(pending, ctx) == [plugin.horizon_key(j, ctx) for j in pending]
+            for job in pending[:20]:
+                expected = [plugin.yields_at(job, victim, ctx) for victim in running]
+                assert plugin.yields_at_all(job, running, ctx) == expected
+
+
+def slot(idx: int, free: set[int], nvlink: int = 4) -> NodeSlot:
+    gpus = {i: Gpu(i, "A100", f"G{idx}-{i}", 0, i // nvlink, i // 2, i // 4) for i in range(8)}
+    node = Node(NodeName(f"n{idx}"), tuple(gpus.values()))
+    return NodeSlot(idx, node, True, {"A100": set(free)}, gpus, None, None)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_remembered_gpu_choices_and_scores_equal_fresh_ones(strict: bool) -> None:
+    rng = random.Random(7)
+    buddy, topology = BuddyChooser({"strict": strict}), TopologyChooser({})
+    cells, affinity = BuddyCells({}), TopologyAffinity({})
+    ctx = context([], [])
+    for step in range(400):
+        free = {i for i in range(8) if rng.random() < 0.5}
+        node = slot(step % 5, free, nvlink=rng.choice([2, 4]))
+        for count in (1, 2, 3, 4, 8):
+            chosen = buddy.choose(node.free["A100"], node, count)
+            assert chosen == choose_buddy(node.free["A100"], node, count, strict)
+            assert topology.choose(node.free["A100"], node, count) == choose_by_topology(
+                node.free["A100"], node, count
+            )
+            if chosen:
+                fresh_cells, fresh_affinity = BuddyCells({}), TopologyAffinity({})
+                assert cells.score(node, "A100", chosen, [], ctx) == fresh_cells.score(
+                    node, "A100", chosen, [], ctx
+                )
+                assert affinity.score(node, "A100", chosen, [], ctx) == fresh_affinity.score(
+                    node, "A100", chosen, [], ctx
+                )
+
+
+def decide_the_long_way(
+    snapshot: Snapshot, profile_: Profile, now: float, monkeypatch: pytest.MonkeyPatch
+) -> Plan:
+    """decide() with outcome reuse off and the preemption search releasing all victims anew."""
+    original_init = cycle_module._CycleRun.__init__
+
+    def init(self: cycle_module._CycleRun, *args: object) -> None:
+        original_init(self, *args)  # type: ignore[arg-type]
+        self._reuse_outcomes = False
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cycle_module._CycleRun, "__init__", init)
+        patch.setattr(cycle_module._CycleRun, "_holds_disjoint", lambda self: False)
+        return decide(snapshot, profile_, now)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("profile_name", ["default", "tiresias"])
+def test_shortcuts_decide_as_the_long_way(
+    seed: int, profile_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    many_attempts = with_cycle(load_profile(profile_name), max_preemption_attempts=40)
+    snapshot = build_snapshot(24, 600, busy=0.97, seed=seed)
+    plan = decide(snapshot, many_attempts, NOW)
+    assert plan.preemptions, "the case should exercise the preemption search"
+    assert plan == decide_the_long_way(snapshot, many_attempts, NOW, monkeypatch)
+
+
+def test_a_blocked_outcome_is_not_reused_after_a_preemption_changes_the_quota() -> None:
+    """`b-1` is over its VC's quota while `b-borrowed` runs; `a-1` then reclaims the VC's
+    guarantee, which hands back `b`'s quota for the GPUs `a-1` takes. `b-2` asks exactly what
+    `b-1` asked, but after the change it is short of GPUs, not of quota."""
+    snapshot = (
+        Snap()
+        .node("n0", 8)
+        .vc("a", 4, 4)
+        .vc("b", 4, 4)
+        .running("b-borrowed", [("n0", tuple(range(8)))], vc="b", started_at=0.0)
+        .pending("b-1", 1, vc="b", submitted_at=1.0)
+        .pending("a-1", 4, vc="a", submitted_at=2.0)
+        .pending("b-2", 1, vc="b", submitted_at=3.0)
+        .build()
+    )
+    plan = decide(snapshot, profile(queue_sort=["fifo"], preemption=["reclaim"]), 60.0)
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == [("b-borrowed", "reclaim")]
+    reasons = {status.job_id: status.reason for status in plan.pending}
+    assert reasons["b-1"] is ReasonCode.VC_QUOTA
+    assert reasons["a-1"] is ReasonCode.WAITING_FOR_PREEMPTION
+    assert reasons["b-2"] is ReasonCode.INSUFFICIENT_GPUS
+
+
+def test_a_blocked_outcome_is_not_reused_after_a_start_changes_the_free_gpus() -> None:
+    """`big-2` asks what `big-1` asked, and is blocked for the same reason, but `small` has
+    started in between: its reason must tell the GPUs free now, not those free before."""
+    snapshot = (
+        Snap()
+        .node("n0", 8)
+        .running("busy", [("n0", (0, 1, 2, 3, 4))], submitted_at=0.0)
+        .pending("big-1", 4, submitted_at=1.0)
+        .pending("small", 1, submitted_at=2.0)
+        .pending("big-2", 4, submitted_at=3.0)
+        .build()
+    )
+    plan = decide(snapshot, profile(queue_sort=["fifo"]), 60.0)
+    assert [start.job_id for start in plan.starts] == ["small"]
+    messages = {status.job_id: status.message for status in plan.pending}
+    assert "3 of 8 free" in messages["big-1"]
+    assert "2 of 8 free" in messages["big-2"]
