@@ -41,6 +41,7 @@ def build_runtime(config: AgentConfig) -> Runtime:
         volume_roots=config.volume_roots,
         checkpoint_roots=config.checkpoint_roots,
         forbidden_sources=(config.state_dir,),
+        allowed_registries=config.allowed_registries,
     )
     if config.runtime == "process":
         from agents.runtime.process import ProcessRuntime

@@ -33,6 +33,7 @@ class AgentConfig:
     resync_interval_s: float = 30.0  # how often the last desired set is applied again
     volume_roots: tuple[VolumeRoot, ...] = ()
     checkpoint_roots: tuple[Path, ...] = ()
+    allowed_registries: tuple[str, ...] = ()
     docker_host: str | None = None
     network_mode: str = "none"
     request_gpus: bool = True
@@ -92,6 +93,13 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         type=Path,
         help="directory checkpoint dirs must lie in; repeatable (default: STATE_DIR/checkpoints)",
     )
+    parser.add_argument(
+        "--allowed-registry",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="image registry containers may come from (docker.io for Docker Hub); repeatable; default any",
+    )
     parser.add_argument("--docker-host", help="Docker endpoint (default: DOCKER_HOST or the local socket)")
     parser.add_argument("--network-mode", default="none", help="network of job containers (never host)")
     parser.add_argument(
@@ -127,6 +135,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         heartbeat_interval_s=args.heartbeat_interval,
         volume_roots=tuple(VolumeRoot.parse(text) for text in args.volume_root),
         checkpoint_roots=tuple(args.checkpoint_root) or (state_dir / "checkpoints",),
+        allowed_registries=tuple(args.allowed_registry),
         docker_host=args.docker_host,
         network_mode=args.network_mode,
         request_gpus=not args.no_gpu_request,

@@ -226,6 +226,9 @@ TELEMETRY_RETENTION_DAYS = env_int("TELEMETRY_RETENTION_DAYS", 30)
 CHECKPOINT_ROOT = env_str(
     "CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints") if DEBUG else "/srv/gpuportal/checkpoints"
 )
+# Image registries jobs may name (docker.io for Docker Hub); empty: any. Agents check again
+# with their own --allowed-registry list.
+ALLOWED_IMAGE_REGISTRIES = env_list("ALLOWED_IMAGE_REGISTRIES", [])
 # /metrics answers scrapers that show this token (Authorization: Bearer) or come from these addresses.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])

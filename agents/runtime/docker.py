@@ -158,7 +158,7 @@ class DockerRuntime:
         return RuntimeInfo(kind="docker", version=version.get("Version"), runc_version=components.get("runc"))
 
     async def start(self, attempt: DesiredAttempt) -> None:
-        problems = image_problems(attempt.image)
+        problems = image_problems(attempt.image, self.policy.allowed_registries)
         if problems:
             raise PolicyError("; ".join(problems))
         plan = prepare(attempt, self.policy, checkpoint_target=CHECKPOINT_TARGET)

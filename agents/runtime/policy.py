@@ -66,6 +66,7 @@ class HostPolicy:
     volume_roots: tuple[VolumeRoot, ...] = ()
     checkpoint_roots: tuple[Path, ...] = ()
     forbidden_sources: tuple[Path, ...] = field(default_factory=tuple)  # e.g. the agent's state dir
+    allowed_registries: tuple[str, ...] = ()  # image registries containers may come from; () = any
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,23 @@ def env_problems(env: dict[str, str]) -> list[str]:
     ]
 
 
-def image_problems(image: str) -> list[str]:
-    """Why an image reference is refused; empty when it is a plain, well-formed reference."""
+def image_registry(image: str) -> str:
+    """The registry an image reference pulls from, as Docker reads it: the first path part when
+    it names a host (has a dot or a port, or is localhost), else Docker Hub."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def image_problems(image: str, allowed_registries: tuple[str, ...] = ()) -> list[str]:
+    """Why an image reference is refused; empty when it is a plain, well-formed reference from
+    an allowed registry (any registry when none are listed)."""
     if len(image) > 255 or not _IMAGE_REFERENCE.match(image):
         return [f"image {image[:80]!r} is not a valid image reference"]
+    registry = image_registry(image)
+    if allowed_registries and registry not in allowed_registries:
+        return [f"registry {registry} is not allowed here (allowed: {', '.join(allowed_registries)})"]
     return []
 
 

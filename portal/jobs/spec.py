@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
@@ -177,7 +178,7 @@ class JobSpecSerializer(StrictSerializer):
 
     def validate_image(self, value: str) -> str:
         # The agent checks again before it pulls; this says so at submission already.
-        problems = image_problems(value) if value else []
+        problems = image_problems(value, tuple(settings.ALLOWED_IMAGE_REGISTRIES)) if value else []
         if problems:
             raise serializers.ValidationError(problems[0][0].upper() + problems[0][1:] + ".")
         return value

@@ -17,6 +17,7 @@ from agents.runtime.policy import (
     VolumeRoot,
     env_problems,
     image_problems,
+    image_registry,
     resolve_checkpoint_dir,
     resolve_mount,
 )
@@ -211,6 +212,44 @@ def test_plain_image_references_pass(image: str) -> None:
 )
 def test_bad_image_references_are_refused(image: str) -> None:
     assert image_problems(image)
+
+
+@pytest.mark.parametrize(
+    ("image", "registry"),
+    [
+        ("ubuntu", "docker.io"),
+        ("library/ubuntu:22.04", "docker.io"),
+        ("nvcr.io/nvidia/pytorch:24.05-py3", "nvcr.io"),
+        ("registry.example.org:5000/team/train:1.4", "registry.example.org:5000"),
+        ("localhost/train", "localhost"),
+    ],
+)
+def test_the_registry_of_an_image_is_read_as_docker_reads_it(image: str, registry: str) -> None:
+    assert image_registry(image) == registry
+    assert image_problems(image, (registry,)) == []
+    refused = image_problems(image, ("registry.internal",))
+    assert refused == [f"registry {registry} is not allowed here (allowed: registry.internal)"]
+
+
+def test_the_agent_refuses_an_image_from_a_registry_it_does_not_allow(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The agent checks again, whatever the portal let through (a spec written to the database
+    directly, or a portal with a longer list): the start fails before Docker is asked."""
+    import asyncio
+
+    from agents.protocol import DesiredAttempt, Resources
+    from agents.runtime.docker import DockerRuntime
+
+    class NoEngine:
+        def __getattr__(self, name: str) -> None:
+            raise AssertionError(f"Docker was asked for {name}")
+
+    runtime = DockerRuntime(NoEngine(), HostPolicy(allowed_registries=("registry.internal",)))
+    resources = Resources(cpus=1, memory_mib=1024)
+    attempt = DesiredAttempt(
+        attempt_id="1.0", job_id="1", image="evil.example/miner:1", command=["run"], resources=resources
+    )
+    with pytest.raises(PolicyError, match=r"registry evil\.example is not allowed"):
+        asyncio.run(runtime.start(attempt))
 
 
 def test_the_agent_can_log_json_lines_with_its_context() -> None:

@@ -257,3 +257,16 @@ def test_a_class_for_tenant_admins_is_refused_to_members_with_403(api_for, users
     assert api_for("admin").post("/api/v1/jobs/", body, format="json").status_code == 201
     classes = {c["name"]: c for c in api_for("alice").get("/api/v1/priority-classes/").json()["results"]}
     assert classes["production"]["tenant_admins_only"] and not classes["training"]["tenant_admins_only"]
+
+
+def test_an_image_from_a_registry_outside_the_allowlist_is_a_400(api_for, settings) -> None:  # type: ignore[no-untyped-def]
+    """reliability-security.md B3: the registry allowlist, checked at submission (and again by
+    the agent, tests/agents/test_agent_config_and_versions.py)."""
+    settings.ALLOWED_IMAGE_REGISTRIES = ["nvcr.io"]
+    body = {"name": "x", "vc": "vision", "flavor": "s-A100", "command": "true", "image": "ubuntu:22.04"}
+    refused = api_for("alice").post("/api/v1/jobs/", body, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["image"] == ["Registry docker.io is not allowed here (allowed: nvcr.io)."]
+    assert not Job.objects.exists()
+    allowed = {**body, "image": "nvcr.io/nvidia/pytorch:24.05-py3"}
+    assert api_for("alice").post("/api/v1/jobs/", allowed, format="json").status_code == 201
