@@ -52,7 +52,7 @@ def desired_attempt(attempt: JobAttempt, replica: int, allocations: list[Allocat
         job_id=str(job.pk),
         image=spec.get("image") or "",
         command=spec["command"],
-        env=spec.get("env") or {},
+        env={**(spec.get("env") or {}), **job.secret_env},
         mounts=job_mounts(job),
         resources=Resources(cpus=job.cpu_per_replica, memory_mib=job.memory_gb_per_replica * 1024),
         gpus=[

@@ -32,8 +32,10 @@ class JobAdmin(AuditedModelAdmin):
     inlines = [JobEventInline]
     actions = ["cancel"]
 
+    exclude = ["secret_env"]  # not even cluster admins read a job's secrets here
+
     def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
-        return [f.name for f in Job._meta.fields] + ["usage"]
+        return [f.name for f in Job._meta.fields if f.name != "secret_env"] + ["usage"]
 
     @admin.display(description="usage (allocated GPU-h / used GPU-h / kWh)")
     def usage(self, job: Job) -> str:

@@ -73,6 +73,8 @@ class Job(models.Model):
     pending_message = models.CharField(max_length=500, blank=True)
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
+    # The values of the spec's secret_env (the spec keeps only masks): for the job's agents only.
+    secret_env = models.JSONField(default=dict, blank=True)
     whatif_hints = models.JSONField(
         default=list,
         blank=True,

@@ -29,6 +29,7 @@ from portal.jobs.choices import (
     can_transition,
 )
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine
+from portal.jobs.spec import SECRET_MASK
 from portal.live.publish import publish_job_change, publish_log_lines
 
 
@@ -217,8 +218,10 @@ def check_job_can_ever_fit(
 
 
 def stored_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """The validated spec as plain JSON, with names in place of resolved objects."""
+    """The validated spec as plain JSON, with names in place of resolved objects and secrets
+    masked (their values are kept apart, in Job.secret_env)."""
     out = dict(spec)
+    out["secret_env"] = dict.fromkeys(spec.get("secret_env", {}), SECRET_MASK)
     out["vc"] = spec["vc"].name
     if spec.get("flavor") is not None:
         out["flavor"] = spec["flavor"].name
@@ -255,6 +258,7 @@ def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None
         owner=user,
         name=spec["name"],
         spec=stored_spec(spec),
+        secret_env=spec.get("secret_env", {}),
         priority_class=pc,
         priority=pc.value,
         preemptible=pc.preemptible,

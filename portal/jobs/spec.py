@@ -28,6 +28,9 @@ RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
 DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
 CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT")
 MAX_REPLICAS = 64
+# What the job API shows in place of a secret's value. Submitting it back (a clone) is refused:
+# the value must be given again.
+SECRET_MASK = "********"
 MAX_COMMAND_BYTES = 65536
 
 
@@ -136,6 +139,18 @@ class CheckpointSettingsSerializer(StrictSerializer):
     grace_seconds = serializers.IntegerField(min_value=1, max_value=3600, default=120)
 
 
+def checked_env(value: dict[str, str]) -> dict[str, str]:
+    """Variable names a job may set: valid, and none the agent sets itself."""
+    if len(value) > 256:
+        raise serializers.ValidationError("At most 256 variables.")
+    for key in value:
+        if not ENV_NAME_RE.match(key):
+            raise serializers.ValidationError(f"{key!r} is not a valid variable name.")
+        if key in RESERVED_ENV_NAMES or key.startswith(RESERVED_ENV_PREFIXES):
+            raise serializers.ValidationError(f"{key} is reserved: the agent sets it.")
+    return value
+
+
 class JobSpecSerializer(StrictSerializer):
     name = serializers.CharField(max_length=100)
     vc = serializers.SlugField(help_text="The virtual cluster to queue in.")
@@ -144,6 +159,14 @@ class JobSpecSerializer(StrictSerializer):
     image = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
     command = CommandField()
     env = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True), default=dict)
+    secret_env = serializers.DictField(
+        child=serializers.CharField(max_length=4096, allow_blank=True),
+        default=dict,
+        help_text=(
+            "Variables the job gets like env, but whose values the portal never shows again "
+            f"(the job API shows {SECRET_MASK!r}), logs or sends anywhere but to the job's agents."
+        ),
+    )
     mounts = MountSerializer(many=True, required=False, default=list)
     replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, default=1)
     priority = serializers.SlugField(
@@ -184,14 +207,15 @@ class JobSpecSerializer(StrictSerializer):
         return value
 
     def validate_env(self, value: dict[str, str]) -> dict[str, str]:
-        if len(value) > 256:
-            raise serializers.ValidationError("At most 256 variables.")
-        for key in value:
-            if not ENV_NAME_RE.match(key):
-                raise serializers.ValidationError(f"{key!r} is not a valid variable name.")
-            if key in RESERVED_ENV_NAMES or key.startswith(RESERVED_ENV_PREFIXES):
-                raise serializers.ValidationError(f"{key} is reserved: the agent sets it.")
-        return value
+        return checked_env(value)
+
+    def validate_secret_env(self, value: dict[str, str]) -> dict[str, str]:
+        masked = sorted(name for name, text in value.items() if text == SECRET_MASK)
+        if masked:
+            raise serializers.ValidationError(
+                f"Give the value of {', '.join(masked)} again: the portal shows secrets only masked."
+            )
+        return checked_env(value)
 
     def _lookup(self, kind: str, name: Any, fetch: Any) -> Any:
         """A lookup by name, remembered for the request: a job array names the same VC, flavor
@@ -263,6 +287,9 @@ class JobSpecSerializer(StrictSerializer):
                 f"{attrs['time_limit']} s is more than flavor {flavor.name} allows "
                 f"({flavor.max_runtime_hours} h)."
             )
+        both = sorted(set(attrs.get("env", {})) & set(attrs.get("secret_env", {})))
+        if both:
+            errors["secret_env"] = f"{', '.join(both)} also in env: give each variable once."
         vc: VirtualCluster | None = attrs.get("vc")
         if vc is not None:
             allowed = {m.get("name"): m for m in vc.allowed_mounts or []}

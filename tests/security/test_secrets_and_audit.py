@@ -137,6 +137,7 @@ def test_secrets_stay_out_of_logs_task_arguments_and_browser_messages(
     from scheduler.tasks import QUEUED_KEY
 
     env_secret, password = "hf_envsecret0123456789", "a sign-in secret 0123"
+    marked_secret = "wandb_marked_secret_0123456789"
     published: list[Any] = []
     sent_to_browsers: list[Any] = []
 
@@ -153,7 +154,11 @@ def test_secrets_stay_out_of_logs_task_arguments_and_browser_messages(
     try:
         alice = api_for("alice")
         with django_capture_on_commit_callbacks(execute=True):
-            job = alice.post("/api/v1/jobs/", {**small_job, "env": {"HF_TOKEN": env_secret}}, format="json")
+            job = alice.post(
+                "/api/v1/jobs/",
+                {**small_job, "env": {"HF_TOKEN": env_secret}, "secret_env": {"WANDB_KEY": marked_secret}},
+                format="json",
+            )
         assert job.status_code == 201
         with django_capture_on_commit_callbacks(execute=True):
             token = alice.post("/api/v1/tokens/", {"name": "ci"}, format="json").json()["token"]
@@ -176,7 +181,7 @@ def test_secrets_stay_out_of_logs_task_arguments_and_browser_messages(
     assert sent_to_browsers, "job changes were expected to go to browsers"
     assert records.records, "the requests were expected to log something"
     logged = "\n".join(JsonFormatter().format(record) for record in records.records)
-    for secret in (env_secret, password, token):
+    for secret in (env_secret, marked_secret, password, token):
         assert secret not in logged
         assert secret not in json.dumps(published, default=str)
         assert secret not in json.dumps(sent_to_browsers, default=str)
@@ -254,3 +259,47 @@ def test_every_write_through_the_api_is_audited(
     entries = list(AuditEntry.objects.order_by("id")[before:])
     assert entries and all(e.action.startswith(action) for e in entries), [e.action for e in entries]
     assert all(e.actor_id == users[who].pk for e in entries)
+
+
+@pytest.mark.django_db
+def test_a_secret_env_value_is_shown_to_nobody_and_given_only_to_the_job_s_agents(
+    api_for, users, small_job
+) -> None:  # type: ignore[no-untyped-def]
+    """S14: marked secret, a variable's value never comes back through the API, to the owner,
+    a peer, another tenant or a cluster admin; only the desired set of the job's node has it.
+    A clone that sends the mask back is told to give the value again."""
+    from django.test import Client
+
+    from portal.agentgw.desired import desired_set_for
+    from portal.cluster.models import Node
+    from portal.jobs.models import Job
+    from scheduler.tasks import run_cycle
+
+    secret = "sk-live-0123456789abcdef"
+    spec = {**small_job, "env": {"PLAIN": "1"}, "secret_env": {"API_KEY": secret}}
+    created = api_for("alice").post("/api/v1/jobs/", spec, format="json")
+    assert created.status_code == 201, created.json()
+    job_id = created.json()["id"]
+    for viewer in ("alice", "bob", "admin"):
+        answer = api_for(viewer).get(f"/api/v1/jobs/{job_id}/")
+        assert secret.encode() not in answer.content
+        assert answer.json()["spec"]["secret_env"] == {"API_KEY": "********"}
+    assert api_for("carol").get(f"/api/v1/jobs/{job_id}/").status_code == 404
+    cluster_admin = Client()
+    cluster_admin.force_login(users["admin"])
+    page = cluster_admin.get(f"/admin/jobs/job/{job_id}/change/")
+    assert page.status_code == 200 and b"PLAIN" in page.content and secret.encode() not in page.content
+
+    Node.objects.update(state="ready")
+    run_cycle()
+    job = Job.objects.get(pk=job_id)
+    node = job.attempts.get().allocations.first().node
+    desired = [a for a in desired_set_for(node).attempts if a.job_id == str(job_id)]
+    assert desired[0].env == {"PLAIN": "1", "API_KEY": secret}
+
+    clone = {**spec, "secret_env": {"API_KEY": "********"}}
+    refused = api_for("alice").post("/api/v1/jobs/", clone, format="json")
+    assert refused.status_code == 400
+    assert "API_KEY again" in refused.json()["secret_env"][0]
+    twice = api_for("alice").post("/api/v1/jobs/", {**spec, "env": {"API_KEY": "x"}}, format="json")
+    assert twice.status_code == 400 and "also in env" in twice.json()["secret_env"][0]
