@@ -20,6 +20,9 @@ from portal.cluster.services import latest_gpu_samples
 from portal.jobs.models import Allocation, Job, JobEvent
 from portal.metrics.cycle_timing import cycle_histogram
 
+# Preemption reasons that move a job rather than make room for other work.
+MIGRATION_REASONS = ("defrag", "time-slice-move")
+
 
 class PortalCollector:
     def collect(self) -> Iterator[Metric]:
@@ -103,7 +106,8 @@ class PortalCollector:
             "gpuportal_preemptions", "Jobs asked to checkpoint and stop, by why.", labels=["reason"]
         )
         rows = JobEvent.objects.filter(to_state="checkpointing").values_list("data__preemption")
-        for reason, n in sorted(Counter(r for (r,) in rows).items(), key=lambda x: str(x[0])):
+        preemption_counts = Counter(r for (r,) in rows)
+        for reason, n in sorted(preemption_counts.items(), key=lambda x: str(x[0])):
             preemptions.add_metric([reason or "other"], n)
         requeues = CounterMetricFamily(
             "gpuportal_requeues", "Jobs put back in the queue after preemption, node loss or GPU failure."
@@ -111,7 +115,19 @@ class PortalCollector:
         requeues.add_metric(
             [], JobEvent.objects.filter(to_state="pending", reason__startswith="requeued").count()
         )
-        yield from (preemptions, requeues)
+        migrations = CounterMetricFamily(
+            "gpuportal_migrations",
+            "Jobs checkpointed to restart elsewhere: out of a blocked gang's way (defrag), or a "
+            "suspended job whose GPUs were taken (time-slice-move). Also counted as preemptions.",
+            labels=["reason"],
+        )
+        for reason in MIGRATION_REASONS:
+            migrations.add_metric([reason], preemption_counts.get(reason, 0))
+        suspensions = CounterMetricFamily(
+            "gpuportal_time_slice_suspensions", "Jobs suspended for another job's turn on their GPUs."
+        )
+        suspensions.add_metric([], JobEvent.objects.filter(to_state="suspended").count())
+        yield from (preemptions, requeues, migrations, suspensions)
 
     def agents(self) -> Iterator[Metric]:
         connected = GaugeMetricFamily("gpuportal_agents_connected", "Agents heard from recently.")

@@ -85,3 +85,21 @@ def test_scheduling_cycles_fill_the_duration_histogram(users, paused_loop) -> No
     assert value(after, "gpuportal_scheduling_cycle_seconds_sum") > value(
         before, "gpuportal_scheduling_cycle_seconds_sum"
     )
+
+
+def test_migrations_and_time_slice_suspensions_are_counted(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    from portal.jobs.models import JobEvent
+
+    job = Job.objects.get(pk=api_for("alice").post("/api/v1/jobs/", small_job, format="json").json()["id"])
+    for data, to_state in (
+        ({"preemption": "defrag"}, "checkpointing"),
+        ({"preemption": "defrag"}, "checkpointing"),
+        ({"preemption": "priority"}, "checkpointing"),
+        ({"time_slice": "suspend"}, "suspended"),
+    ):
+        JobEvent.objects.create(job=job, from_state="running", to_state=to_state, data=data)
+    samples = scrape(Client())
+    assert value(samples, "gpuportal_migrations_total", reason="defrag") == 2
+    assert value(samples, "gpuportal_migrations_total", reason="time-slice-move") == 0
+    assert value(samples, "gpuportal_preemptions_total", reason="priority") == 1
+    assert value(samples, "gpuportal_time_slice_suspensions_total") == 1
