@@ -245,6 +245,7 @@ class _CycleRun:
         self._outcomes: dict[tuple[str, str, str, int, int, int], tuple[int, Status]] = {}
         self._reuse_outcomes = plugins.backfill is None
         self._disjoint: bool | None = None  # see _holds_disjoint
+        self._models_held: dict[str, frozenset[str]] = {}  # see _hold_models
         # Fixed for the cycle: the bucket lists never grow, the usable capacity never changes.
         self._max_node_gpus = {model: self.state.max_node_gpus(model) for model in self.state.buckets}
 
@@ -594,7 +595,7 @@ class _CycleRun:
                 gpus = self.plugins.gpu_chooser.choose(slot.free[model], slot, per_replica)
                 if gpus is None:
                     continue
-                score = sum(w * p.score(slot, model, gpus, placed, self.ctx) for p, w in self.plugins.score)
+                score = sum([w * p.score(slot, model, gpus, placed, self.ctx) for p, w in self.plugins.score])
                 if best is None or score > best[0]:
                     best = (score, idx, gpus)
                 feasible += 1
@@ -764,16 +765,22 @@ class _CycleRun:
             bucket = buckets[size]
             if not bucket:
                 continue
-            first = heapq.nsmallest(window, bucket) if len(bucket) > window else sorted(bucket)
-            for idx in first:
-                if idx not in seen and idx in bucket:
-                    seen.add(idx)
-                    yield idx
-            if len(bucket) > window:
+            if len(bucket) <= window:
                 for idx in sorted(bucket):
-                    if idx not in seen and idx in bucket:
+                    if idx not in seen:
                         seen.add(idx)
                         yield idx
+                continue
+            # A large bucket (an empty cluster has all nodes in one) is read in index order
+            # lazily: the caller stops after a few feasible nodes, so a heap built in one step
+            # and popped as far as needed beats sorting or selecting a window of it.
+            heap = list(bucket)
+            heapq.heapify(heap)
+            while heap:
+                idx = heapq.heappop(heap)
+                if idx not in seen:
+                    seen.add(idx)
+                    yield idx
 
     # -- step 5: preemption ------------------------------------------------------------
 
@@ -800,6 +807,13 @@ class _CycleRun:
             self._victim_base = base
         return self._victim_base
 
+    def _hold_models(self, job_id: str) -> frozenset[str]:
+        """GPU models a running job holds (asked for every victim of every search)."""
+        models = self._models_held.get(job_id)
+        if models is None:
+            models = self._models_held[job_id] = frozenset(h.model for h in self.holds[job_id])
+        return models
+
     def _victims(self, job: PendingJob, model: str, failure: Status) -> list[tuple[RunningJob, str | None]]:
         """Running jobs whose GPUs may go to `job`, cheapest loss first. Jobs already stopping
         cost nothing and come first. Rules for every plugin: whole gangs only, preemptible,
@@ -816,7 +830,7 @@ class _CycleRun:
                 continue
             if same_user_only and victim.user != job.user:
                 continue
-            if not any(h.model == model for h in self.holds[victim.id]):
+            if model not in self._hold_models(victim.id):
                 continue
             if victim.stopping:
                 victims.append((victim, None))
