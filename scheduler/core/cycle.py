@@ -120,14 +120,16 @@ def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     started, reasons = run.started, run.reasons
     statuses = [(job.id, reasons[job.id]) for job in queue if job.id not in started]
     pending = tuple(
-        PendingStatus(
-            job_id,
-            status.reason or ReasonCode.QUEUED_BEHIND,
-            status.message,
-            estimates.get(job_id),
-            hints.get(job_id, ()),
-        )
-        for job_id, status in statuses
+        [
+            PendingStatus(
+                job_id,
+                status.reason or ReasonCode.QUEUED_BEHIND,
+                status.message,
+                estimates.get(job_id),
+                hints.get(job_id, ()),
+            )
+            for job_id, status in statuses
+        ]
     )
     return Plan(
         starts=tuple(run.starts),
