@@ -9,6 +9,7 @@ on a websocket and always sends an Origin.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_PROTOCOL = 4400
+# How often, at most, a heartbeat makes the gateway check that the agent has the node's newest
+# desired set: the push after a change is a hint, and a hint lost (say, while Redis restarts)
+# must not leave a job scheduled and never started.
+DESIRED_RECHECK_S = 30.0
 
 
 def bearer_token(scope: dict[str, Any]) -> str:
@@ -58,6 +63,8 @@ def has_origin(scope: dict[str, Any]) -> bool:
 class AgentConsumer(AsyncWebsocketConsumer):
     node: Node | None = None
     greeted = False
+    sent_revision = -1  # of the last desired set sent on this connection
+    next_desired_check = 0.0  # time.monotonic() of the next check on a heartbeat
 
     async def connect(self) -> None:
         if has_origin(self.scope):
@@ -127,6 +134,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.desired_changed({})
         elif isinstance(message, Heartbeat):
             ingest.add_heartbeat(node.pk)
+            if time.monotonic() >= self.next_desired_check:
+                self.next_desired_check = time.monotonic() + DESIRED_RECHECK_S
+                revision = await database_sync_to_async(desired_revision)(node.pk)
+                if revision > self.sent_revision:
+                    await self.desired_changed({})
         elif isinstance(message, AttemptStatus):
             await self._status(message)
         elif isinstance(message, LogChunk):
@@ -154,9 +166,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def desired_changed(self, event: dict[str, Any]) -> None:
         desired = await database_sync_to_async(desired_set_for)(self.node)
         await self.send(encode(desired))
+        self.sent_revision = max(self.sent_revision, desired.revision)
 
     async def agent_request(self, event: dict[str, Any]) -> None:
         await self.send(event["text"])
+
+
+def desired_revision(node_id: int) -> int:
+    return Node.objects.values_list("desired_revision", flat=True).get(pk=node_id)
 
 
 def report_to_status(report: Any) -> AttemptStatus:

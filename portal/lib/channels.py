@@ -59,13 +59,18 @@ async def _drain(queue: Outgoing) -> None:
     redis = aioredis.Redis.from_url(settings.REDIS_URL)
     while True:
         target, message = await queue.get()
-        try:
-            if isinstance(message, str):
-                await redis.publish(target, message)
-            elif layer is not None:
-                await layer.group_send(target, message)
-        except Exception as exc:  # a hint lost; the receiver resyncs
-            log.warning("send to %s failed: %s", target, exc)
+        # Twice: the first command on a pooled connection that Redis closed (a restart) fails,
+        # and the second goes out on a new one.
+        for attempt in (1, 2):
+            try:
+                if isinstance(message, str):
+                    await redis.publish(target, message)
+                elif layer is not None:
+                    await layer.group_send(target, message)
+                break
+            except Exception as exc:  # a hint lost; the receiver resyncs
+                if attempt == 2:
+                    log.warning("send to %s failed: %s", target, exc)
 
 
 _sender = _BackgroundSender()

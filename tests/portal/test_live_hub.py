@@ -14,7 +14,7 @@ from django.test import Client
 from portal.lib.redis import get_redis
 from portal.live.hub import channel_for
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def session_cookie(user: Any) -> bytes:
@@ -40,6 +40,7 @@ def subscribers(topic: str) -> int:
     return int(get_redis().pubsub_numsub(channel_for(topic))[0][1])
 
 
+@pytest.mark.asyncio
 async def test_one_subscription_per_topic_and_every_browser_gets_the_message(users) -> None:  # type: ignore[no-untyped-def]
     alice, bob = users["alice"], users["bob"]
     browsers = [await browser(alice), await browser(alice), await browser(bob)]  # one tenant
@@ -59,6 +60,7 @@ def _tenant_topics(user: Any) -> list[str]:
     return tenant_groups(user)
 
 
+@pytest.mark.asyncio
 async def test_the_hub_resubscribes_after_redis_drops_its_connection(users) -> None:  # type: ignore[no-untyped-def]
     communicator = await browser(users["alice"])
     topic = (await sync_to_async(_tenant_topics)(users["alice"]))[0]

@@ -266,6 +266,24 @@ async def test_an_idle_agent_connection_stays_open(users) -> None:  # type: igno
     await communicator.disconnect()
 
 
+async def test_a_lost_desired_set_hint_is_made_good_on_a_heartbeat(users, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The push after a change is a hint. When it is lost (the node's revision moved on but no
+    message came, as when Redis restarts), the agent's next heartbeat past the recheck interval
+    gets it the newest desired set."""
+    from portal.agentgw import consumers
+
+    communicator, _ = await greet("a100-node-1")
+    node = await Node.objects.aget(name="a100-node-1")
+    await Node.objects.filter(pk=node.pk).aupdate(desired_revision=node.desired_revision + 5)
+    monkeypatch.setattr(consumers, "DESIRED_RECHECK_S", 0.0)
+    await communicator.send_to(text_data=encode(Heartbeat(uptime_s=1)))
+    desired = decode_from_portal(await communicator.receive_from(timeout=10))
+    assert desired.type == "desired_set" and desired.revision == node.desired_revision + 5
+    await communicator.send_to(text_data=encode(Heartbeat(uptime_s=2)))
+    assert await communicator.receive_nothing(timeout=0.5)  # up to date: nothing more
+    await communicator.disconnect()
+
+
 async def test_telemetry_is_kept_per_attempt_and_only_for_the_reporting_nodes_gpus(
     users, paused_loop
 ) -> None:  # type: ignore[no-untyped-def]
