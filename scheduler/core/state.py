@@ -384,7 +384,7 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
                 continue
             gpu_map = gpu_maps[node_idx]
             indices = replica.gpu_indices
-            if not all(i in gpu_map for i in indices):
+            if not all(map(gpu_map.__contains__, indices)):
                 indices = tuple(i for i in indices if i in gpu_map)
             first = gpu_map.get(indices[0]) if indices else None
             model = first.model if first is not None else job.gpu_model

@@ -256,8 +256,8 @@ class DiscretizedLas:
             return None
         waiting_levels: dict[int, set[int]] = {}
         levels = self._levels(self._pending, ctx.now)
-        for pending in self._pending:
-            waiting_levels.setdefault(pending.priority, set()).add(levels[pending.id])
+        for priority, level in {(pending.priority, levels[pending.id]) for pending in self._pending}:
+            waiting_levels.setdefault(priority, set()).add(level)
         earliest: float | None = None
         for job in ctx.snapshot.running:
             if job.stopping or not job.preemptible:
