@@ -963,11 +963,15 @@ class _CycleRun:
         assert final is not None, "a victim set that fitted must fit again"
         final.commit()
         # The victims' GPUs that the job does not take stay busy until the victims are gone
-        # (a quota-driven preemption frees quota, not necessarily the GPUs the job lands on).
+        # (a quota-driven preemption frees quota, not necessarily the GPUs the job lands on),
+        # and those it takes stay charged to the victims' VCs until then too.
         for victim, _ in chosen:
             for hold in self.holds[victim.id]:
                 free = self.state.nodes[hold.node_idx].free.get(hold.model, set())
                 still_free = tuple(i for i in hold.gpu_indices if i in free)
+                taken = tuple(i for i in hold.gpu_indices if i not in free)
+                if taken:
+                    self.state.charge(GpuHold(hold.node_idx, hold.model, taken, 0, 0, hold.vc, hold.user))
                 if still_free:
                     whole = len(still_free) == len(hold.gpu_indices)
                     self.state.block(

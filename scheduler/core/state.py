@@ -278,6 +278,13 @@ class ClusterState:
         self._remove_free(hold)
         self._add_usage(hold, len(hold.gpu_indices))
 
+    def charge(self, hold: GpuHold) -> None:
+        """Charge GPUs to a VC and user without taking them: a preempted job holds the GPUs its
+        preemptor will have until it is gone, so in the cycle that preempts it its VC and user
+        gain no quota from them (the preemptor's VC is charged for them as well)."""
+        self.version += 1
+        self._add_usage(hold, len(hold.gpu_indices))
+
     def _remove_free(self, hold: GpuHold) -> None:
         slot = self.nodes[hold.node_idx]
         free = slot.free.setdefault(hold.model, set())

@@ -184,13 +184,15 @@ def test_shortcuts_decide_as_the_long_way(
     assert plan == decide_the_long_way(snapshot, many_attempts, NOW, monkeypatch)
 
 
-def test_a_blocked_outcome_is_not_reused_after_a_preemption_changes_the_quota() -> None:
-    """`b-1` is over its VC's quota while `b-borrowed` runs; `a-1` then reclaims the VC's
-    guarantee, which hands back `b`'s quota for the GPUs `a-1` takes. `b-2` asks exactly what
-    `b-1` asked, but after the change it is short of GPUs, not of quota."""
+def test_a_preempted_job_s_vc_gains_no_quota_in_the_cycle_that_preempts_it() -> None:
+    """`a-1` reclaims VC a's guarantee from `b-borrowed`, which keeps its GPUs through the grace
+    period. `b-2` asks what `b-1` asked and is refused for the same reason: b still holds all 8
+    (the reclaim hands b's quota back only when the job is gone; before, b-2 was offered the
+    quota and only lacked GPUs, and a later start could have taken b above its limit)."""
     snapshot = (
         Snap()
         .node("n0", 8)
+        .node("n1", 2)
         .vc("a", 4, 4)
         .vc("b", 4, 4)
         .running("b-borrowed", [("n0", tuple(range(8)))], vc="b", started_at=0.0)
@@ -201,10 +203,11 @@ def test_a_blocked_outcome_is_not_reused_after_a_preemption_changes_the_quota() 
     )
     plan = decide(snapshot, profile(queue_sort=["fifo"], preemption=["reclaim"]), 60.0)
     assert [(p.job_id, p.reason) for p in plan.preemptions] == [("b-borrowed", "reclaim")]
+    assert not plan.starts  # n1 has 2 free GPUs, but b's quota is taken until b-borrowed is gone
     reasons = {status.job_id: status.reason for status in plan.pending}
     assert reasons["b-1"] is ReasonCode.VC_QUOTA
     assert reasons["a-1"] is ReasonCode.WAITING_FOR_PREEMPTION
-    assert reasons["b-2"] is ReasonCode.INSUFFICIENT_GPUS
+    assert reasons["b-2"] is ReasonCode.VC_QUOTA
 
 
 def test_a_blocked_outcome_is_not_reused_after_a_start_changes_the_free_gpus() -> None:
