@@ -88,3 +88,26 @@ def test_only_jobs_someone_follows_count_as_watched() -> None:
         assert watched_jobs([1, 2]) == [2]
     finally:
         pubsub.close()
+
+
+def test_a_burst_of_hints_arrives_whole_and_in_order() -> None:
+    """The sender takes what waits in its queue at once and publishes it in pipelines; a
+    cycle that starts thousands of jobs queues thousands of hints."""
+    import time
+
+    from portal.lib.channels import publish
+
+    pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe("live:burst")
+    try:
+        for i in range(1200):
+            publish("live:burst", str(i))
+        got: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 1200 and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=1)
+            if message is not None:
+                got.append(message["data"].decode())
+        assert got == [str(i) for i in range(1200)]
+    finally:
+        pubsub.close()
