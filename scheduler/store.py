@@ -350,7 +350,7 @@ def preempt_job(job: Job, preemption: core.Preemption) -> bool:
         data={"preemption": preemption.reason, "for_job": preemption.for_job},
     ):
         return False
-    attempt = current_attempt(job)
+    attempt = job.current_attempt()
     checkpoint = job.spec.get("checkpoint") or {}
     checkpointable = bool(checkpoint.get("enabled"))
     # The job's own grace (how long it needs to save), never longer than the profile allows.
@@ -366,10 +366,6 @@ def preempt_job(job: Job, preemption: core.Preemption) -> bool:
     return True
 
 
-def current_attempt(job: Job) -> JobAttempt | None:
-    return job.attempts.order_by("-number").first()
-
-
 def suspend_job(job: Job, suspend: core.Suspend) -> bool:
     """running -> suspended: its processes are paused where they are (the desired set says so,
     level-triggered) and its allocations parked, so the job taking its turn gets the GPUs."""
@@ -381,7 +377,7 @@ def suspend_job(job: Job, suspend: core.Suspend) -> bool:
         data={"time_slice": "suspend", "for_job": suspend.for_job},
     ):
         return False
-    attempt = current_attempt(job)
+    attempt = job.current_attempt()
     held = Allocation.objects.filter(attempt=attempt, released_at__isnull=True)
     nodes = set(held.values_list("node_id", flat=True))
     held.update(suspended=True)
@@ -394,7 +390,7 @@ def resume_job(job: Job, start: core.Start, now: float) -> bool:
     """suspended -> running on the GPUs it was paused on. A paused process cannot move, so when
     the plan puts it anywhere else the job checkpoints and stops instead, to restart from its
     checkpoint on a new attempt (a preemption)."""
-    attempt = current_attempt(job)
+    attempt = job.current_attempt()
     parked = list(
         Allocation.objects.filter(attempt=attempt, released_at__isnull=True, suspended=True).select_related(
             "node", "gpu"
@@ -403,12 +399,11 @@ def resume_job(job: Job, start: core.Start, now: float) -> bool:
     where = {(a.node.name, a.gpu.index) for a in parked}
     if where != {(r.node, i) for r in start.placement for i in r.gpu_indices}:
         grace = float((job.spec.get("checkpoint") or {}).get("grace_seconds", 30))
-        message = f"its GPUs are taken; it restarts from its checkpoint on {placement_text(start)} instead"
+        message = "its GPUs are taken: it checkpoints and stops, to restart from its checkpoint elsewhere"
         preempt_job(job, core.Preemption(start.job_id, "time-slice-move", message, grace, start.job_id))
         return False
     try:
         with transaction.atomic():
-            Allocation.objects.filter(pk__in=[a.pk for a in parked]).update(suspended=False)
             if not transition_job(
                 job,
                 JobState.RUNNING,
@@ -416,7 +411,8 @@ def resume_job(job: Job, start: core.Start, now: float) -> bool:
                 reason=f"its turn: resumed on {placement_text(start)}",
                 data={"time_slice": "resume"},
             ):
-                raise IntegrityError("the job moved on")
+                return False
+            Allocation.objects.filter(pk__in=[a.pk for a in parked]).update(suspended=False)
             JobAttempt.objects.filter(pk=attempt.pk).update(
                 state=AttemptState.RUNNING, resumed_at=from_epoch(now)
             )

@@ -107,6 +107,10 @@ class Job(models.Model):
     def total_gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
 
+    def current_attempt(self) -> JobAttempt | None:
+        """The newest attempt: the one agents run, or the last one that ran."""
+        return self.attempts.order_by("-number").first()
+
 
 class JobAttempt(models.Model):
     """One run of a job on one placement. A requeued job gets a new attempt."""

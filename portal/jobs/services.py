@@ -460,7 +460,7 @@ def record_attempt_status(node: Node, status: AttemptStatus) -> bool:
     }
     JobAttempt.objects.filter(pk=attempt.pk).update(replica_states=attempt.replica_states)
     job = Job.objects.select_for_update().get(pk=attempt.job_id)
-    current = job.attempts.order_by("-number").first()
+    current = job.current_attempt()
     if current is None or current.pk != attempt.pk or job.state not in ACTIVE_STATES:
         return True  # a report about an old attempt or an ended job changes no job state
     _advance_job(job, attempt, node)
@@ -679,7 +679,7 @@ def requeue_jobs_holding(allocations: models.QuerySet[Allocation], reason: str) 
     job_ids = set(allocations.values_list("attempt__job_id", flat=True))
     requeued = []
     for job in Job.objects.select_for_update().filter(pk__in=job_ids, state__in=ACTIVE_STATES).order_by("pk"):
-        attempt = job.attempts.order_by("-number").first()
+        attempt = job.current_attempt()
         if attempt is not None and transition_job(job, JobState.LOST, label="portal", reason=reason):
             end_attempt(job, attempt, AttemptState.LOST, None, reason)
             requeue_lost_job(job, reason)
@@ -696,7 +696,7 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
 
     counts = {"warned": 0, "stopping": 0, "forced": 0}
     for job in Job.objects.filter(state__in=[JobState.RUNNING, JobState.SUSPENDED]):
-        attempt = job.attempts.order_by("-number").first()
+        attempt = job.current_attempt()
         if attempt is None or attempt.started_at is None:
             continue
         left = job.time_limit_s - (now - attempt.started_at).total_seconds()
@@ -743,7 +743,7 @@ def report_idle_jobs(now: datetime, below_pct: float, window_s: int) -> list[int
     reported = []
     candidates = Job.objects.filter(state=JobState.RUNNING, idle_reported=False, started_at__lte=since)
     for job in candidates.select_related("virtual_cluster"):
-        attempt = job.attempts.order_by("-number").first()
+        attempt = job.current_attempt()
         if attempt is None or attempt.started_at is None or attempt.started_at > since:
             continue
         samples = TelemetrySample.objects.filter(attempt=attempt, time__gte=since)

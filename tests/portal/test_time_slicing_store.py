@@ -139,3 +139,18 @@ def test_no_turn_is_taken_when_the_suspension_cannot_be_made(two_running) -> Non
     assert result["suspended"] == 0 and result["started"] == 0
     assert state(waiting) == "pending" and not gpus(waiting, suspended=False)
     assert state(sliced) == "running" and not gpus(sliced, suspended=True)
+
+
+def test_a_lost_node_requeues_a_suspended_job_like_a_running_one(two_running) -> None:  # type: ignore[no-untyped-def]
+    from portal.jobs.services import requeue_jobs_of_lost_node
+
+    alice, sliced, _ = two_running
+    waiting = submit(alice, "waiting", time_sliceable=True)
+    run_cycle(every_cycle_a_new_turn())
+    assert state(sliced) == "suspended"
+    node = Node.objects.get(name=next(iter(gpus(sliced, suspended=True)))[0])
+    requeued = requeue_jobs_of_lost_node(node)
+    assert sorted(requeued) == sorted([sliced, waiting])
+    assert state(sliced) == "pending" and state(waiting) == "pending"
+    assert not gpus(sliced, suspended=True) and not gpus(waiting, suspended=False)
+    assert JobAttempt.objects.get(job_id=sliced).state == "lost"

@@ -135,7 +135,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def logs(self, request: Request, pk: str | None = None) -> Response:
         """The job's output lines, oldest first; poll with `after` to follow."""
         job = self.get_object()
-        attempt = job.attempts.order_by("-number").first()
+        attempt = job.current_attempt()
         if "attempt" in request.query_params:
             attempt = job.attempts.filter(number=_int_param(request, "attempt")).first()
         lines = LogLine.objects.filter(attempt=attempt).select_related("attempt").order_by("id")
@@ -157,7 +157,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def telemetry(self, request: Request, pk: str | None = None) -> Response:
         """Per-GPU utilization, memory, power and temperature while the job held its GPUs."""
         job = self.get_object()
-        attempt = job.attempts.order_by("-number").first()
+        attempt = job.current_attempt()
         if "attempt" in request.query_params:
             attempt = job.attempts.filter(number=_int_param(request, "attempt")).first()
         samples = (
