@@ -24,6 +24,7 @@ VENV_BIN = Path(sys.executable).parent
 PRODUCTION = {
     "DEBUG": "false",
     "SECRET_KEY": "bench-only-secret-key",
+    "FIELD_ENCRYPTION_KEYS": "XCTZvrczOhZmhSUTNy-HLJNhxiLvUgbgXge97Ko3n_8=",  # bench only
     "ALLOWED_HOSTS": "127.0.0.1,localhost",
     "SECURE_SSL_REDIRECT": "false",
     "SESSION_COOKIE_SECURE": "false",

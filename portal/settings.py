@@ -6,7 +6,16 @@ from pathlib import Path
 
 from django.utils.csp import CSP
 
-from portal.lib.env import ConfigError, env_bool, env_int, env_list, env_str, parse_database_url
+from portal.lib.env import (
+    ConfigError,
+    development_fernet_key,
+    env_bool,
+    env_fernet_keys,
+    env_int,
+    env_list,
+    env_str,
+    parse_database_url,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -14,6 +23,12 @@ DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY", "insecure-development-key-change-me" if DEBUG else None)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# Keys that encrypt job secret variables and admins' TOTP secrets at rest (portal.lib.encryption):
+# comma-separated Fernet keys, the first encrypts, all decrypt. Required unless DEBUG, which
+# derives a throw-away one from SECRET_KEY.
+FIELD_ENCRYPTION_KEYS = env_fernet_keys(
+    "FIELD_ENCRYPTION_KEYS", development_fernet_key(SECRET_KEY) if DEBUG else None
+)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

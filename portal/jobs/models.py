@@ -16,6 +16,7 @@ from portal.accounts.choices import Role
 from portal.accounts.models import Tenant
 from portal.cluster.models import Gpu, Node, PriorityClass, VirtualCluster
 from portal.jobs.choices import AttemptState, JobState
+from portal.lib.encryption import EncryptedJSONField
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -73,8 +74,9 @@ class Job(models.Model):
     pending_message = models.CharField(max_length=500, blank=True)
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
-    # The values of the spec's secret_env (the spec keeps only masks): for the job's agents only.
-    secret_env = models.JSONField(default=dict, blank=True)
+    # The values of the spec's secret_env (the spec keeps only masks): for the job's agents only,
+    # encrypted at rest.
+    secret_env = EncryptedJSONField(default=dict, blank=True)
     whatif_hints = models.JSONField(
         default=list,
         blank=True,

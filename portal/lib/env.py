@@ -6,6 +6,8 @@ name when a value cannot be parsed, and `VAR_FILE` may point to a file holding a
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 from urllib.parse import unquote, urlsplit
 
@@ -71,3 +73,31 @@ def parse_database_url(url: str) -> dict[str, object]:
         "CONN_MAX_AGE": 60,
         "CONN_HEALTH_CHECKS": True,
     }
+
+
+def development_fernet_key(secret_key: str) -> str:
+    """The throw-away encryption key of DEBUG settings, derived from SECRET_KEY so that `make up`
+    needs none. Never used when DEBUG is off: FIELD_ENCRYPTION_KEYS is required there."""
+    digest = hashlib.sha256(b"gpuportal field encryption\0" + secret_key.encode()).digest()
+    return base64.urlsafe_b64encode(digest).decode()
+
+
+def env_fernet_keys(name: str, default: str | None = None) -> list[str]:
+    """Comma-separated Fernet keys (may come from NAME_FILE): the first encrypts, all decrypt.
+
+    Each key must be 32 url-safe base64-encoded bytes, as `Fernet.generate_key()` makes them.
+    """
+    from cryptography.fernet import Fernet
+
+    keys = [key.strip() for key in env_str(name, default).split(",") if key.strip()]
+    if not keys:
+        raise ConfigError(f"environment variable {name} needs at least one key")
+    for position, key in enumerate(keys, start=1):
+        try:
+            Fernet(key)
+        except ValueError:
+            raise ConfigError(
+                f"environment variable {name}: key {position} is not a Fernet key (32 url-safe "
+                "base64-encoded bytes; make one with `python manage.py rotate_encryption_keys --new-key`)"
+            ) from None
+    return keys

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography.fernet import Fernet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,6 +22,7 @@ def test_check_deploy_is_clean_with_production_settings() -> None:
         **os.environ,
         "DEBUG": "false",
         "SECRET_KEY": secrets.token_urlsafe(50),
+        "FIELD_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
         "ALLOWED_HOSTS": "portal.example.org",
         "CSRF_TRUSTED_ORIGINS": "https://portal.example.org",
     }
@@ -46,7 +48,7 @@ def test_production_settings_refuse_to_start_without_a_secret_key() -> None:
 
 def test_every_setting_read_from_the_environment_is_in_env_example() -> None:
     sources = (REPO / "portal" / "settings.py").read_text()
-    names = set(re.findall(r'env_(?:str|bool|int|list)\("([A-Z_]+)"', sources))
+    names = set(re.findall(r'env_(?:str|bool|int|list|fernet_keys)\(\s*"([A-Z_]+)"', sources))
     listed = set(re.findall(r"^([A-Z_]+)=", (REPO / ".env.example").read_text(), re.M))
     assert names, "no settings found: the pattern is stale"
     assert names - listed == set(), f"missing from .env.example: {sorted(names - listed)}"

@@ -68,6 +68,7 @@ def test_cookies_are_secure_under_the_deploy_settings(users) -> None:  # type: i
         **os.environ,
         "DEBUG": "false",
         "SECRET_KEY": "x" * 60,
+        "FIELD_ENCRYPTION_KEYS": settings.FIELD_ENCRYPTION_KEYS[0],
         "ALLOWED_HOSTS": "portal.example.org",
         "CSRF_TRUSTED_ORIGINS": "https://portal.example.org",
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
