@@ -23,7 +23,17 @@ import websockets
 import websockets.exceptions
 
 from agents import AGENT_VERSION
-from agents.checkpoint import BadMarkerError, marker_identity, wait_for_new_marker
+from agents.checkpoint import (
+    BadMarkerError,
+    ManifestError,
+    PublishedManifest,
+    build_manifest,
+    marker_identity,
+    point_marker_at,
+    publish_manifest,
+    verify_resume,
+    wait_for_new_marker,
+)
 from agents.config import AgentConfig
 from agents.devices import DeviceBackend, GpuLoad
 from agents.devices.health import HealthTracker
@@ -528,8 +538,9 @@ class Agent:
         self.send(self._status(record))
         self.starting.add(attempt.attempt_id)
         try:
+            await self._prepare_resume(attempt)
             await self.runtime.start(attempt)
-        except (PolicyError, RuntimeFailure) as error:
+        except (PolicyError, RuntimeFailure, ManifestError) as error:
             log.warning("attempt %s did not start: %s", attempt.attempt_id, error)
             self._set_state(record, AttemptState.EXITED, reason=ExitReason.START_FAILED, message=str(error))
             return
@@ -537,6 +548,22 @@ class Agent:
             self.starting.discard(attempt.attempt_id)
         self.ensure_log_pump(attempt.attempt_id)
         await self.refresh()
+
+    async def _prepare_resume(self, attempt: DesiredAttempt) -> None:
+        """A resuming attempt starts only from the committed checkpoint, checked against its
+        manifest; the marker is pointed at it, since a newer marker may name a checkpoint whose
+        manifest the portal never committed. Raises ManifestError with the reason."""
+        if attempt.resume_from is None or attempt.checkpoint_dir is None:
+            return
+        directory = Path(attempt.checkpoint_dir)
+        resume = attempt.resume_from
+        try:
+            manifest = await asyncio.to_thread(verify_resume, directory, resume)
+            await asyncio.to_thread(point_marker_at, directory, manifest)
+        except ManifestError as error:
+            raise ManifestError(f"cannot resume from checkpoint step {resume.step}: {error}") from error
+        except OSError as error:
+            raise ManifestError(f"cannot resume from checkpoint step {resume.step}: {error}") from error
 
     async def stop_attempt(self, attempt_id: str, grace_s: float, reason: ExitReason) -> None:
         record = self.store.get(attempt_id)
@@ -670,22 +697,37 @@ class Agent:
             if record.state == AttemptState.SUSPENDED:
                 await self.runtime.resume(attempt_id)  # a frozen job cannot save
             if record.state != AttemptState.CHECKPOINTING:
-                self._set_state(record, AttemptState.CHECKPOINTING, stop_reason=ExitReason.CHECKPOINTED)
+                # "checkpointed" only once checkpoint_done is sent (the stop below sets it): an
+                # agent that dies before that must not call the attempt checkpointed.
+                self._set_state(record, AttemptState.CHECKPOINTING, stop_reason=ExitReason.STOPPED)
             await self.runtime.signal(attempt_id, spec.checkpoint_signal)
+            published: PublishedManifest | None = None
             try:
                 found = await wait_for_new_marker(directory, before, grace, self._still_running(attempt_id))
                 problem = None if found else f"no new checkpoint marker within {grace:g}s"
-            except BadMarkerError as error:
+                if found is not None:
+                    # Hashing a large checkpoint takes a while: off the loop, heartbeats go on.
+                    manifest = await asyncio.to_thread(build_manifest, directory, found)
+                    published = await asyncio.to_thread(publish_manifest, directory, manifest)
+            except (BadMarkerError, ManifestError) as error:
                 found, problem = None, str(error)
-            if found is not None:
+            except OSError as error:
+                found, problem = None, f"checkpoint manifest not written: {error}"
+            if found is not None and published is not None:
+                # Reported only once its manifest is on disk: the portal commits both at once.
                 self.send(
                     CheckpointDone(
                         attempt_id=attempt_id,
                         request_id=request_id,
                         path=str(found.path),
-                        size_bytes=found.size_bytes,
+                        size_bytes=published.manifest.size_bytes,
                         step=found.step,
                         time=found.time,
+                        metric=found.metric,
+                        metric_mode=published.manifest.metric_mode,
+                        manifest_path=published.relative_path,
+                        manifest_sha256=published.sha256,
+                        files=published.manifest.files,
                     )
                 )
         finally:

@@ -13,24 +13,46 @@ Contract with the job (documented in docs/agent.md):
 
    ``path`` is the checkpoint (file or directory), relative to the checkpoint directory.
    An optional ``time`` (ISO 8601 with a zone) says when it was taken; the agent uses
-   the marker's modification time otherwise.
-3. The agent sees a *new* marker (a different file than before the signal), stops the
-   job and reports ``checkpoint_done`` with path, size, step and time.
+   the marker's modification time otherwise. An optional ``metric`` (a number) with
+   ``metric_mode`` (``min``, the default, or ``max``) says how good it is: the portal's
+   garbage collection keeps the best one besides the latest.
+3. The agent sees a *new* marker (a different file than before the signal), builds the
+   checkpoint's manifest (every file with its size and sha256), publishes it atomically
+   under ``.manifests/`` in the directory, and only then reports ``checkpoint_done`` and
+   stops the job. A checkpoint without a published manifest is never reported, so the
+   portal never refers to it.
+4. A resuming attempt is told which committed checkpoint to resume from; the agent checks
+   the files against its manifest before it starts the attempt and points the marker at it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import stat
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from agents.protocol import ManifestFile, ResumeFrom
+
 MARKER_NAME = "checkpoint.json"
+MANIFEST_DIR = ".manifests"
+MANIFEST_VERSION = 1
+# A checkpoint with more files than this is refused: its manifest would not fit a message.
+MAX_MANIFEST_FILES = 10_000
+# Test hook: with this variable set to N seconds the agent pauses that long in the middle of
+# building a manifest (after the first file) and creates MANIFEST_PAUSE_FLAG in the checkpoint
+# directory first, so a fault test can kill it there. Never set it in production.
+MANIFEST_PAUSE_ENV = "GPUPORTAL_AGENT_TEST_MANIFEST_PAUSE_S"
+MANIFEST_PAUSE_FLAG = ".manifest-pause"
 
 
 class CheckpointMarker(BaseModel):
@@ -39,6 +61,8 @@ class CheckpointMarker(BaseModel):
     step: int = Field(ge=0)
     path: str = Field(min_length=1, max_length=4096)
     time: AwareDatetime | None = None
+    metric: float | None = Field(default=None, allow_inf_nan=False)
+    metric_mode: Literal["min", "max"] = "min"
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,37 @@ class FoundCheckpoint:
     size_bytes: int
     step: int
     time: datetime
+    metric: float | None = None
+    metric_mode: str = "min"
+
+
+class Manifest(BaseModel):
+    """Every file of one checkpoint, relative to the checkpoint directory, with size and sha256."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = MANIFEST_VERSION
+    step: int = Field(ge=0)
+    path: str
+    time: AwareDatetime
+    metric: float | None = None
+    metric_mode: Literal["min", "max"] = "min"
+    files: list[ManifestFile]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(item.size for item in self.files)
+
+
+@dataclass(frozen=True)
+class PublishedManifest:
+    manifest: Manifest
+    relative_path: str  # of the manifest file, relative to the checkpoint directory
+    sha256: str  # of the manifest file's bytes: what the portal commits and a resume checks
+
+
+class ManifestError(ValueError):
+    """The checkpoint cannot be described safely (a path or link escapes), or does not match."""
 
 
 class BadMarkerError(ValueError):
@@ -92,7 +147,14 @@ def read_marker(checkpoint_dir: Path) -> FoundCheckpoint:
     if not target.exists():
         raise BadMarkerError(f"checkpoint path {marker.path!r} does not exist")
     taken = marker.time or datetime.fromtimestamp(marker_path.stat().st_mtime, UTC)
-    return FoundCheckpoint(path=target, size_bytes=_size(target), step=marker.step, time=taken)
+    return FoundCheckpoint(
+        path=target,
+        size_bytes=_size(target),
+        step=marker.step,
+        time=taken,
+        metric=marker.metric,
+        metric_mode=marker.metric_mode,
+    )
 
 
 async def wait_for_new_marker(
@@ -132,3 +194,149 @@ def _size(path: Path) -> int:
             if not file_path.is_symlink():
                 total += file_path.stat().st_size
     return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifests: what makes a checkpoint complete for the portal, and what a resume checks.
+# ---------------------------------------------------------------------------------------------
+
+
+def build_manifest(checkpoint_dir: Path, found: FoundCheckpoint) -> Manifest:
+    """List and hash every file of the checkpoint ``found`` names; raises ManifestError.
+
+    Paths are relative to the checkpoint directory. A symlink is followed only when it stays
+    inside the directory (then the file it names is hashed under the link's path); anything
+    else that is not a regular file (a device, a socket, a link out) refuses the checkpoint,
+    because a resume could not trust it. Runs for as long as hashing takes: call it off the
+    event loop.
+    """
+    root = Path(os.path.realpath(checkpoint_dir))
+    target = Path(os.path.realpath(found.path))
+    if target == root or root not in target.parents:
+        raise ManifestError(f"checkpoint path {str(found.path)!r} must lie inside the checkpoint directory")
+    if MANIFEST_DIR in target.relative_to(root).parts:
+        raise ManifestError("the checkpoint path must not be inside the manifest directory")
+    paths = [target] if not target.is_dir() else sorted(_walk(target))
+    if len(paths) > MAX_MANIFEST_FILES:
+        raise ManifestError(f"the checkpoint has {len(paths)} files; the limit is {MAX_MANIFEST_FILES}")
+    pause_s = float(os.environ.get(MANIFEST_PAUSE_ENV) or 0)
+    files = []
+    for index, path in enumerate(paths):
+        relative = path.relative_to(root).as_posix()
+        real = Path(os.path.realpath(path))
+        if real != root and root not in real.parents:
+            raise ManifestError(f"{relative} links outside the checkpoint directory")
+        if not stat.S_ISREG(os.stat(real).st_mode):
+            raise ManifestError(f"{relative} is not a regular file")
+        size, digest = _hash_file(real)
+        files.append(ManifestFile(path=relative, size=size, sha256=digest))
+        if pause_s and index == 0:
+            (root / MANIFEST_PAUSE_FLAG).write_text(relative)
+            time.sleep(pause_s)
+    return Manifest(
+        step=found.step,
+        path=target.relative_to(root).as_posix(),
+        time=found.time,
+        metric=found.metric,
+        metric_mode=found.metric_mode,  # type: ignore[arg-type]
+        files=files,
+    )
+
+
+def publish_manifest(checkpoint_dir: Path, manifest: Manifest) -> PublishedManifest:
+    """Write the manifest into ``.manifests/`` atomically (temporary file, fsync, rename, fsync
+    of the directory), so a crash leaves either no manifest or a whole one."""
+    directory = Path(checkpoint_dir) / MANIFEST_DIR
+    directory.mkdir(exist_ok=True)
+    name = f"{manifest.step}-{hashlib.sha256(manifest.path.encode()).hexdigest()[:12]}.json"
+    payload = manifest.model_dump_json().encode()
+    temporary = directory / f".{name}.{os.getpid()}.tmp"
+    with open(temporary, "wb") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, directory / name)
+    _fsync_directory(directory)
+    return PublishedManifest(
+        manifest=manifest,
+        relative_path=f"{MANIFEST_DIR}/{name}",
+        sha256=hashlib.sha256(payload).hexdigest(),
+    )
+
+
+def verify_resume(checkpoint_dir: Path, resume: ResumeFrom) -> Manifest:
+    """Check the committed checkpoint a resuming attempt starts from: the manifest file is the
+    one the portal committed (same sha256), and every file in it has its size and sha256.
+    Raises ManifestError with the first difference. Runs for as long as hashing takes."""
+    root = Path(os.path.realpath(checkpoint_dir))
+    manifest_path = Path(os.path.realpath(root / resume.manifest_path))
+    if root not in manifest_path.parents:
+        raise ManifestError(f"manifest {resume.manifest_path!r} is outside the checkpoint directory")
+    try:
+        payload = manifest_path.read_bytes()
+    except OSError as error:
+        raise ManifestError(f"manifest {resume.manifest_path} cannot be read: {error.strerror}") from error
+    if hashlib.sha256(payload).hexdigest() != resume.manifest_sha256:
+        raise ManifestError(f"manifest {resume.manifest_path} differs from the one the portal committed")
+    try:
+        manifest = Manifest.model_validate_json(payload)
+    except ValidationError as error:
+        raise ManifestError(f"manifest {resume.manifest_path} is not valid: {error}") from error
+    for item in manifest.files:
+        path = Path(os.path.realpath(root / item.path))
+        if root not in path.parents:
+            raise ManifestError(f"{item.path} is outside the checkpoint directory")
+        try:
+            size, digest = _hash_file(path)
+        except OSError as error:
+            raise ManifestError(f"{item.path} cannot be read: {error.strerror}") from error
+        if size != item.size:
+            raise ManifestError(f"{item.path} has {size} bytes; the manifest says {item.size}")
+        if digest != item.sha256:
+            raise ManifestError(f"{item.path} does not match its sha256 in the manifest")
+    return manifest
+
+
+def point_marker_at(checkpoint_dir: Path, manifest: Manifest) -> None:
+    """Make the marker name the committed checkpoint a resume starts from, for jobs that read
+    the marker to resume (a newer marker may name a checkpoint the portal never committed)."""
+    directory = Path(checkpoint_dir)
+    marker = {"step": manifest.step, "path": manifest.path, "time": manifest.time.isoformat()}
+    if manifest.metric is not None:
+        marker |= {"metric": manifest.metric, "metric_mode": manifest.metric_mode}
+    temporary = directory / f".{MARKER_NAME}.agent.tmp"
+    with open(temporary, "w") as handle:
+        handle.write(json.dumps(marker))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, directory / MARKER_NAME)
+    _fsync_directory(directory)
+
+
+def _walk(directory: Path) -> list[Path]:
+    """Every non-directory entry below ``directory``, without following directory links."""
+    found = []
+    for parent, subdirectories, names in os.walk(directory):
+        for name in subdirectories:
+            if (Path(parent) / name).is_symlink():
+                names.append(name)  # a link to a directory: refused (or hashed) like a file link
+        found.extend(Path(parent) / name for name in names)
+    return found
+
+
+def _hash_file(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1024 * 1024):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

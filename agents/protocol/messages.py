@@ -146,6 +146,28 @@ class GpuRef(_Model):
     index: int = Field(ge=0)
 
 
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+RelativePath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+
+
+class ManifestFile(_Model):
+    """One file of a checkpoint: its path relative to the checkpoint directory, size, sha256."""
+
+    path: RelativePath
+    size: int = Field(ge=0)
+    sha256: Sha256
+
+
+class ResumeFrom(_Model):
+    """The committed checkpoint a resuming attempt starts from. The agent checks the manifest
+    file against ``manifest_sha256`` and every file against the manifest before it starts."""
+
+    step: int = Field(ge=0)
+    path: RelativePath
+    manifest_path: RelativePath
+    manifest_sha256: Sha256
+
+
 class DesiredAttempt(_Model):
     """One attempt that should exist on the node, with everything needed to start it.
 
@@ -154,7 +176,8 @@ class DesiredAttempt(_Model):
     level-triggered form of a checkpoint request (preemption): while it is set, the agent
     checkpoints the attempt (signal, marker, stop) unless it is already doing so, so a
     request lost with a connection cannot turn a preemption into a plain kill. ``image`` is
-    ignored by the process runtime.
+    ignored by the process runtime. ``resume_from`` names the committed checkpoint a
+    resuming attempt starts from (see agents.checkpoint).
     """
 
     attempt_id: Identifier
@@ -172,6 +195,7 @@ class DesiredAttempt(_Model):
     time_sliced: bool = False
     run_state: Literal["running", "suspended"] = "running"
     checkpoint_and_stop: bool = False
+    resume_from: ResumeFrom | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -240,7 +264,10 @@ class LogChunk(_Message):
 
 
 class CheckpointDone(_Message):
-    """The job wrote a checkpoint marker after a checkpoint request (see agents.checkpoint)."""
+    """The job wrote a checkpoint marker after a checkpoint request (see agents.checkpoint), and
+    the agent published its manifest (``manifest_path``, relative to the checkpoint directory,
+    whose bytes hash to ``manifest_sha256``; ``files`` repeats its content). The portal commits
+    only checkpoints that come with a manifest."""
 
     type: Literal["checkpoint_done"] = "checkpoint_done"
     attempt_id: Identifier
@@ -249,6 +276,11 @@ class CheckpointDone(_Message):
     size_bytes: int = Field(ge=0)
     step: int = Field(ge=0)
     time: AwareDatetime
+    metric: float | None = Field(default=None, allow_inf_nan=False)
+    metric_mode: Literal["min", "max"] = "min"
+    manifest_path: RelativePath | None = None
+    manifest_sha256: Sha256 | None = None
+    files: list[ManifestFile] = Field(default=[], max_length=10_000)
 
 
 class RequestAck(_Message):
