@@ -25,12 +25,15 @@ import websockets.exceptions
 from agents import AGENT_VERSION
 from agents.checkpoint import (
     BadMarkerError,
+    FoundCheckpoint,
     ManifestError,
+    MarkerIdentity,
     PublishedManifest,
     build_manifest,
     marker_identity,
     point_marker_at,
     publish_manifest,
+    read_marker,
     verify_resume,
     wait_for_new_marker,
 )
@@ -162,6 +165,10 @@ class Agent:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.starting: set[str] = set()  # attempts between record and runtime.start
         self.busy: set[str] = set()  # attempts the agent is stopping or checkpointing right now
+        # The last checkpoint marker seen per running attempt, and attempts whose newer marker's
+        # manifest is being built: checkpoints a job saves on its own are reported too.
+        self.markers: dict[str, MarkerIdentity | None] = {}
+        self.scanning: set[str] = set()
         self.sessions = 0  # completed handshakes, for tests and logs
 
     # ------------------------------------------------------------------ main loop
@@ -302,6 +309,7 @@ class Agent:
             with _logged("monitor"):
                 await self.refresh()
                 self.flush_logs()
+                self.scan_for_checkpoints()
             if loop.time() >= next_resync:
                 next_resync = loop.time() + self.config.resync_interval_s
                 if self.connected and self.last_desired is not None and not self.reconcile_lock.locked():
@@ -539,6 +547,8 @@ class Agent:
         self.starting.add(attempt.attempt_id)
         try:
             await self._prepare_resume(attempt)
+            if attempt.checkpoint_dir is not None:
+                self.markers[attempt.attempt_id] = marker_identity(Path(attempt.checkpoint_dir))
             await self.runtime.start(attempt)
         except (PolicyError, RuntimeFailure, ManifestError) as error:
             log.warning("attempt %s did not start: %s", attempt.attempt_id, error)
@@ -584,6 +594,7 @@ class Agent:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
         self.log_buffers.pop(attempt_id, None)
+        self.markers.pop(attempt_id, None)
         await self._quietly(self.runtime.remove(attempt_id))
         self.store.delete(attempt_id)
 
@@ -701,40 +712,69 @@ class Agent:
                 # agent that dies before that must not call the attempt checkpointed.
                 self._set_state(record, AttemptState.CHECKPOINTING, stop_reason=ExitReason.STOPPED)
             await self.runtime.signal(attempt_id, spec.checkpoint_signal)
-            published: PublishedManifest | None = None
             try:
                 found = await wait_for_new_marker(directory, before, grace, self._still_running(attempt_id))
                 problem = None if found else f"no new checkpoint marker within {grace:g}s"
                 if found is not None:
-                    # Hashing a large checkpoint takes a while: off the loop, heartbeats go on.
-                    manifest = await asyncio.to_thread(build_manifest, directory, found)
-                    published = await asyncio.to_thread(publish_manifest, directory, manifest)
+                    self.send(await self._published(attempt_id, request_id, directory, found))
             except (BadMarkerError, ManifestError) as error:
                 found, problem = None, str(error)
             except OSError as error:
                 found, problem = None, f"checkpoint manifest not written: {error}"
-            if found is not None and published is not None:
-                # Reported only once its manifest is on disk: the portal commits both at once.
-                self.send(
-                    CheckpointDone(
-                        attempt_id=attempt_id,
-                        request_id=request_id,
-                        path=str(found.path),
-                        size_bytes=published.manifest.size_bytes,
-                        step=found.step,
-                        time=found.time,
-                        metric=found.metric,
-                        metric_mode=published.manifest.metric_mode,
-                        manifest_path=published.relative_path,
-                        manifest_sha256=published.sha256,
-                        files=published.manifest.files,
-                    )
-                )
         finally:
             self.busy.discard(attempt_id)
         reason = ExitReason.CHECKPOINTED if found is not None else ExitReason.STOPPED
         await self.stop_attempt(attempt_id, grace, reason)
         return problem
+
+    async def _published(
+        self, attempt_id: str, request_id: UUID | None, directory: Path, found: FoundCheckpoint
+    ) -> CheckpointDone:
+        """Build and publish the checkpoint's manifest; the report to send once it is on disk (the
+        portal commits both at once). Hashing a large checkpoint takes a while, so it runs off the
+        event loop and heartbeats go on. Raises ManifestError or OSError."""
+        manifest = await asyncio.to_thread(build_manifest, directory, found)
+        published: PublishedManifest = await asyncio.to_thread(publish_manifest, directory, manifest)
+        return CheckpointDone(
+            attempt_id=attempt_id,
+            request_id=request_id,
+            path=str(found.path),
+            size_bytes=manifest.size_bytes,
+            step=found.step,
+            time=found.time,
+            metric=found.metric,
+            metric_mode=manifest.metric_mode,
+            manifest_path=published.relative_path,
+            manifest_sha256=published.sha256,
+            files=manifest.files,
+        )
+
+    def scan_for_checkpoints(self) -> None:
+        """Report the checkpoints running jobs save on their own (periodic saves), each with its
+        manifest, so that a lost attempt resumes from the newest and old ones can be collected.
+        The first look at an attempt after an agent restart only notes its marker."""
+        for record in self.store.all():
+            spec = record.spec
+            if record.state != AttemptState.RUNNING or spec is None or spec.checkpoint_dir is None:
+                continue
+            if record.attempt_id in self.busy or record.attempt_id in self.scanning:
+                continue
+            directory = Path(spec.checkpoint_dir).resolve()
+            current = marker_identity(directory)
+            if record.attempt_id not in self.markers:
+                self.markers[record.attempt_id] = current
+            elif current is not None and current != self.markers[record.attempt_id]:
+                self.markers[record.attempt_id] = current
+                self.scanning.add(record.attempt_id)
+                self._spawn(self._report_saved_checkpoint(record.attempt_id, directory))
+
+    async def _report_saved_checkpoint(self, attempt_id: str, directory: Path) -> None:
+        try:
+            self.send(await self._published(attempt_id, None, directory, read_marker(directory)))
+        except (BadMarkerError, ManifestError, OSError) as error:
+            log.warning("checkpoint of %s not reported: %s", attempt_id, error)
+        finally:
+            self.scanning.discard(attempt_id)
 
     async def _checkpoint_quietly(self, attempt_id: str) -> None:
         problem = await self.checkpoint_attempt(attempt_id, None, None)

@@ -3,6 +3,7 @@ checks before an attempt resumes from one (docs/agent.md, Checkpoints)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -260,3 +261,55 @@ async def test_a_resume_starts_from_the_committed_checkpoint_and_refuses_a_damag
                 "cannot resume from checkpoint step 3: step-3 does not match its sha256 in the manifest"
             )
             assert portal.log_lines("att-3") == {}  # never started
+
+
+SAVES_ON_ITS_OWN = """
+import json, os, sys, time
+directory = os.environ["GPUPORTAL_CHECKPOINT_DIR"]
+go = sys.argv[1]
+for step in (1, 2):
+    while not os.path.exists(f"{go}-{step}"):
+        time.sleep(0.01)
+    with open(os.path.join(directory, f"step-{step}.bin"), "wb") as f:
+        f.write(bytes([step]) * 100 * step)
+    with open(os.path.join(directory, ".m.tmp"), "w") as f:
+        json.dump({"step": step, "path": f"step-{step}.bin", "metric": step / 10}, f)
+    os.replace(os.path.join(directory, ".m.tmp"), os.path.join(directory, "checkpoint.json"))
+    print(f"saved {step}", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.asyncio
+async def test_checkpoints_a_running_job_saves_on_its_own_are_reported_once_each(
+    state_dir: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "ckpt" / "job-1"
+    directory.mkdir(parents=True)
+    write_marker(directory, 0, "old")  # there before the attempt: not reported
+    (directory / "old").write_bytes(b"old")
+    go = tmp_path / "go"
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        portal.desired = [
+            make_attempt(
+                "att-1", command=[PY, "-c", SAVES_ON_ITS_OWN, str(go)], checkpoint_dir=str(directory)
+            )
+        ]
+        async with running(agent):
+            await wait_for(
+                lambda: (s := portal.last_status("att-1")) is not None and s.state == AttemptState.RUNNING
+            )
+            for step in (1, 2):
+                Path(f"{go}-{step}").touch()
+                await wait_for(lambda step=step: len(portal.of_type(CheckpointDone)) == step)
+            await asyncio.sleep(0.3)  # a few more monitor rounds: nothing is reported twice
+            reports = portal.of_type(CheckpointDone)
+            assert [(d.step, d.request_id, d.metric) for d in reports] == [(1, None, 0.1), (2, None, 0.2)]
+            assert [[(f.path, f.size) for f in d.files] for d in reports] == [
+                [("step-1.bin", 100)],
+                [("step-2.bin", 200)],
+            ]
+            assert portal.last_status("att-1").state == AttemptState.RUNNING  # saving is not stopping
