@@ -7,16 +7,19 @@ the next agent on the same state directory reattaches to them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
+import random
 import signal
 
 from docker.errors import DockerException
 
-from agents.agent import Agent
+from agents.agent import Agent, Backoff
 from agents.config import AgentConfig, is_loopback_url, parse_args
 from agents.devices import DeviceBackend
 from agents.devices.nvml import DeviceError
+from agents.enroll import EnrollmentRefused, enroll
 from agents.logs import JsonFormatter
 from agents.runtime import Runtime
 from agents.runtime.policy import HostPolicy
@@ -95,6 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     if not is_loopback_url(config.portal_url) and config.portal_url.startswith("ws://"):
         log.warning("the node token travels unencrypted to %s; use https:// in production", config.portal_url)
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not config.token:
+        backoff = Backoff(config.backoff_initial_s, config.backoff_max_s, random.Random(config.seed))
+        try:
+            token = enroll(
+                config.portal_url, config.enroll_token, config.node_name, config.state_dir, backoff.next_delay
+            )
+        except EnrollmentRefused as refused:
+            log.error("the portal refused the enrollment token (%s); ask an admin for a new one", refused)
+            return 2
+        config = dataclasses.replace(config, token=token, enroll_token="")
     try:
         asyncio.run(main_async(config))
     except (DeviceError, DockerException) as error:

@@ -1,7 +1,8 @@
 """The agent's configuration, from the command line (``python -m agents --help``).
 
 The node token is read from a file, never from the command line or the environment,
-so it does not show up in process listings.
+so it does not show up in process listings. So is the one-time enrollment token; the node
+token it is exchanged for is kept in the state directory (agents.enroll).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from agents.enroll import read_stored_token
 from agents.runtime.policy import VolumeRoot
 from agents.versions import MinimumVersions
 
@@ -22,7 +24,7 @@ AGENT_PATH = "/ws/agent/"
 @dataclass(frozen=True)
 class AgentConfig:
     portal_url: str  # the websocket URL, already ending in /ws/agent/
-    token: str
+    token: str  # empty until enrollment (enroll_token) gives one
     runtime: str = "process"
     simulate: str | None = None
     state_dir: Path = Path("/var/lib/gpuportal-agent")
@@ -43,6 +45,7 @@ class AgentConfig:
     backoff_max_s: float = 60.0
     log_level: str = "INFO"
     log_format: str = "text"
+    enroll_token: str = ""
 
 
 def agent_url(portal: str) -> str:
@@ -70,7 +73,14 @@ def is_loopback_url(url: str) -> bool:
 def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser = argparse.ArgumentParser(prog="python -m agents", description="GPU Portal node agent")
     parser.add_argument("--portal", required=True, help="portal base URL, e.g. https://portal.example.org")
-    parser.add_argument("--token-file", required=True, type=Path, help="file holding this node's token")
+    credentials = parser.add_mutually_exclusive_group(required=True)
+    credentials.add_argument("--token-file", type=Path, help="file holding this node's token")
+    credentials.add_argument(
+        "--enroll-token-file",
+        type=Path,
+        help="file holding a one-time enrollment token, exchanged on the first start for the node's "
+        "token, which is kept in STATE_DIR/node.token (mode 600) and used from then on",
+    )
     parser.add_argument("--runtime", choices=("docker", "process"), default="docker")
     parser.add_argument(
         "--simulate", metavar="dgx-a100|dgx1-v100|FILE", help="simulated GPUs instead of NVML"
@@ -120,10 +130,16 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         parser.error("intervals must be at least 1 second")
     if args.network_mode == "host" or args.network_mode.startswith("container:"):
         parser.error("job containers never share the host's or another container's network")
-    token = args.token_file.read_text().strip()
-    if not token:
-        parser.error(f"token file {args.token_file} is empty")
     state_dir = args.state_dir.resolve()
+    token, enroll_token = "", ""
+    if args.token_file is not None:
+        token = args.token_file.read_text().strip()
+        if not token:
+            parser.error(f"token file {args.token_file} is empty")
+    elif not (token := read_stored_token(state_dir)):
+        enroll_token = args.enroll_token_file.read_text().strip()
+        if not enroll_token:
+            parser.error(f"enrollment token file {args.enroll_token_file} is empty")
     return AgentConfig(
         portal_url=agent_url(args.portal),
         token=token,
@@ -147,4 +163,5 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         seed=args.seed,
         log_level=args.log_level.upper(),
         log_format=args.log_format,
+        enroll_token=enroll_token,
     )

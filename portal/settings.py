@@ -161,6 +161,8 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Refused writes (403, 404) are audited and counted towards security alerts.
+    "EXCEPTION_HANDLER": "portal.accounts.security.api_exception_handler",
     # Sign-in, token creation and submission are throttled per user (per address when anonymous).
     "DEFAULT_THROTTLE_RATES": {
         "sign-in": env_str("THROTTLE_SIGN_IN", "10/min"),
@@ -252,6 +254,14 @@ METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
 SCHEDULER_PROFILE = env_str("SCHEDULER_PROFILE", "default")
 AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 10)
 AGENT_TELEMETRY_INTERVAL_S = env_int("AGENT_TELEMETRY_INTERVAL_S", 5)
+# Enrollment tokens (portal.cluster.services.create_enrollment_token) live this long unless the
+# admin asks for another lifetime, and never longer than the maximum.
+ENROLLMENT_TOKEN_TTL_MINUTES = env_int("ENROLLMENT_TOKEN_TTL_MINUTES", 60)
+ENROLLMENT_TOKEN_MAX_TTL_MINUTES = env_int("ENROLLMENT_TOKEN_MAX_TTL_MINUTES", 24 * 60)
+# This many refused requests by one user, node or address within the window raise a security alert
+# (portal.accounts.security).
+SECURITY_ALERT_THRESHOLD = env_int("SECURITY_ALERT_THRESHOLD", 5)
+SECURITY_ALERT_WINDOW_S = env_int("SECURITY_ALERT_WINDOW_S", 600)
 
 # json: one object a line with request, task, job and attempt ids (for log shippers); text: for people.
 LOG_FORMAT = env_str("LOG_FORMAT", "text" if DEBUG else "json")

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from portal.agentgw.views import enroll
 from portal.lib.views import healthz
 from portal.metrics.views import metrics
 
@@ -17,6 +18,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("api-auth/", include("rest_framework.urls")),
+    path("agent/enroll/", enroll, name="agent-enroll"),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
     path("", include("portal.web.urls")),

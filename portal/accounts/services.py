@@ -18,13 +18,16 @@ def record_audit(
     obj: models.Model | None = None,
     tenant: Tenant | None = None,
     detail: str = "",
+    object_type: str = "",
+    object_id: str = "",
 ) -> AuditEntry:
-    """Appends one audit entry. Callers run it inside the transaction of the change it records."""
+    """Appends one audit entry. Callers run it inside the transaction of the change it records.
+    A refused request may name an object that does not exist: give its type and id instead."""
     return AuditEntry.objects.create(
         actor=actor if getattr(actor, "is_authenticated", False) else None,
         action=action,
-        object_type=obj._meta.label if obj is not None else "",
-        object_id=str(obj.pk) if obj is not None else "",
+        object_type=obj._meta.label if obj is not None else object_type[:100],
+        object_id=str(obj.pk) if obj is not None else object_id[:64],
         object_repr=str(obj)[:200] if obj is not None else "",
         tenant=tenant,
         detail=detail,

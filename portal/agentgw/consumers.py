@@ -31,6 +31,7 @@ from agents.protocol import (
     decode_from_agent,
     encode,
 )
+from portal.accounts.security import record_refusal
 from portal.agentgw.desired import desired_set_for
 from portal.agentgw.ingest import buffer as ingest
 from portal.agentgw.outbox import node_group
@@ -41,6 +42,7 @@ from portal.jobs import services as job_services
 log = logging.getLogger(__name__)
 
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_REVOKED = 4403
 CLOSE_PROTOCOL = 4400
 # How often, at most, a heartbeat makes the gateway check that the agent has the node's newest
 # desired set: the push after a change is a hint, and a hint lost (say, while Redis restarts)
@@ -54,6 +56,11 @@ def bearer_token(scope: dict[str, Any]) -> str:
             scheme, _, token = value.decode("latin-1").partition(" ")
             return token.strip() if scheme == "Bearer" else ""
     return ""
+
+
+def client_address(scope: dict[str, Any]) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def has_origin(scope: dict[str, Any]) -> bool:
@@ -70,7 +77,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if has_origin(self.scope):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        self.node = await database_sync_to_async(cluster_services.authenticate_node)(bearer_token(self.scope))
+        try:
+            self.node = await database_sync_to_async(cluster_services.authenticate_node)(
+                bearer_token(self.scope), client_address(self.scope)
+            )
+        except cluster_services.NodeRevoked:
+            await self.close(code=CLOSE_REVOKED)
+            return
         if self.node is None:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
@@ -105,7 +118,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         try:
             await self.handle(message)
         except job_services.StaleReport as exc:
-            log.info("node %s: refused a report: %s", self.node.name, exc, extra={"node": self.node.name})
+            await self._refused(exc)
+        except cluster_services.NodeRevoked:
+            await self.close(code=CLOSE_REVOKED)
 
     async def handle(self, message: Any) -> None:
         node = self.node
@@ -114,6 +129,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
             if message.node_name != node.name:
                 log.warning(
                     "token of node %s used by an agent calling itself %s", node.name, message.node_name
+                )
+                await database_sync_to_async(record_refusal)(
+                    "agent",
+                    f"node:{node.pk}",
+                    "agent.hello",
+                    obj=node,
+                    detail=f"token of node {node.name} used by an agent calling itself {message.node_name}",
                 )
                 await self.close(code=CLOSE_UNAUTHENTICATED)
                 return
@@ -159,7 +181,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         try:
             await database_sync_to_async(job_services.record_attempt_status)(self.node, status)
         except job_services.StaleReport as exc:
-            log.info("node %s: refused a status report: %s", self.node.name if self.node else "?", exc)
+            await self._refused(exc)
+
+    async def _refused(self, exc: job_services.StaleReport) -> None:
+        """A report on a replica this node does not run changes nothing, and is audited."""
+        assert self.node is not None
+        log.info("node %s: refused a report: %s", self.node.name, exc, extra={"node": self.node.name})
+        await database_sync_to_async(record_refusal)(
+            "agent", f"node:{self.node.pk}", "agent.report", obj=self.node, detail=str(exc)
+        )
 
     # Events from the channel layer (portal.agentgw.outbox).
 
@@ -170,6 +200,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def agent_request(self, event: dict[str, Any]) -> None:
         await self.send(event["text"])
+
+    async def node_revoked(self, event: dict[str, Any]) -> None:
+        await self.close(code=CLOSE_REVOKED)
 
 
 def desired_revision(node_id: int) -> int:

@@ -35,3 +35,9 @@ def send_request(node_id: int, message_json: str) -> None:
 def _send_all(node_ids: list[int], event: dict[str, Any]) -> None:
     for node_id in node_ids:
         group_send(node_group(node_id), event)
+
+
+def close_node_sockets(node_id: int) -> None:
+    """Closes the node's agent socket after commit (its credentials were revoked). Sent after the
+    desired-set hints of the same transaction, so the agent first hears what to stop."""
+    transaction.on_commit(lambda: _send_all([node_id], {"type": "node.revoked"}))

@@ -2,10 +2,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 
-from portal.cluster.models import Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
-from portal.cluster.services import gpus_in_use, issue_node_token, set_node_state
+from portal.cluster.models import EnrollmentToken, Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
+from portal.cluster.services import (
+    create_enrollment_token,
+    gpus_in_use,
+    issue_node_token,
+    revoke_node,
+    set_node_state,
+)
 from portal.lib.admin import AuditedModelAdmin
 
 
@@ -91,17 +99,30 @@ class NodeAdmin(AuditedModelAdmin):
         "gpu_count",
         "last_heartbeat_at",
         "agent_version",
+        "revoked_at",
     ]
     list_filter = ["state", "rack"]
     search_fields = ["name"]
-    readonly_fields = ["last_heartbeat_at", "agent_version"]
+    readonly_fields = ["last_heartbeat_at", "agent_version", "revoked_at"]
     inlines = [GpuInline]
     actions = [
         node_action("cordon", "Cordon: take no new jobs"),
         node_action("drain", "Drain: take no new jobs and move jobs away"),
         node_action("uncordon", "Uncordon: take jobs again"),
         "issue_agent_token",
+        "revoke_agent_credentials",
     ]
+
+    @admin.action(description="Revoke agent credentials: drop the agent, requeue its jobs, trust it no more")
+    def revoke_agent_credentials(self, request: Any, queryset: Any) -> None:
+        for node in queryset:
+            requeued = revoke_node(node, request.user)
+            self.message_user(
+                request,
+                f"{node.name}: credentials revoked, {len(requeued)} job(s) requeued. "
+                "It takes work again after it enrolls with a new enrollment token and is uncordoned.",
+                messages.WARNING,
+            )
 
     @admin.action(description="Issue a new agent token (shown once; the old one stops working)")
     def issue_agent_token(self, request: Any, queryset: Any) -> None:
@@ -119,3 +140,40 @@ class GpuAdmin(AuditedModelAdmin):
     list_display = ["__str__", "uuid", "model", "memory_mb", "nvlink_group", "pcie_switch", "healthy"]
     list_filter = ["model", "healthy", "node"]
     search_fields = ["uuid", "node__name"]
+
+
+class EnrollmentTokenForm(forms.ModelForm):
+    valid_minutes = forms.IntegerField(
+        min_value=1,
+        max_value=settings.ENROLLMENT_TOKEN_MAX_TTL_MINUTES,
+        initial=settings.ENROLLMENT_TOKEN_TTL_MINUTES,
+        help_text="How long the token may be used (once).",
+    )
+
+    class Meta:
+        model = EnrollmentToken
+        fields = ["node_name"]
+
+
+@admin.register(EnrollmentToken)
+class EnrollmentTokenAdmin(admin.ModelAdmin):
+    """Adding a token shows its secret once; tokens are never edited. The service audits them."""
+
+    form = EnrollmentTokenForm
+    list_display = ["__str__", "node_name", "created_by", "created_at", "expires_at", "used_at", "node"]
+    list_filter = ["used_at"]
+    search_fields = ["node_name"]
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: Any, obj: Any, form: Any, change: bool) -> None:
+        token, raw = create_enrollment_token(
+            request.user, form.cleaned_data["node_name"], form.cleaned_data["valid_minutes"]
+        )
+        for field in EnrollmentToken._meta.concrete_fields:  # the page after this shows the stored token
+            setattr(obj, field.attname, getattr(token, field.attname))
+        self.message_user(request, f"Enrollment token ({token}), shown once: {raw}", messages.WARNING)

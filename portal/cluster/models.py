@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from portal.accounts.models import Tenant
 from portal.cluster.choices import IdlePolicy, NodeState, QueueingPolicy
@@ -126,7 +128,11 @@ class PriorityClass(models.Model):
 
 
 class Node(models.Model):
-    """A GPU host run by one agent. The agent authenticates with a per-node token, stored hashed."""
+    """A GPU host run by one agent. The agent authenticates with a per-node token, stored hashed.
+
+    A revoked node keeps its token hash, so that its agent is recognised and refused (and the
+    refusal counted against it), until it enrolls again with a new enrollment token.
+    """
 
     name = models.SlugField(max_length=100, unique=True)
     rack = models.CharField(max_length=64, blank=True)
@@ -136,6 +142,9 @@ class Node(models.Model):
     cpu = models.PositiveIntegerField(default=0)
     memory_gb = models.PositiveIntegerField(default=0)
     token_hash = models.CharField(max_length=64, blank=True, editable=False)
+    revoked_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When an admin revoked the agent's credentials."
+    )
     agent_version = models.CharField(max_length=64, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     desired_revision = models.PositiveBigIntegerField(
@@ -171,3 +180,40 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.index} ({self.model})"
+
+
+class EnrollmentTokenQuerySet(models.QuerySet["EnrollmentToken"]):
+    def usable(self) -> EnrollmentTokenQuerySet:
+        return self.filter(used_at__isnull=True, expires_at__gt=timezone.now())
+
+
+class EnrollmentToken(models.Model):
+    """A one-time, short-lived secret an agent exchanges for its node's own token.
+
+    Only the hash is stored. A token bound to a node name enrolls only that node, and is the only
+    way to give an existing node new credentials; an unbound one may only create a new node, so
+    that it can never take over a node that already exists.
+    """
+
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    node_name = models.SlugField(
+        max_length=100, blank=True, help_text="The node this token may enroll; empty: any new node."
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="enrollments"
+    )
+
+    objects = EnrollmentTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        expires = f"{self.expires_at:%Y-%m-%d %H:%M}" if self.expires_at else "-"
+        return f"enrollment token for {self.node_name or 'a new node'} (expires {expires})"

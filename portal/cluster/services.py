@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_slug
 from django.db import connection, models, transaction
 from django.utils import timezone
 
@@ -17,7 +21,7 @@ from agents.protocol import GpuSample, Hello
 from portal.accounts.models import hash_secret, new_secret
 from portal.accounts.services import record_audit
 from portal.cluster.choices import NodeState
-from portal.cluster.models import Gpu, Node, VirtualCluster
+from portal.cluster.models import EnrollmentToken, Gpu, Node, VirtualCluster
 from portal.lib.redis import get_redis
 
 
@@ -48,8 +52,8 @@ def set_node_state(node: Node, action: str, actor: Any, reason: str = "") -> Nod
     Uncordoning a node whose agent is not connected leaves it not-ready until the agent says hello.
     """
     state, default_reason = NODE_ACTIONS[action]
-    if action == "uncordon" and node.last_heartbeat_at is None:
-        state = NodeState.NOT_READY
+    if action == "uncordon" and (node.last_heartbeat_at is None or node.revoked_at is not None):
+        state = NodeState.NOT_READY  # a revoked node must enroll again before it is ready
     Node.objects.filter(pk=node.pk).update(state=state, state_reason=reason or default_reason)
     node.state, node.state_reason = state, reason or default_reason
     record_audit(actor, f"node.{action}", node, detail=reason)
@@ -94,11 +98,22 @@ def short_gpu_model(name: str) -> str:
     return match.group(1) if match else name[:32]
 
 
-def authenticate_node(raw_token: str) -> Node | None:
-    """The node whose agent token this is, or None. User API tokens never match a node."""
-    if not raw_token:
+def authenticate_node(raw_token: str, address: str = "") -> Node | None:
+    """The node whose agent token this is, or None. User API tokens never match a node, and a
+    revoked node's token opens nothing (NodeRevoked). A refusal is audited and counts towards an
+    alert: on the node when its token was revoked, on the caller's address when it is unknown."""
+    from portal.accounts.security import record_refusal
+
+    node = Node.objects.filter(token_hash=hash_secret(raw_token)).first() if raw_token else None
+    if node is None:
+        what = "an unknown token" if raw_token else "no token"
+        record_refusal("agent", f"address:{address}", "agent.connect", detail=f"{what} from {address}")
         return None
-    return Node.objects.filter(token_hash=hash_secret(raw_token)).first()
+    if node.revoked_at is not None:
+        detail = f"revoked credentials of node {node.name} from {address}"
+        record_refusal("agent", f"node:{node.pk}", "agent.connect", obj=node, detail=detail)
+        raise NodeRevoked(node.name)
+    return node
 
 
 @transaction.atomic
@@ -109,6 +124,121 @@ def issue_node_token(node: Node, actor: Any) -> str:
     node.token_hash = hash_secret(raw)
     record_audit(actor, "node.issue_token", node)
     return raw
+
+
+class NodeRevoked(Exception):
+    """The node's agent credentials were revoked; it must enroll again."""
+
+
+@transaction.atomic
+def revoke_node(node: Node, actor: Any, reason: str = "") -> list[int]:
+    """Marks the node's agent credentials revoked and the node untrusted (cordoned: it takes no
+    work until it enrolls again and an admin uncordons it). Its jobs go through the node-lost
+    path: their attempts end and they are requeued elsewhere, or fail NODE_FAIL if they must not
+    run twice. After commit the agent is sent its (now empty) desired set and its socket is
+    closed; its token is refused from then on. Returns the requeued job ids."""
+    from portal.agentgw.outbox import close_node_sockets
+    from portal.jobs.models import Allocation
+    from portal.jobs.services import request_scheduling_cycle, requeue_jobs_holding
+
+    why = reason or "agent credentials revoked by an admin"
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    node.revoked_at = node.revoked_at or timezone.now()
+    node.state, node.state_reason = NodeState.CORDONED, f"untrusted: {why}"[:200]
+    node.save(update_fields=["revoked_at", "state", "state_reason"])
+    record_audit(actor, "node.revoke", node, detail=reason)
+    requeued = requeue_jobs_holding(
+        Allocation.objects.filter(node=node, released_at__isnull=True), f"node {node.name} revoked: {why}"
+    )
+    close_node_sockets(node.pk)
+    request_scheduling_cycle()
+    return requeued
+
+
+ENROLLMENT_TOKEN_PREFIX = "gpe_"
+
+
+class EnrollmentRefused(Exception):
+    """An enrollment token that is unknown, used, expired or not for this node. `status` is the
+    HTTP answer: 401 for a token that opens nothing, 403 for one that is not for this node."""
+
+    def __init__(self, reason: str, status: int = 401, token: EnrollmentToken | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.status, self.token = reason, status, token
+
+
+@transaction.atomic
+def create_enrollment_token(
+    actor: Any, node_name: str = "", ttl_minutes: int | None = None
+) -> tuple[EnrollmentToken, str]:
+    """A one-time enrollment token (256 random bits; only its hash is stored) and its secret,
+    which is shown once. Bound to `node_name` it enrolls only that node, new or existing;
+    unbound, any new node."""
+    minutes = settings.ENROLLMENT_TOKEN_TTL_MINUTES if ttl_minutes is None else ttl_minutes
+    if not 0 < minutes <= settings.ENROLLMENT_TOKEN_MAX_TTL_MINUTES:
+        raise ValueError(
+            f"An enrollment token lives between 1 and {settings.ENROLLMENT_TOKEN_MAX_TTL_MINUTES} minutes."
+        )
+    if node_name:
+        validate_slug(node_name)
+    raw = ENROLLMENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = EnrollmentToken.objects.create(
+        token_hash=hash_secret(raw),
+        node_name=node_name,
+        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        expires_at=timezone.now() + timedelta(minutes=minutes),
+    )
+    record_audit(actor, "node.enrollment_token.create", token)
+    return token, raw
+
+
+def enroll_node(raw_token: str, node_name: str, address: str = "") -> tuple[Node, str]:
+    """Exchanges a one-time enrollment token for the node's own agent token. Nothing is created
+    or changed on a refusal, which is audited against the caller's address. Raises
+    EnrollmentRefused, or ValueError for a node name that is not a valid name."""
+    from portal.accounts.security import record_refusal
+
+    try:
+        return _enroll(raw_token, node_name)
+    except EnrollmentRefused as refused:
+        detail = f"{refused.reason} (node name {node_name[:100]!r}, from {address})"
+        record_refusal("agent", f"address:{address}", "node.enroll", obj=refused.token, detail=detail)
+        raise
+
+
+@transaction.atomic
+def _enroll(raw_token: str, node_name: str) -> tuple[Node, str]:
+    token = (
+        EnrollmentToken.objects.select_for_update().filter(token_hash=hash_secret(raw_token)).first()
+        if raw_token
+        else None
+    )
+    if token is None:
+        raise EnrollmentRefused("unknown enrollment token")
+    if token.used_at is not None:
+        raise EnrollmentRefused("enrollment token already used", token=token)
+    if token.expires_at <= timezone.now():
+        raise EnrollmentRefused("enrollment token expired", token=token)
+    if token.node_name and node_name and node_name != token.node_name:
+        raise EnrollmentRefused(f"enrollment token is for node {token.node_name}", 403, token)
+    name = token.node_name or node_name
+    try:
+        validate_slug(name)
+    except ValidationError:
+        raise ValueError(f"{name!r} is not a valid node name: use letters, digits, '-' and '_'.") from None
+    node = Node.objects.select_for_update().filter(name=name).first()
+    if node is not None and not token.node_name:
+        # Only a token bound to a node's name may give an existing node new credentials.
+        raise EnrollmentRefused(f"node {name} exists; its enrollment token must name it", 403, token)
+    if node is None:
+        node = Node.objects.create(name=name)
+    raw = issue_node_token(node, token.created_by)
+    Node.objects.filter(pk=node.pk).update(revoked_at=None)
+    node.revoked_at = None
+    token.used_at, token.node = timezone.now(), node
+    token.save(update_fields=["used_at", "node"])
+    record_audit(token.created_by, "node.enroll", node, detail=f"enrollment token {token.pk}")
+    return node, raw
 
 
 def _topology_ids(values: list[str | None]) -> dict[str | None, int]:
@@ -124,6 +254,8 @@ def record_hello(node: Node, hello: Hello) -> Node:
     to be drained (its runtime failed the version gate) is drained with the agent's reason.
     """
     node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.revoked_at is not None:
+        raise NodeRevoked(node.name)
     nvlink = _topology_ids([g.topology.nvlink_group for g in hello.gpus])
     pcie = _topology_ids([g.topology.pcie_switch for g in hello.gpus])
     seen = set()

@@ -32,6 +32,7 @@ class PortalCollector:
         yield from self.scheduling()
         yield from self.agents()
         yield from self.gpu_telemetry()
+        yield from self.security()
 
     def gpus_per_node(self) -> Iterator[Metric]:
         total = GaugeMetricFamily("gpuportal_node_gpus", "GPUs per node and model.", labels=["node", "model"])
@@ -174,3 +175,23 @@ class PortalCollector:
                             values, value * 1024 * 1024 if field == "memory_used_mib" else value
                         )
         yield from families.values()
+
+    def security(self) -> Iterator[Metric]:
+        """Refused requests and raised alerts per realm (user, agent): see portal.accounts.security."""
+        from portal.accounts.security import REALMS, security_counts
+
+        counts = security_counts()
+        refusals = CounterMetricFamily(
+            "gpuportal_security_refusals",
+            "Requests refused and audited: API writes answered 403/404, agent connections and reports.",
+            labels=["realm"],
+        )
+        alerts = CounterMetricFamily(
+            "gpuportal_security_alerts",
+            "Alerts raised because one user, node or address was refused repeatedly within the window.",
+            labels=["realm"],
+        )
+        for realm in REALMS:
+            refusals.add_metric([realm], counts.get(f"refusals:{realm}", 0))
+            alerts.add_metric([realm], counts.get(f"alerts:{realm}", 0))
+        yield from (refusals, alerts)
