@@ -6,11 +6,13 @@ from pathlib import Path
 
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.utils import timezone
 
 from portal.accounts.choices import Role
-from portal.accounts.models import Membership, Tenant, hash_secret, new_secret
+from portal.accounts.models import Membership, Tenant, TotpDevice, hash_secret, new_secret
 from portal.cluster.choices import NodeState, QueueingPolicy
 from portal.cluster.models import Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
+from portal.devstack import DEMO_ADMIN_TOTP_SECRET
 
 # (name, value, preemptible, tenant admins only, description)
 PRIORITY_CLASSES = [
@@ -53,6 +55,14 @@ def password_for(username: str) -> str:
     return f"{username}-pass"
 
 
+def ensure_demo_authenticator(user: User) -> None:
+    """An enrolled authenticator for the demo admin, so `make up` needs no enrollment step: the
+    banner shows how to get its codes (`python -m portal.accounts.totp DEMO_ADMIN_TOTP_SECRET`)."""
+    TotpDevice.objects.get_or_create(
+        user=user, defaults={"secret": DEMO_ADMIN_TOTP_SECRET, "confirmed_at": timezone.now()}
+    )
+
+
 def ensure_user(username: str, staff: bool = False) -> User:
     user, created = User.objects.get_or_create(
         username=username, defaults={"is_staff": staff, "is_superuser": staff}
@@ -65,7 +75,7 @@ def ensure_user(username: str, staff: bool = False) -> User:
 
 @transaction.atomic
 def seed_demo(agent_token_dir: Path | None = None) -> None:
-    ensure_user("admin", staff=True)
+    ensure_demo_authenticator(ensure_user("admin", staff=True))
     for name, value, preemptible, admins_only, description in PRIORITY_CLASSES:
         PriorityClass.objects.update_or_create(
             name=name,

@@ -325,7 +325,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         env = {**os.environ, **services.env, "DEBUG": os.environ.get("DEBUG", "true")}
         manage(env, "collectstatic", "--no-input", "-v", "0")
         supervisor = start_demo_cluster(env, run_dir, args.host, args.port)
-        print(DEMO_BANNER.format(url=f"http://{args.host}:{args.port}/"), flush=True)
+        banner = DEMO_BANNER.format(
+            url=f"http://{args.host}:{args.port}/",
+            python=os.path.relpath(VENV_BIN / "python", REPO),
+            totp_secret=DEMO_ADMIN_TOTP_SECRET,
+        )
+        print(banner, flush=True)
         code = supervisor.wait()
         supervisor.stop()
         return code
@@ -421,6 +426,10 @@ def demo_agent_commands(port: int, run_dir: Path) -> list[tuple[str, list[str]]]
     return commands
 
 
+# The demo admin's authenticator key (seed_demo enrolls it), public like the demo passwords: Django
+# admin asks for a one-time code after the password. Never use the demo data outside a demo.
+DEMO_ADMIN_TOTP_SECRET = "GPUPORTALDEMOADMINTOTPKEY234567A"
+
 DEMO_BANNER = """
 ============================================================
  GPU Portal is running at {url}
@@ -429,6 +438,9 @@ DEMO_BANNER = """
    cluster admin:  admin
    tenant vision:  vision-admin, alice, bob
    tenant speech:  speech-admin, carol, dave
+ Django admin then asks the cluster admin for a one-time code:
+   {python} -m portal.accounts.totp {totp_secret}
+   (or add that key to an authenticator app)
  Press Ctrl-C to stop.
 ============================================================
 """

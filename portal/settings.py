@@ -31,7 +31,7 @@ FIELD_ENCRYPTION_KEYS = env_fernet_keys(
 )
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "portal.accounts.apps.PortalAdminConfig",  # django.contrib.admin behind a second factor
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -163,9 +163,11 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # Refused writes (403, 404) are audited and counted towards security alerts.
     "EXCEPTION_HANDLER": "portal.accounts.security.api_exception_handler",
-    # Sign-in, token creation and submission are throttled per user (per address when anonymous).
+    # Sign-in (API and admin), the admin's second factor, token creation and submission are
+    # throttled per user (per address when anonymous).
     "DEFAULT_THROTTLE_RATES": {
         "sign-in": env_str("THROTTLE_SIGN_IN", "10/min"),
+        "admin-mfa": env_str("THROTTLE_ADMIN_MFA", "5/min"),
         "tokens": env_str("THROTTLE_TOKENS", "30/min"),
         "submit": env_str("THROTTLE_SUBMIT", "600/min"),
     },

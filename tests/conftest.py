@@ -81,6 +81,36 @@ def api_for(users: dict[str, Any]) -> Any:
     return make
 
 
+def pass_admin_second_factor(client: Any, user: Any) -> None:
+    """Completes Django admin's second factor on its real forms, for a client signed in as a
+    staff user: enrolls an authenticator if the user has none, then posts a code from it (the
+    next unused step, so a test may sign in more than once)."""
+    from portal.accounts import totp
+    from portal.accounts.models import TotpDevice
+
+    device = TotpDevice.objects.filter(user=user, confirmed_at__isnull=False).first()
+    url = "/admin/mfa/"
+    if device is None:
+        url = "/admin/mfa/enroll/"
+        assert client.get(url).status_code == 200
+        device = TotpDevice.objects.get(user=user)
+    step = max(totp.step_at(), device.last_used_step + 1)
+    assert step <= totp.step_at() + totp.WINDOW, "every code of the window is used"
+    response = client.post(url, {"code": totp.code_at_step(device.secret, step)})
+    assert response.status_code == 302, response.content.decode()[-500:]
+
+
+@pytest.fixture
+def cluster_admin_client(users: dict[str, Any]) -> Any:
+    """A Django test client signed in as the demo's cluster admin, past the second factor."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(users["admin"])
+    pass_admin_second_factor(client, users["admin"])
+    return client
+
+
 SMALL_JOB = {"name": "train-resnet", "vc": "vision", "flavor": "s-A100", "command": "python train.py"}
 
 

@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 
-from portal.accounts.models import ApiToken, AuditEntry, Membership, Tenant
+from portal.accounts.models import ApiToken, AuditEntry, Membership, Tenant, TotpDevice
 from portal.accounts.services import revoke_api_token
 from portal.lib.admin import AuditedModelAdmin
 
@@ -67,6 +67,23 @@ class AuditEntryAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(TotpDevice)
+class TotpDeviceAdmin(AuditedModelAdmin):
+    """Cluster admins' authenticators. Users enroll their own; deleting one resets it (the user's
+    admin sessions end and they enroll again). The secret is never shown here."""
+
+    list_display = ["user", "created_at", "confirmed_at", "last_used_at"]
+    search_fields = ["user__username"]
+    readonly_fields = ["user", "created_at", "confirmed_at", "last_used_at"]
+    exclude = ["secret", "last_used_step"]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
         return False
 
 

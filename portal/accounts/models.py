@@ -11,6 +11,7 @@ from django.db import models
 from django.utils import timezone
 
 from portal.accounts.choices import Role
+from portal.lib.encryption import EncryptedTextField
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -124,3 +125,29 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_repr}"
+
+
+class TotpDevice(models.Model):
+    """A cluster admin's authenticator: the second factor Django admin asks for (RFC 6238).
+
+    The secret is encrypted at rest (the portal must compute with it, so it cannot be hashed).
+    `last_used_step` makes every code single-use. Deleting the device resets the user's second
+    factor: their admin sessions end, and they enroll again at their next sign-in.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="totp_device"
+    )
+    secret = EncryptedTextField(editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    confirmed_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="Empty until the user enters a first code."
+    )
+    last_used_step = models.PositiveBigIntegerField(default=0, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        verbose_name = "TOTP device"
+
+    def __str__(self) -> str:
+        return f"authenticator of {self.user}"

@@ -1,7 +1,9 @@
-"""Rate limits for the endpoints worth guessing at or flooding: sign-in, token creation, submission."""
+"""Rate limits for the endpoints worth guessing at or flooding: sign-in (API and admin), the
+admin's second factor, token creation and submission."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from rest_framework.permissions import SAFE_METHODS
@@ -18,3 +20,9 @@ class WriteThrottle(ScopedRateThrottle):
         if request.method in SAFE_METHODS:
             return True
         return super().allow_request(request, view)
+
+
+def form_post_allowed(request: Any, scope: str) -> bool:
+    """The same per-user (per-address when anonymous) limits for plain Django form views: the
+    admin's sign-in and second-factor forms count against `scope` like the API does."""
+    return WriteThrottle().allow_request(request, SimpleNamespace(throttle_scope=scope))

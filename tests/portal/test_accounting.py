@@ -66,10 +66,6 @@ def test_the_usage_report_sums_per_vc_and_exports_csv_within_the_tenant(api_for,
     assert api_for("alice").get("/api/v1/usage/?since=yesterday").status_code == 400
 
 
-def test_admins_see_a_jobs_usage_in_django_admin(users, measured_job) -> None:  # type: ignore[no-untyped-def]
-    from django.test import Client
-
-    client = Client()
-    client.force_login(users["admin"])
-    page = client.get(f"/admin/jobs/job/{measured_job.pk}/change/").content.decode()
+def test_admins_see_a_jobs_usage_in_django_admin(cluster_admin_client, measured_job) -> None:  # type: ignore[no-untyped-def]
+    page = cluster_admin_client.get(f"/admin/jobs/job/{measured_job.pk}/change/").content.decode()
     assert "1.0 / 0.0333 / 0.015" in page

@@ -10,10 +10,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def admin_client_(users) -> Client:  # type: ignore[no-untyped-def]
-    client = Client()
-    client.force_login(users["admin"])
-    return client
+def admin_client_(cluster_admin_client) -> Client:  # type: ignore[no-untyped-def]
+    return cluster_admin_client
 
 
 ADMIN_PAGES = [

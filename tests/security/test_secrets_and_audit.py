@@ -264,13 +264,11 @@ def test_every_write_through_the_api_is_audited(
 
 @pytest.mark.django_db
 def test_a_secret_env_value_is_shown_to_nobody_and_given_only_to_the_job_s_agents(
-    api_for, users, small_job
+    api_for, users, small_job, cluster_admin_client
 ) -> None:  # type: ignore[no-untyped-def]
     """S14: marked secret, a variable's value never comes back through the API, to the owner,
     a peer, another tenant or a cluster admin; only the desired set of the job's node has it.
     A clone that sends the mask back is told to give the value again."""
-    from django.test import Client
-
     from portal.agentgw.desired import desired_set_for
     from portal.cluster.models import Node
     from portal.jobs.models import Job
@@ -286,9 +284,7 @@ def test_a_secret_env_value_is_shown_to_nobody_and_given_only_to_the_job_s_agent
         assert secret.encode() not in answer.content
         assert answer.json()["spec"]["secret_env"] == {"API_KEY": "********"}
     assert api_for("carol").get(f"/api/v1/jobs/{job_id}/").status_code == 404
-    cluster_admin = Client()
-    cluster_admin.force_login(users["admin"])
-    page = cluster_admin.get(f"/admin/jobs/job/{job_id}/change/")
+    page = cluster_admin_client.get(f"/admin/jobs/job/{job_id}/change/")
     assert page.status_code == 200 and b"PLAIN" in page.content and secret.encode() not in page.content
 
     Node.objects.update(state="ready")

@@ -1,0 +1,90 @@
+"""The second-factor pages of Django admin: enroll an authenticator, then give a code after the
+password at every sign-in. Rules live in portal.accounts.mfa."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import REDIRECT_FIELD_NAME
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+from django.views.decorators.cache import never_cache
+from django.views.decorators.debug import sensitive_post_parameters
+
+from portal.accounts import mfa, totp
+from portal.lib.throttling import form_post_allowed
+
+WRONG_CODE = "That code is not valid, or it was used already. Wait for the next one."
+
+
+def next_url(request: HttpRequest) -> str:
+    """Where to go after the second factor: the admin page asked for, if it is on this site."""
+    target = request.POST.get(REDIRECT_FIELD_NAME) or request.GET.get(REDIRECT_FIELD_NAME, "")
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return reverse("admin:index")
+
+
+def second_factor_redirect(request: HttpRequest) -> HttpResponse:
+    """To enrollment when the user has no authenticator yet, otherwise to the code form."""
+    name = "admin:mfa_verify" if mfa.confirmed_device(request.user) else "admin:mfa_enroll"
+    return redirect(f"{reverse(name)}?{urlencode({REDIRECT_FIELD_NAME: next_url(request)})}")
+
+
+def _throttled(request: HttpRequest, template: str, context: dict) -> HttpResponse:  # type: ignore[type-arg]
+    context["error"] = "Too many codes tried. Wait a minute, then try again."
+    return render(request, template, context, status=429)
+
+
+def _staff_only(request: HttpRequest) -> HttpResponse | None:
+    if request.user.is_active and request.user.is_staff:
+        return None
+    return redirect_to_login(request.get_full_path(), reverse("admin:login"))
+
+
+@never_cache
+@sensitive_post_parameters("code")
+def mfa_verify(request: HttpRequest) -> HttpResponse:
+    if (refused := _staff_only(request)) is not None:
+        return refused
+    device = mfa.confirmed_device(request.user)
+    if device is None:
+        return second_factor_redirect(request)
+    template = "admin/mfa_verify.html"
+    context = {**admin.site.each_context(request), "title": "One-time code", "next": next_url(request)}
+    if request.method == "POST":
+        if not form_post_allowed(request, "admin-mfa"):
+            return _throttled(request, template, context)
+        if mfa.verify_second_factor(request, device, request.POST.get("code", "")):
+            return redirect(next_url(request))
+        context["error"] = WRONG_CODE
+    return render(request, template, context)
+
+
+@never_cache
+@sensitive_post_parameters("code")
+def mfa_enroll(request: HttpRequest) -> HttpResponse:
+    if (refused := _staff_only(request)) is not None:
+        return refused
+    if mfa.confirmed_device(request.user) is not None:
+        return second_factor_redirect(request)
+    device = mfa.pending_device(request.user)
+    template = "admin/mfa_enroll.html"
+    context = {
+        **admin.site.each_context(request),
+        "title": "Set up your authenticator",
+        "next": next_url(request),
+        "secret": device.secret,
+        "otpauth_uri": totp.otpauth_uri(device.secret, request.user.get_username()),
+    }
+    if request.method == "POST":
+        if not form_post_allowed(request, "admin-mfa"):
+            return _throttled(request, template, context)
+        if mfa.confirm_enrollment(request, device, request.POST.get("code", "")):
+            return redirect(next_url(request))
+        context["error"] = WRONG_CODE
+    return render(request, template, context)
