@@ -51,7 +51,8 @@ REPO = Path(__file__).resolve().parent.parent
 PRODUCTION = {
     "DEBUG": "false",
     "SECRET_KEY": "bench-only-secret-key",
-    "FIELD_ENCRYPTION_KEYS": "XCTZvrczOhZmhSUTNy-HLJNhxiLvUgbgXge97Ko3n_8=",  # bench only
+    # The key the bench's own process derives (DEBUG), so each reads what the other encrypted.
+    "FIELD_ENCRYPTION_KEYS": "TgPiMYwE8KRLDh79iBOYzsjhksFrRZiqmgwbjPEP3as=",
     "ALLOWED_HOSTS": "127.0.0.1,localhost",
     "SECURE_SSL_REDIRECT": "false",
 }
