@@ -230,6 +230,10 @@ CELERY_BEAT_SCHEDULE = {
     "check-time-limits": {"task": "portal.jobs.tasks.check_time_limits", "schedule": 5.0},
     "check-idle-jobs": {"task": "portal.jobs.tasks.check_idle_jobs", "schedule": 60.0},
     "compact-telemetry": {"task": "portal.jobs.tasks.compact_telemetry", "schedule": 600.0},
+    "collect-checkpoints": {
+        "task": "portal.jobs.tasks.collect_checkpoints",
+        "schedule": float(env_int("CHECKPOINT_GC_INTERVAL_S", 300)),
+    },
 }
 
 # Domain settings.
@@ -245,6 +249,12 @@ TELEMETRY_RETENTION_DAYS = env_int("TELEMETRY_RETENTION_DAYS", 30)
 CHECKPOINT_ROOT = env_str(
     "CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints") if DEBUG else "/srv/gpuportal/checkpoints"
 )
+# Checkpoint garbage collection: every job keeps its newest KEEP_LATEST checkpoints and its best
+# KEEP_BEST (by the metric in the marker), unless its spec says otherwise; the worker deletes the
+# rest every CHECKPOINT_GC_INTERVAL_S (beat schedule above), and must see the checkpoint store at
+# CHECKPOINT_ROOT to do so.
+CHECKPOINT_KEEP_LATEST = env_int("CHECKPOINT_KEEP_LATEST", 2)
+CHECKPOINT_KEEP_BEST = env_int("CHECKPOINT_KEEP_BEST", 1)
 # Image registries jobs may name (docker.io for Docker Hub); empty: any. Agents check again
 # with their own --allowed-registry list.
 ALLOWED_IMAGE_REGISTRIES = env_list("ALLOWED_IMAGE_REGISTRIES", [])

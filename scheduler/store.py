@@ -276,9 +276,21 @@ def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> i
         .annotate(n=Max("number"))
         .values_list("job_id", "n")
     )
-    resumable = set(Checkpoint.objects.filter(job_id__in=ids).values_list("job_id", flat=True))
+    # Each job resumes from its newest committed checkpoint (garbage collection locks the job
+    # row, moved above, before it condemns one, so the choice cannot race a deletion).
+    resume_from: dict[int, Checkpoint] = {}
+    for checkpoint in Checkpoint.objects.filter(job_id__in=ids).committed().newest_first():
+        resume_from.setdefault(checkpoint.job_id, checkpoint)
     attempts = JobAttempt.objects.bulk_create(
-        [JobAttempt(job=job, number=numbers.get(job.pk, 0) + 1, resume=job.pk in resumable) for job in moved]
+        [
+            JobAttempt(
+                job=job,
+                number=numbers.get(job.pk, 0) + 1,
+                resume=job.pk in resume_from,
+                resume_from=resume_from.get(job.pk),
+            )
+            for job in moved
+        ]
     )
     allocations, nodes = [], set()
     for attempt in attempts:

@@ -8,10 +8,10 @@ from typing import Any
 
 from django.conf import settings
 
-from agents.protocol import DesiredAttempt, DesiredSet, GpuRef, Mount, Resources
+from agents.protocol import DesiredAttempt, DesiredSet, GpuRef, Mount, Resources, ResumeFrom
 from portal.cluster.models import Node
 from portal.jobs.choices import ACTIVE_STATES, JobState
-from portal.jobs.models import Allocation, Job, JobAttempt
+from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
 
 
 def agent_attempt_id(attempt: JobAttempt, replica: int) -> str:
@@ -43,6 +43,20 @@ def job_mounts(job: Job) -> list[Mount]:
     return mounts
 
 
+def resume_from(job: Job, checkpoint: Checkpoint | None) -> ResumeFrom | None:
+    """What the agent checks before a resume: the committed manifest (older checkpoints, committed
+    before manifests existed, have none; the job then reads its marker as before)."""
+    if checkpoint is None or not checkpoint.manifest_sha256:
+        return None
+    job_dir, path = PurePosixPath(checkpoint_dir(job)), PurePosixPath(checkpoint.path)
+    return ResumeFrom(
+        step=checkpoint.step,
+        path=str(path.relative_to(job_dir)) if path.is_relative_to(job_dir) else path.name,
+        manifest_path=checkpoint.manifest_path,
+        manifest_sha256=checkpoint.manifest_sha256,
+    )
+
+
 def desired_attempt(attempt: JobAttempt, replica: int, allocations: list[Allocation]) -> DesiredAttempt:
     job = attempt.job
     spec: dict[str, Any] = job.spec
@@ -66,6 +80,7 @@ def desired_attempt(attempt: JobAttempt, replica: int, allocations: list[Allocat
         run_state="suspended" if job.state == JobState.SUSPENDED else "running",
         # Preemption of a checkpointable job, level-triggered: it survives a lost request.
         checkpoint_and_stop=job.state == JobState.CHECKPOINTING and bool(checkpoint.get("enabled")),
+        resume_from=resume_from(job, attempt.resume_from),
     )
 
 
@@ -73,7 +88,9 @@ def desired_set_for(node: Node) -> DesiredSet:
     revision = Node.objects.values_list("desired_revision", flat=True).get(pk=node.pk)
     allocations = (
         Allocation.objects.filter(node=node, released_at__isnull=True, attempt__job__state__in=ACTIVE_STATES)
-        .select_related("gpu", "attempt__job__tenant", "attempt__job__virtual_cluster")
+        .select_related(
+            "gpu", "attempt__job__tenant", "attempt__job__virtual_cluster", "attempt__resume_from"
+        )
         .order_by("attempt_id", "replica")
     )
     grouped: dict[tuple[int, int], list[Allocation]] = defaultdict(list)

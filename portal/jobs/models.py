@@ -121,6 +121,11 @@ class JobAttempt(models.Model):
     number = models.PositiveIntegerField()
     state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.STARTING)
     resume = models.BooleanField(default=False, help_text="Starts from the job's last checkpoint.")
+    # The committed checkpoint this attempt starts from; garbage collection keeps it while the
+    # attempt lives.
+    resume_from = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="resumed_attempts"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -225,8 +230,28 @@ class LogLine(models.Model):
         return f"{self.attempt} replica {self.replica} {self.stream}:{self.seq}"
 
 
+class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
+    def committed(self) -> CheckpointQuerySet:
+        """Checkpoints an attempt may resume from: not condemned by garbage collection."""
+        return self.filter(state=Checkpoint.State.COMMITTED)
+
+    def newest_first(self) -> CheckpointQuerySet:
+        """In commit order, newest first: the first is what the next attempt resumes from."""
+        return self.order_by("-created_at", "-id")
+
+
 class Checkpoint(models.Model):
-    """A checkpoint a job wrote when asked; the next attempt resumes from the latest one."""
+    """A checkpoint a job wrote, committed together with its manifest (every file with its size
+    and sha256) in one transaction; the next attempt resumes from the newest committed one.
+
+    Garbage collection moves a checkpoint to `deleting` in the transaction that checks that no
+    attempt refers to it, and to `deleted` only once its files are gone.
+    """
+
+    class State(models.TextChoices):
+        COMMITTED = "committed", "Committed"
+        DELETING = "deleting", "Deleting"
+        DELETED = "deleted", "Deleted"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
     attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="checkpoints")
@@ -235,6 +260,19 @@ class Checkpoint(models.Model):
     step = models.PositiveBigIntegerField()
     written_at = models.DateTimeField()
     created_at = models.DateTimeField(auto_now_add=True)
+    metric = models.FloatField(null=True, blank=True, help_text="How good it is, from the job's marker.")
+    metric_mode = models.CharField(max_length=3, default="min", help_text="min or max: which metric is best.")
+    manifest_path = models.CharField(
+        max_length=4096,
+        blank=True,
+        help_text="The manifest file, relative to the job's checkpoint directory.",
+    )
+    manifest_sha256 = models.CharField(max_length=64, blank=True)
+    manifest = models.JSONField(default=list, blank=True, help_text="[{path, size, sha256}] of every file.")
+    state = models.CharField(max_length=9, choices=State.choices, default=State.COMMITTED, db_index=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    objects = CheckpointQuerySet.as_manager()
 
     class Meta:
         ordering = ["job", "-written_at"]

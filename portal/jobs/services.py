@@ -508,6 +508,10 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
             job, attempt, first["exit_code"], message, label, permanent=first["reason"] == "start_failed"
         )
         return
+            asked = job.events.filter(to_state=JobState.CHECKPOINTING).order_by("-created_at").first()
+            taken = attempt.checkpoints.filter(created_at__gte=asked.created_at) if asked else None
+            if (job.spec.get("checkpoint") or {}).get("enabled") and taken is not None and not taken.exists():
+                report_failed_checkpoint(job, attempt, label)
     if vanished:
         message = f"replica on {vanished[0]['node']} vanished"
         if transition_job(job, JobState.LOST, label=label, reason=message):
@@ -616,6 +620,30 @@ def requeue_lost_job(job: Job, reason: str) -> None:
     )
 
 
+def report_failed_checkpoint(job: Job, attempt: JobAttempt, label: str) -> None:
+    """A preemption or migration whose attempt ended without committing a checkpoint (no marker
+    in time, a bad one, or an agent that died before its manifest was published): the job's
+    events say so, and from which committed checkpoint the next attempt resumes."""
+    resume = resume_point(job)
+    outcomes = "; ".join(
+        f"replica {replica}: {state.get('reason') or state.get('state')}"
+        + (f" ({state['message']})" if state.get("message") else "")
+        for replica, state in sorted(attempt.replica_states.items())
+    )
+    where = f"resumes from step {resume.step}" if resume else "starts over: no committed checkpoint"
+    record_job_event(
+        job,
+        label,
+        f"checkpoint failed: attempt {attempt.number} stopped without a committed checkpoint "
+        f"({outcomes}); the next attempt {where}",
+        {
+            "checkpoint": "failed",
+            "attempt": attempt.number,
+            "resume_from_step": resume.step if resume else None,
+        },
+    )
+
+
 def record_log_chunk(node: Node, chunk: LogChunk) -> int:
     """Stores the chunk's lines; lines the portal already has are skipped. Returns lines added."""
     with transaction.atomic():
@@ -651,14 +679,26 @@ def record_log_chunk(node: Node, chunk: LogChunk) -> int:
 
 
 @transaction.atomic
-def record_checkpoint(node: Node, done: CheckpointDone) -> Checkpoint:
+def record_checkpoint(node: Node, done: CheckpointDone) -> Checkpoint | None:
+    """Commits a checkpoint with its manifest in one transaction (the job row locked, so garbage
+    collection sees it or not at all). A report without a manifest commits nothing: its files
+    were never listed and checked, so no attempt may resume from it. Replicas sharing the
+    directory report the same checkpoint; the first report commits it."""
     attempt, _ = _replica_for(node, done.attempt_id)
     checkpoint, _ = Checkpoint.objects.get_or_create(
-        job_id=attempt.job_id,
+        job=job,
         attempt=attempt,
         path=done.path,
         step=done.step,
-        defaults={"size_bytes": done.size_bytes, "written_at": done.time},
+        defaults={
+            "size_bytes": done.size_bytes,
+            "written_at": done.time,
+            "metric": done.metric,
+            "metric_mode": done.metric_mode,
+            "manifest_path": done.manifest_path,
+            "manifest_sha256": done.manifest_sha256,
+            "manifest": [item.model_dump() for item in done.files],
+        },
     )
     return checkpoint
 
@@ -682,6 +722,15 @@ def requeue_jobs_holding(allocations: models.QuerySet[Allocation], reason: str) 
         attempt = job.current_attempt()
         if attempt is not None and transition_job(job, JobState.LOST, label="portal", reason=reason):
             end_attempt(job, attempt, AttemptState.LOST, None, reason)
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    if not done.manifest_sha256 or not done.manifest_path:
+        record_job_event(
+            job,
+            f"agent {node.name}",
+            f"checkpoint at step {done.step} reported without a manifest: not committed",
+            {"checkpoint": "refused", "step": done.step, "attempt": attempt.number},
+        )
+        return None
             requeue_lost_job(job, reason)
             requeued.append(job.pk)
     return requeued
@@ -692,6 +741,11 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
     ends timed-out), and ends it anyway when the agents have not confirmed within force_after_s."""
     from agents.protocol import StopRequest, encode
     from portal.agentgw.desired import agent_attempt_id
+def resume_point(job: Job) -> Checkpoint | None:
+    """The checkpoint the job's next attempt resumes from: the newest committed one."""
+    return Checkpoint.objects.filter(job=job).committed().newest_first().first()
+
+
     from portal.agentgw.outbox import send_request
 
     counts = {"warned": 0, "stopping": 0, "forced": 0}

@@ -137,6 +137,18 @@ class CheckpointSettingsSerializer(StrictSerializer):
     enabled = serializers.BooleanField(default=False)
     signal = serializers.ChoiceField(choices=CHECKPOINT_SIGNALS, default="SIGUSR1")
     grace_seconds = serializers.IntegerField(min_value=1, max_value=3600, default=120)
+    keep_latest = serializers.IntegerField(
+        min_value=1,
+        max_value=1000,
+        required=False,
+        help_text="Checkpoints kept besides the best (default: the cluster's CHECKPOINT_KEEP_LATEST).",
+    )
+    keep_best = serializers.IntegerField(
+        min_value=0,
+        max_value=100,
+        required=False,
+        help_text="Best checkpoints by the marker's metric kept as well (default: CHECKPOINT_KEEP_BEST).",
+    )
 
 
 def checked_env(value: dict[str, str]) -> dict[str, str]:

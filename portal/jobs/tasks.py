@@ -33,3 +33,13 @@ def compact_telemetry() -> dict[str, Any]:
     if loop_paused():
         return PAUSED
     return downsample_telemetry(timezone.now(), settings.TELEMETRY_RETENTION_DAYS)
+
+
+@shared_task
+def collect_checkpoints() -> dict[str, Any]:
+    """Checkpoint garbage collection (portal.jobs.checkpoints)."""
+    from portal.jobs.checkpoints import collect_checkpoints as collect
+
+    if loop_paused():
+        return PAUSED
+    return collect()

@@ -58,7 +58,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 Prefetch(
                     "attempts", JobAttempt.objects.prefetch_related(Prefetch("allocations", allocations))
                 ),
-                Prefetch("checkpoints", Checkpoint.objects.select_related("attempt")),
+                Prefetch(
+                    "checkpoints", Checkpoint.objects.committed().newest_first().select_related("attempt")
+                ),
             )
         return qs
 
