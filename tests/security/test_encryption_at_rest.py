@@ -82,6 +82,8 @@ def test_a_job_without_secrets_stores_an_empty_value(api_for: Any, small_job: di
 
 
 def test_keys_rotate_and_old_keys_can_then_be_removed(secret_job: int, settings: Any) -> None:
+    from portal.accounts.models import TotpDevice
+    from portal.devstack import DEMO_ADMIN_TOTP_SECRET
     from portal.jobs.models import Job
 
     old = settings.FIELD_ENCRYPTION_KEYS[0]
@@ -96,6 +98,8 @@ def test_keys_rotate_and_old_keys_can_then_be_removed(secret_job: int, settings:
 
     settings.FIELD_ENCRYPTION_KEYS = [new]  # the old key is gone
     assert Job.objects.get(pk=secret_job).secret_env == {"HF_TOKEN": SECRET}
+    admin_key = TotpDevice.objects.get(user__username="admin").secret  # every encrypted column
+    assert admin_key == DEMO_ADMIN_TOTP_SECRET
     settings.FIELD_ENCRYPTION_KEYS = [old]  # and no longer opens anything
     with pytest.raises(UndecryptableValue):
         Job.objects.get(pk=secret_job)
