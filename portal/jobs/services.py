@@ -479,6 +479,10 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         all_ended = len(ended) == job.replicas
         if all_ended and transition_job(job, JobState.PREEMPTED, label=label, reason="all replicas stopped"):
             end_attempt(job, attempt, AttemptState.STOPPED, None, "preempted")
+            asked = job.events.filter(to_state=JobState.CHECKPOINTING).order_by("-created_at").first()
+            taken = attempt.checkpoints.filter(created_at__gte=asked.created_at) if asked else None
+            if (job.spec.get("checkpoint") or {}).get("enabled") and taken is not None and not taken.exists():
+                report_failed_checkpoint(job, attempt, label)
             requeue_job(job, "requeued after preemption")
         return
     ended = [s for s in reported if s["state"] in ("exited", "vanished")]
@@ -508,10 +512,6 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
             job, attempt, first["exit_code"], message, label, permanent=first["reason"] == "start_failed"
         )
         return
-            asked = job.events.filter(to_state=JobState.CHECKPOINTING).order_by("-created_at").first()
-            taken = attempt.checkpoints.filter(created_at__gte=asked.created_at) if asked else None
-            if (job.spec.get("checkpoint") or {}).get("enabled") and taken is not None and not taken.exists():
-                report_failed_checkpoint(job, attempt, label)
     if vanished:
         message = f"replica on {vanished[0]['node']} vanished"
         if transition_job(job, JobState.LOST, label=label, reason=message):
@@ -591,6 +591,30 @@ def fail_or_retry(
         end_attempt(job, attempt, AttemptState.FAILED, exit_code, message)
 
 
+def report_failed_checkpoint(job: Job, attempt: JobAttempt, label: str) -> None:
+    """A preemption or migration whose attempt ended without committing a checkpoint (no marker
+    in time, a bad one, or an agent that died before its manifest was published): the job's
+    events say so, and from which committed checkpoint the next attempt resumes."""
+    resume = resume_point(job)
+    outcomes = "; ".join(
+        f"replica {replica}: {state.get('reason') or state.get('state')}"
+        + (f" ({state['message']})" if state.get("message") else "")
+        for replica, state in sorted(attempt.replica_states.items())
+    )
+    where = f"resumes from step {resume.step}" if resume else "starts over: no committed checkpoint"
+    record_job_event(
+        job,
+        label,
+        f"checkpoint failed: attempt {attempt.number} stopped without a committed checkpoint "
+        f"({outcomes}); the next attempt {where}",
+        {
+            "checkpoint": "failed",
+            "attempt": attempt.number,
+            "resume_from_step": resume.step if resume else None,
+        },
+    )
+
+
 def record_job_event(job: Job, label: str, reason: str, data: dict[str, Any] | None = None) -> None:
     """An event that is not a transition (a warning, a request sent to the agents)."""
     JobEvent.objects.create(job=job, actor_label=label, reason=reason[:500], data=data or {})
@@ -617,30 +641,6 @@ def requeue_lost_job(job: Job, reason: str) -> None:
     message = f"NODE_FAIL: {reason}; not requeued (requeue_on_node_failure is false)"
     transition_job(
         job, JobState.FAILED, label="portal", reason=message, finished_at=timezone.now(), end_reason=message
-    )
-
-
-def report_failed_checkpoint(job: Job, attempt: JobAttempt, label: str) -> None:
-    """A preemption or migration whose attempt ended without committing a checkpoint (no marker
-    in time, a bad one, or an agent that died before its manifest was published): the job's
-    events say so, and from which committed checkpoint the next attempt resumes."""
-    resume = resume_point(job)
-    outcomes = "; ".join(
-        f"replica {replica}: {state.get('reason') or state.get('state')}"
-        + (f" ({state['message']})" if state.get("message") else "")
-        for replica, state in sorted(attempt.replica_states.items())
-    )
-    where = f"resumes from step {resume.step}" if resume else "starts over: no committed checkpoint"
-    record_job_event(
-        job,
-        label,
-        f"checkpoint failed: attempt {attempt.number} stopped without a committed checkpoint "
-        f"({outcomes}); the next attempt {where}",
-        {
-            "checkpoint": "failed",
-            "attempt": attempt.number,
-            "resume_from_step": resume.step if resume else None,
-        },
     )
 
 
@@ -685,6 +685,15 @@ def record_checkpoint(node: Node, done: CheckpointDone) -> Checkpoint | None:
     were never listed and checked, so no attempt may resume from it. Replicas sharing the
     directory report the same checkpoint; the first report commits it."""
     attempt, _ = _replica_for(node, done.attempt_id)
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    if not done.manifest_sha256 or not done.manifest_path:
+        record_job_event(
+            job,
+            f"agent {node.name}",
+            f"checkpoint at step {done.step} reported without a manifest: not committed",
+            {"checkpoint": "refused", "step": done.step, "attempt": attempt.number},
+        )
+        return None
     checkpoint, _ = Checkpoint.objects.get_or_create(
         job=job,
         attempt=attempt,
@@ -701,6 +710,11 @@ def record_checkpoint(node: Node, done: CheckpointDone) -> Checkpoint | None:
         },
     )
     return checkpoint
+
+
+def resume_point(job: Job) -> Checkpoint | None:
+    """The checkpoint the job's next attempt resumes from: the newest committed one."""
+    return Checkpoint.objects.filter(job=job).committed().newest_first().first()
 
 
 def requeue_jobs_of_lost_node(node: Node) -> list[int]:
@@ -722,15 +736,6 @@ def requeue_jobs_holding(allocations: models.QuerySet[Allocation], reason: str) 
         attempt = job.current_attempt()
         if attempt is not None and transition_job(job, JobState.LOST, label="portal", reason=reason):
             end_attempt(job, attempt, AttemptState.LOST, None, reason)
-    job = Job.objects.select_for_update().get(pk=attempt.job_id)
-    if not done.manifest_sha256 or not done.manifest_path:
-        record_job_event(
-            job,
-            f"agent {node.name}",
-            f"checkpoint at step {done.step} reported without a manifest: not committed",
-            {"checkpoint": "refused", "step": done.step, "attempt": attempt.number},
-        )
-        return None
             requeue_lost_job(job, reason)
             requeued.append(job.pk)
     return requeued
@@ -741,11 +746,6 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
     ends timed-out), and ends it anyway when the agents have not confirmed within force_after_s."""
     from agents.protocol import StopRequest, encode
     from portal.agentgw.desired import agent_attempt_id
-def resume_point(job: Job) -> Checkpoint | None:
-    """The checkpoint the job's next attempt resumes from: the newest committed one."""
-    return Checkpoint.objects.filter(job=job).committed().newest_first().first()
-
-
     from portal.agentgw.outbox import send_request
 
     counts = {"warned": 0, "stopping": 0, "forced": 0}
