@@ -58,9 +58,6 @@ class EncryptedTextField(models.TextField):
             return value
         return decrypt_text(value, f"{self.model.__name__}.{self.name}")
 
-    def to_python(self, value: Any) -> Any:
-        return value
-
     def get_prep_value(self, value: Any) -> str | None:
         if value is None or value == "":
             return value
@@ -81,6 +78,9 @@ class EncryptedJSONField(models.TextField):
         return json.loads(decrypt_text(value, f"{self.model.__name__}.{self.name}"))
 
     def to_python(self, value: Any) -> Any:
+        """Fixtures (dumpdata, loaddata) carry the object as JSON text, see value_to_string."""
+        if isinstance(value, str):
+            return json.loads(value) if value else {}
         return value
 
     def get_prep_value(self, value: Any) -> str | None:

@@ -26,6 +26,15 @@ from tests.portal.test_tenant_isolation import api_routes
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def frozen_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Codes change every 30 s, and a test crossing a step boundary would see its "replayed" code
+    become a new one. The portal reads the time step through totp.step_at; here it stands still."""
+    real = totp.step_at
+    now = real()
+    monkeypatch.setattr(totp, "step_at", lambda unix_time=None: now if unix_time is None else real(unix_time))
+
+
 def code(device: TotpDevice, offset: int = 0) -> str:
     return totp.code_at_step(device.secret, totp.step_at() + offset)
 
