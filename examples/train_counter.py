@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         if ckpt.requested:
             # Say it before saving: once the marker exists the agent may stop the job at once.
             print(f"checkpoint requested at step {step}: saving and exiting", flush=True)
-            ckpt.save_json(step, state)
+            ckpt.save_json(step, state, metric=state["loss"])
             return 0
         if step % args.save_every == 0:
-            ckpt.save_json(step, state)
+            ckpt.save_json(step, state, metric=state["loss"])
             print(f"saved step {step}", flush=True)
 
     ckpt.save_json(state["step"], state)

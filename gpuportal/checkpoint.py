@@ -8,8 +8,11 @@ The agent sets, for every attempt:
 
 When the portal wants the GPUs back it sends the signal, then waits (up to the job's grace
 period) for a *new* ``checkpoint.json`` marker in the directory. The marker is
-``{"step": N, "path": "<relative path>", "time": "<ISO 8601>"}`` and must be replaced
-atomically, because the agent reads it as soon as the new file appears.
+``{"step": N, "path": "<relative path>", "time": "<ISO 8601>"}``, optionally with
+``"metric": <number>`` and ``"metric_mode": "min"`` (or ``"max"``), and must be replaced
+atomically, because the agent reads it as soon as the new file appears. The agent also reports
+checkpoints the job saves on its own, each with a manifest of its files; the portal keeps the
+newest two and the best one (by the metric) and deletes older ones itself.
 
 This module uses only the standard library, so it works in any job image that has Python,
 without the rest of the client package (httpx, rich, pydantic) installed.
@@ -23,9 +26,9 @@ Typical use::
     step = state["step"] if state else 0
     while step < total:
         step += 1
-        train_one_step()
+        loss = train_one_step()
         if step % 100 == 0 or ckpt.requested:
-            ckpt.save_json(step, {"step": step})
+            ckpt.save_json(step, {"step": step}, metric=loss)   # lower is better
         if ckpt.requested:                      # the portal asked: saved, now leave
             break
 """
@@ -102,17 +105,25 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
     return target
 
 
-def write_marker(directory: str | Path, step: int, path: str) -> Path:
+def write_marker(
+    directory: str | Path, step: int, path: str, metric: float | None = None, metric_mode: str = "min"
+) -> Path:
     """Tell the agent that the checkpoint at ``path`` (relative to ``directory``) is complete.
 
     Each call creates a new file (a rename brings a new inode), which is how the agent tells
-    a marker written after its request from one written before it.
+    a marker written after its request from one written before it. ``metric`` (with
+    ``metric_mode`` ``min`` or ``max``: which is better) lets the portal keep the best
+    checkpoint when it deletes old ones.
     """
     if step < 0:
         raise CheckpointError("a checkpoint step cannot be negative")
     if Path(path).is_absolute() or ".." in Path(path).parts or not path:
         raise CheckpointError(f"the checkpoint path must be relative to the directory, not {path!r}")
-    marker = {"step": int(step), "path": path, "time": datetime.now(UTC).isoformat()}
+    if metric_mode not in ("min", "max"):
+        raise CheckpointError(f"metric_mode must be min or max, not {metric_mode!r}")
+    marker: dict[str, Any] = {"step": int(step), "path": path, "time": datetime.now(UTC).isoformat()}
+    if metric is not None:
+        marker |= {"metric": float(metric), "metric_mode": metric_mode}
     return atomic_write(Path(directory) / MARKER_NAME, json.dumps(marker))
 
 
@@ -147,7 +158,7 @@ class Checkpointer:
         directory: str | Path | None = None,
         *,
         register: bool = True,
-        keep: int = 2,
+        keep: int | None = None,
         on_request: Callable[[], None] | None = None,
     ) -> None:
         found = Path(directory) if directory is not None else checkpoint_dir()
@@ -160,7 +171,7 @@ class Checkpointer:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.resume = is_resume()
         self.signal = checkpoint_signal()
-        self.keep = max(1, keep)
+        self.keep = None if keep is None else max(1, keep)
         self._requested = False
         self._on_request = on_request
         if register:
@@ -184,20 +195,38 @@ class Checkpointer:
 
     # -- saving -------------------------------------------------------------------------
 
-    def save_bytes(self, step: int, data: bytes, name: str | None = None) -> Path:
+    def save_bytes(
+        self,
+        step: int,
+        data: bytes,
+        name: str | None = None,
+        metric: float | None = None,
+        metric_mode: str = "min",
+    ) -> Path:
         """Save one file atomically and point the marker at it."""
         relative = name or f"step-{step}"
         target = atomic_write(self.directory / relative, data)
-        write_marker(self.directory, step, relative)
+        write_marker(self.directory, step, relative, metric, metric_mode)
         self._prune(relative)
         return target
 
-    def save_json(self, step: int, state: Any, name: str | None = None) -> Path:
+    def save_json(
+        self,
+        step: int,
+        state: Any,
+        name: str | None = None,
+        metric: float | None = None,
+        metric_mode: str = "min",
+    ) -> Path:
         """Save a JSON-serialisable state; the usual choice for small training state."""
-        return self.save_bytes(step, json.dumps(state).encode(), name or f"step-{step}.json")
+        return self.save_bytes(
+            step, json.dumps(state).encode(), name or f"step-{step}.json", metric, metric_mode
+        )
 
     @contextlib.contextmanager
-    def saving(self, step: int, name: str | None = None) -> Iterator[Path]:
+    def saving(
+        self, step: int, name: str | None = None, metric: float | None = None, metric_mode: str = "min"
+    ) -> Iterator[Path]:
         """For frameworks that write files themselves (``torch.save(model, path)``).
 
         Yields a temporary path in the checkpoint directory; when the block ends without an
@@ -218,7 +247,7 @@ class Checkpointer:
             _remove(Path(temporary))
             raise
         _fsync_directory(self.directory)
-        write_marker(self.directory, step, relative)
+        write_marker(self.directory, step, relative, metric, metric_mode)
         self._prune(relative)
 
     # -- resuming -----------------------------------------------------------------------
@@ -239,7 +268,11 @@ class Checkpointer:
     # -- housekeeping -------------------------------------------------------------------
 
     def _prune(self, current: str) -> None:
-        """Keep the newest ``keep`` checkpoints the helper wrote; older ones only take space."""
+        """With ``keep``, keep only the newest ``keep`` checkpoints the helper wrote (for runs
+        outside the portal). Under the portal leave ``keep`` unset: its garbage collection deletes
+        old checkpoints and never one an attempt still resumes from."""
+        if self.keep is None:
+            return
         ours = [
             p
             for p in self.directory.iterdir()

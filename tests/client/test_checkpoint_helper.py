@@ -72,6 +72,22 @@ def test_a_checkpoint_directory_written_by_a_framework(job_env: Path) -> None:
     assert not [p for p in job_env.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_the_metric_reaches_the_agent_and_the_portal_prunes_unless_told_otherwise(job_env: Path) -> None:
+    ckpt = Checkpointer(register=False)
+    for step in range(1, 4):
+        ckpt.save_json(step, {"step": step}, metric=1 / step, metric_mode="min")
+    found = agent_side.read_marker(job_env)
+    assert (found.step, found.metric, found.metric_mode) == (3, 1 / 3, "min")
+    assert sorted(p.name for p in job_env.iterdir()) == [
+        "checkpoint.json",
+        "step-1.json",
+        "step-2.json",
+        "step-3.json",
+    ]
+    with pytest.raises(CheckpointError, match="metric_mode"):
+        checkpoint.write_marker(job_env, 4, "step-3.json", metric=0.1, metric_mode="lower")
+
+
 def test_only_the_newest_checkpoints_are_kept(job_env: Path) -> None:
     ckpt = Checkpointer(register=False, keep=2)
     for step in range(1, 6):
