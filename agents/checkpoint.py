@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
+from uuid import uuid4
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
@@ -250,7 +251,7 @@ def publish_manifest(checkpoint_dir: Path, manifest: Manifest) -> PublishedManif
     directory.mkdir(exist_ok=True)
     name = f"{manifest.step}-{hashlib.sha256(manifest.path.encode()).hexdigest()[:12]}.json"
     payload = manifest.model_dump_json().encode()
-    temporary = directory / f".{name}.{os.getpid()}.tmp"
+    temporary = directory / f".{name}.{uuid4().hex}.tmp"  # unique: replicas share the directory
     with open(temporary, "wb") as handle:
         handle.write(payload)
         handle.flush()
@@ -304,7 +305,7 @@ def point_marker_at(checkpoint_dir: Path, manifest: Manifest) -> None:
     marker = {"step": manifest.step, "path": manifest.path, "time": manifest.time.isoformat()}
     if manifest.metric is not None:
         marker |= {"metric": manifest.metric, "metric_mode": manifest.metric_mode}
-    temporary = directory / f".{MARKER_NAME}.agent.tmp"
+    temporary = directory / f".{MARKER_NAME}.{uuid4().hex}.tmp"  # unique: replicas share the directory
     with open(temporary, "w") as handle:
         handle.write(json.dumps(marker))
         handle.flush()
