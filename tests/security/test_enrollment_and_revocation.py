@@ -196,9 +196,11 @@ async def test_revocation_drops_the_agent_requeues_its_job_and_refuses_its_token
     assert not connected and code == 4403
     denied = await sync_to_async(refusals)("agent.connect")
     assert [(entry.object_id, "revoked" in entry.detail) for entry in denied] == [(str(node.pk), True)]
-    # Uncordoning a revoked node does not make it ready.
+    # Uncordoning a revoked node does not make it ready, and a new token does not lift it.
     await sync_to_async(set_node_state)(node, "uncordon", users["admin"])
     assert (await Node.objects.aget(pk=node.pk)).state == "not-ready"
+    _, connected, code = await agent_socket(await sync_to_async(issue_node_token)(node, None))
+    assert not connected and code == 4403
 
     # Enrolled again with a token bound to its name: a new token works, the old one still not.
     _, raw = await sync_to_async(create_enrollment_token)(users["admin"], "a100-node-1")
