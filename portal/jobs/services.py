@@ -480,9 +480,12 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         if all_ended and transition_job(job, JobState.PREEMPTED, label=label, reason="all replicas stopped"):
             end_attempt(job, attempt, AttemptState.STOPPED, None, "preempted")
             asked = job.events.filter(to_state=JobState.CHECKPOINTING).order_by("-created_at").first()
-            taken = attempt.checkpoints.filter(created_at__gte=asked.created_at) if asked else None
-            if (job.spec.get("checkpoint") or {}).get("enabled") and taken is not None and not taken.exists():
-                report_failed_checkpoint(job, attempt, label)
+            if (
+                asked is not None
+                and (job.spec.get("checkpoint") or {}).get("enabled")
+                and not attempt.checkpoints.filter(created_at__gte=asked.created_at).exists()
+            ):
+                report_failed_checkpoint(job, attempt, label, asked.data.get("preemption") or "preemption")
             requeue_job(job, "requeued after preemption")
         return
     ended = [s for s in reported if s["state"] in ("exited", "vanished")]
@@ -591,10 +594,11 @@ def fail_or_retry(
         end_attempt(job, attempt, AttemptState.FAILED, exit_code, message)
 
 
-def report_failed_checkpoint(job: Job, attempt: JobAttempt, label: str) -> None:
-    """A preemption or migration whose attempt ended without committing a checkpoint (no marker
-    in time, a bad one, or an agent that died before its manifest was published): the job's
-    events say so, and from which committed checkpoint the next attempt resumes."""
+def report_failed_checkpoint(job: Job, attempt: JobAttempt, label: str, cause: str) -> None:
+    """A preemption or migration (`cause`: the scheduler's reason, e.g. defrag) whose attempt
+    ended without committing a checkpoint (no marker in time, a bad one, or an agent that died
+    before its manifest was published): the job's events say so, and from which committed
+    checkpoint the next attempt resumes."""
     resume = resume_point(job)
     outcomes = "; ".join(
         f"replica {replica}: {state.get('reason') or state.get('state')}"
@@ -605,10 +609,11 @@ def report_failed_checkpoint(job: Job, attempt: JobAttempt, label: str) -> None:
     record_job_event(
         job,
         label,
-        f"checkpoint failed: attempt {attempt.number} stopped without a committed checkpoint "
+        f"checkpoint failed ({cause}): attempt {attempt.number} stopped without a committed checkpoint "
         f"({outcomes}); the next attempt {where}",
         {
             "checkpoint": "failed",
+            "preemption": cause,
             "attempt": attempt.number,
             "resume_from_step": resume.step if resume else None,
         },
