@@ -181,11 +181,12 @@ def test_an_agent_killed_mid_manifest_leaves_the_checkpoint_uncommitted_and_the_
     first = JobAttempt.objects.get(job_id=job, number=1)
     assert first.state == "stopped" and first.replica_states["0"]["reason"] == "stopped"
     failed = Job.objects.get(pk=job).events.filter(data__checkpoint="failed").get()
+    cause = Job.objects.get(pk=job).events.get(to_state="checkpointing").data["preemption"]
     assert failed.reason == (
-        "checkpoint failed: attempt 1 stopped without a committed checkpoint (replica 0: stopped); "
-        "the next attempt resumes from step 1"
+        f"checkpoint failed ({cause}): attempt 1 stopped without a committed checkpoint "
+        "(replica 0: stopped); the next attempt resumes from step 1"
     )
-    assert failed.data["resume_from_step"] == 1
+    assert failed.data["resume_from_step"] == 1 and failed.data["preemption"] == cause
     assert committed_steps(job) == [1]  # the partial checkpoint is never referenced
     assert api("alice").post(f"/api/v1/jobs/{job}/cancel/").status_code == 200
 
