@@ -315,3 +315,66 @@ def test_the_reference_check_waits_for_an_attempt_being_given_a_checkpoint(api_f
     assert sorted(Checkpoint.objects.get(pk=pk).step for pk in condemned) == [2, 3]
     assert committed_steps(job.pk) == [1, 4, 5]
     JobAttempt.objects.filter(job=job, number=2).update(state="stopped")
+
+
+def test_file_deletion_waits_for_the_store_is_idempotent_and_spares_shared_and_outside_files(
+    api_for, small_job, settings, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Phase 2 of the GC: a checkpoint leaves `deleting` only once its files are gone; a store the
+    worker cannot see leaves it `deleting` for the next run; a file a kept checkpoint also lists
+    (a job that saves in place) and a forged path out of the job's directory are never deleted."""
+    from django.utils import timezone
+
+    from portal.agentgw.desired import checkpoint_dir
+    from portal.jobs.checkpoints import delete_condemned_checkpoints
+
+    settings.CHECKPOINT_ROOT = str(tmp_path / "store")
+    job = Job.objects.get(pk=api_for("alice").post("/api/v1/jobs/", small_job, format="json").json()["id"])
+    attempt = JobAttempt.objects.create(job=job, number=1, state="stopped")
+    root = Path(checkpoint_dir(job))
+    files = {
+        "step-1/weights.bin": b"old",
+        "state": b"in place",
+        ".manifests/1.json": b"{}",
+        ".manifests/2.json": b"{}",
+    }
+    for relative, data in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(data)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the job's")
+
+    def entry(path: str) -> dict[str, Any]:
+        return {"path": path, "size": 1, "sha256": "0" * 64}
+
+    def make(step: int, state: str, manifest: list[dict[str, Any]]) -> Checkpoint:
+        return Checkpoint.objects.create(
+            job=job,
+            attempt=attempt,
+            path=str(root / f"step-{step}"),
+            size_bytes=1,
+            step=step,
+            written_at=timezone.now(),
+            manifest_path=f".manifests/{step}.json",
+            manifest_sha256="0" * 64,
+            manifest=manifest,
+            state=state,
+        )
+
+    old = make(1, "deleting", [entry("step-1/weights.bin"), entry("state"), entry("../../../outside.txt")])
+    make(2, "committed", [entry("state")])
+
+    (tmp_path / "store").rename(tmp_path / "offline")  # the worker does not see the store
+    assert delete_condemned_checkpoints() == {"deleted": 0, "failed": 1}
+    old.refresh_from_db()
+    assert old.state == "deleting" and old.deleted_at is None
+    (tmp_path / "offline").rename(tmp_path / "store")
+
+    assert delete_condemned_checkpoints() == {"deleted": 1, "failed": 0}
+    old.refresh_from_db()
+    assert old.state == "deleted" and old.deleted_at is not None
+    assert not (root / "step-1").exists() and not (root / ".manifests/1.json").exists()
+    assert (root / "state").read_bytes() == b"in place"  # checkpoint 2 lists it too
+    assert (root / ".manifests/2.json").exists()
+    assert outside.read_text() == "not the job's"
+    assert delete_condemned_checkpoints() == {"deleted": 0, "failed": 0}  # nothing left to do
