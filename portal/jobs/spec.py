@@ -7,18 +7,22 @@ portal.jobs.services.submit_job.
 
 from __future__ import annotations
 
+import copy
+import functools
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connection, models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 
 from agents.runtime.policy import image_problems
 from portal.accounts.choices import Role
-from portal.accounts.models import Membership
+from portal.accounts.models import Membership, Tenant
 from portal.cluster.models import Flavor, PriorityClass, VirtualCluster
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -32,6 +36,25 @@ MAX_REPLICAS = 64
 # the value must be given again.
 SECRET_MASK = "********"
 MAX_COMMAND_BYTES = 65536
+
+
+# The VC a spec names (with its tenant, and whether the user belongs to that tenant), the flavor,
+# and the priority class (by name, or the default), in one statement. Through the ORM these were
+# three queries on every submission, a millisecond of CPU each, mostly building the SQL.
+NAMES_SQL = """
+SELECT
+    (SELECT jsonb_build_object(
+         'vc', to_jsonb(vc), 'tenant', to_jsonb(tenant), 'member', membership.id IS NOT NULL
+     )
+     FROM cluster_virtualcluster AS vc
+     JOIN accounts_tenant AS tenant ON tenant.id = vc.tenant_id
+     LEFT JOIN accounts_membership AS membership
+         ON membership.tenant_id = vc.tenant_id AND membership.user_id = %(user)s
+     WHERE vc.name = %(vc)s),
+    (SELECT to_jsonb(flavor) FROM cluster_flavor AS flavor WHERE flavor.name = %(flavor)s),
+    (SELECT to_jsonb(pc) FROM cluster_priorityclass AS pc
+     WHERE pc.name = %(priority)s OR (%(default)s AND pc.is_default))
+"""
 
 
 class StrictSerializer(serializers.Serializer):
@@ -229,35 +252,69 @@ class JobSpecSerializer(StrictSerializer):
             )
         return checked_env(value)
 
-    def _lookup(self, kind: str, name: Any, fetch: Any) -> Any:
-        """A lookup by name, remembered for the request: a job array names the same VC, flavor
-        and priority class in every item."""
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            names = {
+                kind: data[kind] for kind in ("vc", "flavor", "priority") if isinstance(data.get(kind), str)
+            }
+            if "priority" not in data:
+                names["priority"] = None  # the cluster's default class
+            self._load_names(names)
+        return super().to_internal_value(data)
+
+    def _load_names(self, names: dict[str, str | None]) -> None:
+        """Reads what the spec names (kind: vc, flavor or priority; priority None: the default
+        class) in one statement, and remembers it for the request: a job array names the same
+        ones in every item."""
         cache = self.context.setdefault("spec_lookups", {})
-        if (kind, name) not in cache:
-            cache[kind, name] = fetch()
-        return cache[kind, name]
+        asked = {kind: name for kind, name in names.items() if (kind, name) not in cache}
+        if not asked:
+            return
+        user = self.context["request"].user
+        params = {
+            "user": user.pk,
+            "vc": asked.get("vc"),
+            "flavor": asked.get("flavor"),
+            "priority": asked.get("priority"),
+            "default": "priority" in asked and asked["priority"] is None,
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(NAMES_SQL, params)
+            vc, flavor, priority = (None if text is None else json.loads(text) for text in cursor.fetchone())
+        if "vc" in asked:
+            # A VC of another tenant is not there for this user.
+            if vc is not None and (user.is_staff or vc["member"]):
+                cache["vc", asked["vc"]] = _from_row(VirtualCluster, vc["vc"])
+                cache["vc", asked["vc"]].tenant = _from_row(Tenant, vc["tenant"])
+            else:
+                cache["vc", asked["vc"]] = None
+        if "flavor" in asked:
+            cache["flavor", asked["flavor"]] = None if flavor is None else _from_row(Flavor, flavor)
+        if "priority" in asked:
+            pc = None if priority is None else _from_row(PriorityClass, priority)
+            cache["priority", asked["priority"]] = pc
+
+    def _named(self, kind: str, name: str | None) -> Any:
+        if (kind, name) not in self.context.get("spec_lookups", {}):
+            self._load_names({kind: name})
+        return self.context["spec_lookups"][kind, name]
 
     def validate_vc(self, value: str) -> VirtualCluster:
-        user = self.context["request"].user
-        vc = self._lookup(
-            "vc",
-            value,
-            lambda: VirtualCluster.objects.for_user(user).filter(name=value).select_related("tenant").first(),
-        )
+        vc = self._named("vc", value)
         if vc is None:
             # The same words whether the VC does not exist or belongs to another tenant.
             raise serializers.ValidationError(f"No virtual cluster named {value!r} that you can submit to.")
         return vc
 
     def validate_flavor(self, value: str) -> Flavor:
-        flavor = self._lookup("flavor", value, lambda: Flavor.objects.filter(name=value).first())
+        flavor = self._named("flavor", value)
         if flavor is None:
             names = ", ".join(Flavor.objects.values_list("name", flat=True))
             raise serializers.ValidationError(f"No flavor named {value!r}. Flavors: {names}.")
         return flavor
 
     def validate_priority(self, value: str) -> PriorityClass:
-        pc = self._lookup("priority", value, lambda: PriorityClass.objects.filter(name=value).first())
+        pc = self._named("priority", value)
         if pc is None:
             names = ", ".join(PriorityClass.objects.values_list("name", flat=True))
             raise serializers.ValidationError(f"No priority class named {value!r}. Classes: {names}.")
@@ -268,15 +325,13 @@ class JobSpecSerializer(StrictSerializer):
         if not priority.tenant_admins_only:
             return
         user = self.context["request"].user
-        allowed = self._lookup(
-            "tenant-admin",
-            vc.tenant_id,
-            lambda: (
+        cache = self.context.setdefault("spec_lookups", {})
+        if ("tenant-admin", vc.tenant_id) not in cache:
+            cache["tenant-admin", vc.tenant_id] = (
                 user.is_staff
                 or Membership.objects.filter(user=user, tenant_id=vc.tenant_id, role=Role.ADMIN).exists()
-            ),
-        )
-        if not allowed:
+            )
+        if not cache["tenant-admin", vc.tenant_id]:
             raise PermissionDenied(
                 f"Priority class {priority.name} is for admins of tenant {vc.tenant.name}; "
                 "ask one of them, or submit with another class."
@@ -312,15 +367,27 @@ class JobSpecSerializer(StrictSerializer):
                 elif not mount["read_only"] and not allowed_mount.get("writable", False):
                     errors["mounts"] = f"Volume {mount['name']!r} may only be mounted read-only."
         if "priority" not in attrs:
-            default = self._lookup(
-                "priority", None, lambda: PriorityClass.objects.filter(is_default=True).first()
-            )
+            default = self._named("priority", None)
             if default is None:
                 errors["priority"] = "Name a priority class: the cluster has no default."
             attrs["priority"] = default
         if errors:
             raise serializers.ValidationError(errors)
         self.check_priority_allowed(attrs["priority"], attrs["vc"])
-        attrs.setdefault("retries", RetriesSerializer().to_internal_value({}))
-        attrs.setdefault("checkpoint", CheckpointSettingsSerializer().to_internal_value({}))
+        attrs.setdefault("retries", copy.deepcopy(_defaults(RetriesSerializer)))
+        attrs.setdefault("checkpoint", copy.deepcopy(_defaults(CheckpointSettingsSerializer)))
         return attrs
+
+
+@functools.cache
+def _defaults(serializer_class: type[serializers.Serializer]) -> dict[str, Any]:
+    """What an omitted part of the spec means: its serializer's defaults (worked out once)."""
+    return serializer_class().to_internal_value({})
+
+
+def _from_row(model: type[models.Model], row: dict[str, Any]) -> Any:
+    """A model instance from a table row as PostgreSQL's to_jsonb gives it (keys are columns)."""
+    fields = model._meta.concrete_fields
+    return model.from_db(
+        DEFAULT_DB_ALIAS, [f.attname for f in fields], [f.to_python(row[f.column]) for f in fields]
+    )
