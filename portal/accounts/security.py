@@ -73,6 +73,8 @@ def record_refusal(
 
 
 def raise_alert(realm: str, principal: str, count: int, *, actor: Any = None, obj: Any = None) -> None:
+    """One alert, three outlets: the audit log (for the record), an ERROR log line (for the log
+    shipper's alerting) and a counter on /metrics (for Prometheus rules)."""
     window = settings.SECURITY_ALERT_WINDOW_S
     detail = f"{count} refused requests by {principal} within {window} s"
     record_audit(actor, ALERT, obj, detail=detail)
