@@ -295,6 +295,53 @@ def test_expected_end_of_a_running_job(fields: dict[str, float], expected_end: f
     assert running_end(job, now=1000.0, default_runtime_s=3600.0) == pytest.approx(expected_end)
 
 
+@pytest.mark.parametrize(
+    ("fields", "expected_end"),
+    [
+        pytest.param(
+            {"estimated_runtime_s": 50_000.0, "attained_gpu_s": 10.0},
+            1000.0 + 5000.0,
+            id="just-started-runs-a-tenth-of-its-estimate",
+        ),
+        pytest.param(
+            {"estimated_runtime_s": 50_000.0, "attained_gpu_s": 8000.0},
+            1000.0 + 8000.0,
+            id="older-than-a-tenth-runs-its-age-again",
+        ),
+        pytest.param(
+            {"estimated_runtime_s": 3000.0, "attained_gpu_s": 2900.0},
+            1000.0 + 1450.0,
+            id="near-its-estimate-half-age",
+        ),
+        pytest.param(
+            {"estimated_runtime_s": 600.0, "attained_gpu_s": 10.0},
+            1000.0 + 60.0,
+            id="still-at-least-a-minute",
+        ),
+        pytest.param({"time_limit_s": 7200.0}, 7200.0, id="time-limit-still-wins"),
+    ],
+)
+def test_expected_end_with_a_share_of_the_estimate(fields: dict[str, float], expected_end: float) -> None:
+    snap = Snap().node("n0", 1).running("r", [("n0", (0,))], started_at=0.0, **fields)
+    (job,) = snap.build().running
+    end = running_end(job, now=1000.0, default_runtime_s=3600.0, min_share=0.1)
+    assert end == pytest.approx(expected_end)
+
+
+def test_a_job_behind_a_fresh_start_is_not_promised_the_gpu_in_a_minute() -> None:
+    # The only GPU went 10 s ago to a job whose history says 50,000 s: the queued job's
+    # estimated start is a tenth of that away, not the one-minute floor.
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .running("r", [("n0", (0,))], started_at=990.0, estimated_runtime_s=50_000.0, attained_gpu_s=10.0)
+        .pending("p", 1, submitted_at=1000.0)
+    )
+    plan = decide(snap.build(), profile(queue_sort=["fifo"]), now=1000.0)
+    (status,) = plan.pending
+    assert status.estimated_start == pytest.approx(1000.0 + 5000.0)
+
+
 def test_gpus_of_a_stopping_job_are_not_handed_to_anyone_else() -> None:
     # "new" is blocked by its VC's quota; the stopping "old" of the same VC frees that quota,
     # and "new" may land on other GPUs. Old's GPUs are still busy until it is gone, so the

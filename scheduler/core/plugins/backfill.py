@@ -28,17 +28,20 @@ class Reservation:
     spare_gpus: int  # GPUs free at start_at beyond what the reserved job needs
 
 
-def running_end(job: RunningJob, now: float, default_runtime_s: float) -> float:
+def running_end(job: RunningJob, now: float, default_runtime_s: float, min_share: float = 0.0) -> float:
     """When a running job is expected to release its GPUs: at its time limit if it has one.
     Otherwise runtimes are heavy-tailed, so the best guess for the rest of a run is about as
     long as it has run so far (a job that ran a minute likely ends soon, one that ran a day
     likely runs on), capped by what its history-based estimate leaves; a job already past its
-    estimate is expected to run half its age again. Never less than a minute."""
+    estimate is expected to run half its age again. Never less than a minute, and with
+    `min_share` never less than that share of its estimate while the estimate lasts (a job
+    that has just started is not about to end just because it is young)."""
     if job.time_limit_s is not None:
         return max(job.started_at + job.time_limit_s, now)
     run_so_far = job.attained_gpu_s / max(job.gpus, 1)
     total = expected_runtime(job, default_runtime_s)
-    remaining = max(min(total - run_so_far, run_so_far), 0.5 * run_so_far, 60.0)
+    young = run_so_far if run_so_far > min_share * total else min_share * total
+    remaining = max(min(total - run_so_far, young), 0.5 * run_so_far, 60.0)
     return now + remaining
 
 
