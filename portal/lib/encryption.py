@@ -19,6 +19,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.apps import apps
 from django.conf import settings
 from django.db import connection, models, transaction
+from django.db.models.query_utils import DeferredAttribute
 
 
 class UndecryptableValue(RuntimeError):
@@ -50,47 +51,105 @@ def decrypt_text(token: str, what: str = "a stored value") -> str:
         ) from None
 
 
-class EncryptedTextField(models.TextField):
-    """A string stored encrypted; the empty string is stored as it is (it hides nothing)."""
-
-    def from_db_value(self, value: str | None, expression: Any, connection: Any) -> str | None:
-        if not value:
-            return value
-        return decrypt_text(value, f"{self.model.__name__}.{self.name}")
-
-    def get_prep_value(self, value: Any) -> str | None:
-        if value is None or value == "":
-            return value
-        if not isinstance(value, str):
-            raise TypeError(f"{self.name} holds a string, not {type(value).__name__}")
-        return encrypt_text(value)
+class Ciphertext(str):
+    """A value as stored (a Fernet token) that nobody has read yet."""
 
 
-class EncryptedJSONField(models.TextField):
-    """A JSON object stored encrypted; an empty object is stored as the empty string, since which
-    names a job keeps secret is no secret (the spec lists them, masked)."""
+class DecryptOnRead(DeferredAttribute):
+    """The attribute of an encrypted field: decrypted the first time it is read.
 
-    def from_db_value(self, value: str | None, expression: Any, connection: Any) -> dict[str, Any] | None:
+    Loading rows costs no decryption (a scheduling cycle loads every pending job and never reads
+    their secrets), an object saved unread writes its token back unchanged, and a missing key is
+    an error where a secret is used, not wherever a job is listed. A data descriptor (it has
+    __set__), so reads come here even when the instance holds the value.
+    """
+
+    def __get__(self, instance: Any, cls: Any = None) -> Any:
+        if instance is None:
+            return self
+        value = super().__get__(instance, cls)
+        if isinstance(value, Ciphertext):
+            value = self.field.decrypt(value)
+            instance.__dict__[self.field.attname] = value
+        return value
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.field.attname] = value
+
+
+class EncryptedField(models.TextField):
+    """The base of the encrypted fields: a text column holding a Fernet token, or the empty
+    string for an empty value (which hides nothing). `values()` gives the stored tokens; the
+    attribute of an object gives the value."""
+
+    descriptor_class = DecryptOnRead
+
+    def from_db_value(self, value: str | None, expression: Any, connection: Any) -> Any:
         if value is None:
             return None
         if value == "":
-            return {}
-        return json.loads(decrypt_text(value, f"{self.model.__name__}.{self.name}"))
+            return self.empty_value()
+        return Ciphertext(value)
+
+    def empty_value(self) -> Any:
+        return ""
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        # What the object holds, without reading (and decrypting) it through the attribute.
+        if self.attname in model_instance.__dict__:
+            return model_instance.__dict__[self.attname]
+        return super().pre_save(model_instance, add)
+
+    def get_prep_value(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, Ciphertext):
+            return str(value)  # unread since it was loaded: the token as it is
+        plain = self.to_plaintext(value)
+        return encrypt_text(plain) if plain else ""
+
+    def decrypt(self, token: str) -> Any:
+        return self.from_plaintext(decrypt_text(token, f"{self.model.__name__}.{self.name}"))
+
+    def to_plaintext(self, value: Any) -> str:
+        raise NotImplementedError
+
+    def from_plaintext(self, plain: str) -> Any:
+        raise NotImplementedError
+
+
+class EncryptedTextField(EncryptedField):
+    """A string stored encrypted."""
+
+    def to_plaintext(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise TypeError(f"{self.name} holds a string, not {type(value).__name__}")
+        return value
+
+    def from_plaintext(self, plain: str) -> str:
+        return plain
+
+
+class EncryptedJSONField(EncryptedField):
+    """A JSON object stored encrypted; an empty object is stored as the empty string, since which
+    names a job keeps secret is no secret (the spec lists them, masked)."""
+
+    def empty_value(self) -> dict[str, Any]:
+        return {}
+
+    def to_plaintext(self, value: Any) -> str:
+        if not isinstance(value, dict):
+            raise TypeError(f"{self.name} holds a JSON object, not {type(value).__name__}")
+        return json.dumps(value, separators=(",", ":"), sort_keys=True) if value else ""
+
+    def from_plaintext(self, plain: str) -> dict[str, Any]:
+        return json.loads(plain)
 
     def to_python(self, value: Any) -> Any:
         """Fixtures (dumpdata, loaddata) carry the object as JSON text, see value_to_string."""
         if isinstance(value, str):
             return json.loads(value) if value else {}
         return value
-
-    def get_prep_value(self, value: Any) -> str | None:
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise TypeError(f"{self.name} holds a JSON object, not {type(value).__name__}")
-        if not value:
-            return ""
-        return encrypt_text(json.dumps(value, separators=(",", ":"), sort_keys=True))
 
     def value_to_string(self, obj: models.Model) -> str:
         return json.dumps(self.value_from_object(obj))

@@ -102,7 +102,7 @@ def test_keys_rotate_and_old_keys_can_then_be_removed(secret_job: int, settings:
     assert admin_key == DEMO_ADMIN_TOTP_SECRET
     settings.FIELD_ENCRYPTION_KEYS = [old]  # and no longer opens anything
     with pytest.raises(UndecryptableValue):
-        Job.objects.get(pk=secret_job)
+        Job.objects.get(pk=secret_job).secret_env  # noqa: B018
 
     settings.FIELD_ENCRYPTION_KEYS = [old, new]  # back to the test settings' key, the same way
     call_command("rotate_encryption_keys", stdout=open(os.devnull, "w"))  # noqa: SIM115
@@ -113,17 +113,39 @@ def test_keys_rotate_and_old_keys_can_then_be_removed(secret_job: int, settings:
 def test_a_wrong_key_is_a_clear_error_not_an_empty_dict(
     secret_job: int, small_job: dict[str, Any], api_for: Any, settings: Any
 ) -> None:
+    """Only what reads the secrets fails, and loudly: the job's desired set (so its node's agent
+    gets no half-configured job), the rotation command. Lists, scheduling cycles and saves of the
+    job never decrypt them, so they go on, and a save writes the stored token back unchanged."""
+    from portal.agentgw.desired import desired_set_for
+    from portal.cluster.models import Node
     from portal.jobs.models import Job
+    from scheduler.tasks import run_cycle
 
     plain_job = api_for("alice").post("/api/v1/jobs/", small_job, format="json").json()["id"]
+    token = raw_secret_env(secret_job)
     configured = settings.FIELD_ENCRYPTION_KEYS
     settings.FIELD_ENCRYPTION_KEYS = [Fernet.generate_key().decode()]
-    with pytest.raises(UndecryptableValue, match="FIELD_ENCRYPTION_KEYS"):
-        Job.objects.get(pk=secret_job)
+
+    job = Job.objects.get(pk=secret_job)
+    with pytest.raises(
+        UndecryptableValue, match=r"Job\.secret_env cannot be decrypted .* FIELD_ENCRYPTION_KEYS"
+    ):
+        job.secret_env  # noqa: B018
     assert Job.objects.get(pk=plain_job).secret_env == {}  # nothing to decrypt there
+    Job.objects.get(pk=secret_job).save()
+    assert raw_secret_env(secret_job) == token
+    assert api_for("alice").get(f"/api/v1/jobs/{secret_job}/").status_code == 200
+    assert api_for("alice").get("/api/v1/jobs/").json()["count"] == 2
+
+    Node.objects.update(state="ready")
+    run_cycle()
+    node = Job.objects.get(pk=secret_job).attempts.get().allocations.first().node
+    with pytest.raises(UndecryptableValue):
+        desired_set_for(node)
     with pytest.raises(CommandError, match=f"row {secret_job} cannot be decrypted"):
         call_command("rotate_encryption_keys")
     settings.FIELD_ENCRYPTION_KEYS = configured  # the invariants check reads every job after the test
+    assert raw_secret_env(secret_job) == token
 
 
 def test_the_migration_encrypts_rows_stored_in_the_clear(secret_job: int) -> None:
