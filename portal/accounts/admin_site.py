@@ -12,7 +12,8 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, path
 
-from portal.accounts import mfa
+from portal.accounts import mfa, views
+from portal.lib.throttling import form_post_allowed
 
 
 class PortalAdminSite(admin.AdminSite):
@@ -25,8 +26,6 @@ class PortalAdminSite(admin.AdminSite):
         return super().has_permission(request) and mfa.admin_mfa_passed(request)
 
     def get_urls(self) -> list[URLPattern | URLResolver]:
-        from portal.accounts import views
-
         return [
             path("mfa/", views.mfa_verify, name="mfa_verify"),
             path("mfa/enroll/", views.mfa_enroll, name="mfa_enroll"),
@@ -36,9 +35,6 @@ class PortalAdminSite(admin.AdminSite):
     def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """The password form, throttled like the API's sign-in; a cluster admin who got past it
         goes on to the second factor instead of the page asked for."""
-        from portal.accounts import views
-        from portal.lib.throttling import form_post_allowed
-
         if request.method == "POST" and not form_post_allowed(request, "sign-in"):
             return HttpResponse(
                 "Too many sign-in attempts. Wait a minute.", status=429, content_type="text/plain"

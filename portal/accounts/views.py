@@ -3,6 +3,8 @@ password at every sign-in. Rules live in portal.accounts.mfa."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
 from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.contrib.auth.views import redirect_to_login
@@ -35,7 +37,7 @@ def second_factor_redirect(request: HttpRequest) -> HttpResponse:
     return redirect(f"{reverse(name)}?{urlencode({REDIRECT_FIELD_NAME: next_url(request)})}")
 
 
-def _throttled(request: HttpRequest, template: str, context: dict) -> HttpResponse:  # type: ignore[type-arg]
+def _throttled(request: HttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
     context["error"] = "Too many codes tried. Wait a minute, then try again."
     return render(request, template, context, status=429)
 
