@@ -278,16 +278,20 @@ def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> i
     )
     # Each job resumes from its newest committed checkpoint (garbage collection locks the job
     # row, moved above, before it condemns one, so the choice cannot race a deletion).
-    resume_from: dict[int, Checkpoint] = {}
-    for checkpoint in Checkpoint.objects.filter(job_id__in=ids).committed().newest_first():
-        resume_from.setdefault(checkpoint.job_id, checkpoint)
+    resume_from = dict(
+        Checkpoint.objects.filter(job_id__in=ids)
+        .committed()
+        .order_by("job_id", "-created_at", "-id")  # newest_first, per job
+        .distinct("job_id")
+        .values_list("job_id", "id")
+    )
     attempts = JobAttempt.objects.bulk_create(
         [
             JobAttempt(
                 job=job,
                 number=numbers.get(job.pk, 0) + 1,
                 resume=job.pk in resume_from,
-                resume_from=resume_from.get(job.pk),
+                resume_from_id=resume_from.get(job.pk),
             )
             for job in moved
         ]

@@ -91,6 +91,7 @@ def desired_set_for(node: Node) -> DesiredSet:
         .select_related(
             "gpu", "attempt__job__tenant", "attempt__job__virtual_cluster", "attempt__resume_from"
         )
+        .defer("attempt__resume_from__manifest")  # the agent reads the manifest from the store
         .order_by("attempt_id", "replica")
     )
     grouped: dict[tuple[int, int], list[Allocation]] = defaultdict(list)
