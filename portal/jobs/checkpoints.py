@@ -93,7 +93,8 @@ def condemn_checkpoints(job_id: int) -> list[int]:
     checks the references, with the job row locked. Returns the pks marked."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
-        committed = list(Checkpoint.objects.filter(job=job).committed().newest_first())
+        checkpoints = Checkpoint.objects.filter(job=job).committed().newest_first()
+        committed = list(checkpoints.only("id", "metric", "metric_mode"))
         keep = checkpoints_to_keep(committed, retention_policy(job), referenced_checkpoints(job))
         condemned = [c.pk for c in committed if c.pk not in keep]
         Checkpoint.objects.filter(pk__in=condemned).update(state=Checkpoint.State.DELETING)
