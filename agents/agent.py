@@ -21,6 +21,7 @@ from uuid import UUID
 
 import websockets
 import websockets.exceptions
+from pydantic import ValidationError
 
 from agents import AGENT_VERSION
 from agents.checkpoint import (
@@ -717,7 +718,7 @@ class Agent:
                 problem = None if found else f"no new checkpoint marker within {grace:g}s"
                 if found is not None:
                     self.send(await self._published(attempt_id, request_id, directory, found))
-            except (BadMarkerError, ManifestError) as error:
+            except (BadMarkerError, ManifestError, ValidationError) as error:
                 found, problem = None, str(error)
             except OSError as error:
                 found, problem = None, f"checkpoint manifest not written: {error}"
@@ -771,7 +772,7 @@ class Agent:
     async def _report_saved_checkpoint(self, attempt_id: str, directory: Path) -> None:
         try:
             self.send(await self._published(attempt_id, None, directory, read_marker(directory)))
-        except (BadMarkerError, ManifestError, OSError) as error:
+        except (BadMarkerError, ManifestError, OSError, ValidationError) as error:
             log.warning("checkpoint of %s not reported: %s", attempt_id, error)
         finally:
             self.scanning.discard(attempt_id)

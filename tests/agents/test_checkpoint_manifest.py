@@ -28,7 +28,14 @@ from agents.checkpoint import (
     verify_resume,
     write_marker,
 )
-from agents.protocol import AttemptState, CheckpointDone, CheckpointRequest, ExitReason, ResumeFrom
+from agents.protocol import (
+    AttemptState,
+    CheckpointDone,
+    CheckpointRequest,
+    ExitReason,
+    RequestReject,
+    ResumeFrom,
+)
 
 PY = sys.executable
 
@@ -313,3 +320,43 @@ async def test_checkpoints_a_running_job_saves_on_its_own_are_reported_once_each
                 [("step-2.bin", 200)],
             ]
             assert portal.last_status("att-1").state == AttemptState.RUNNING  # saving is not stopping
+
+
+LINKS_OUT = """
+import json, os, signal, sys, time
+directory = os.environ["GPUPORTAL_CHECKPOINT_DIR"]
+def save(signum, frame):
+    os.makedirs(os.path.join(directory, "step-1"), exist_ok=True)
+    os.symlink("/etc/hostname", os.path.join(directory, "step-1", "weights.bin"))
+    with open(os.path.join(directory, ".m.tmp"), "w") as f:
+        json.dump({"step": 1, "path": "step-1"}, f)
+    os.replace(os.path.join(directory, ".m.tmp"), os.path.join(directory, "checkpoint.json"))
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, save)
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_checkpoint_linking_out_of_its_directory_is_refused_and_the_job_stopped(
+    state_dir: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "ckpt" / "job-1"
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        portal.desired = [make_attempt("att-1", command=[PY, "-c", LINKS_OUT], checkpoint_dir=str(directory))]
+        async with running(agent):
+            await wait_for(lambda: portal.log_lines("att-1").get(0) == "ready")
+            request = CheckpointRequest(attempt_id="att-1", grace_period_s=20)
+            await portal.send(request)
+            await wait_for(lambda: portal.of_type(RequestReject))
+            (reject,) = portal.of_type(RequestReject)
+            assert reject.request_id == request.id
+            assert reject.reason == "step-1/weights.bin links outside the checkpoint directory"
+            assert not portal.of_type(CheckpointDone)
+            assert not (directory / MANIFEST_DIR).exists()
+            await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
+            assert portal.last_status("att-1").reason == ExitReason.STOPPED
