@@ -98,7 +98,11 @@ def test_an_array_of_a_bad_spec_names_the_spec(api_for, small_job) -> None:  # t
 def test_viewers_may_not_submit_arrays(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
     response = api_for("victor").post(URL, {"jobs": [small_job, small_job]}, format="json")
     assert response.status_code == 403
-    assert nothing_stored()
+    assert not Job.objects.exists() and not JobEvent.objects.exists()
+    # The refusal itself is audited (S2), and nothing else is.
+    assert list(AuditEntry.objects.values_list("action", "actor__username")) == [
+        ("job.bulk.denied", "victor")
+    ]
 
 
 def test_another_tenants_vc_reads_as_one_that_does_not_exist(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
