@@ -227,7 +227,7 @@ def profile_endpoint(path: str, body: bytes, token: str, args: argparse.Namespac
     # The profiler sees every thread and mixes up their stacks: the background sender's messages
     # are held back meanwhile (its CPU counts in the figures above, not here).
     held: list[Any] = []
-    channels._sender.send = lambda target, message: held.append((target, message))
+    channels._sender.send = held.extend
     handler = WSGIHandler()
     for _ in range(args.warmup):
         wsgi_post(handler, path, body, token)

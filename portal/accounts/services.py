@@ -23,7 +23,22 @@ def record_audit(
 ) -> AuditEntry:
     """Appends one audit entry. Callers run it inside the transaction of the change it records.
     A refused request may name an object that does not exist: give its type and id instead."""
-    return AuditEntry.objects.create(
+    entry = audit_entry(actor, action, obj, tenant, detail, object_type, object_id)
+    entry.save()
+    return entry
+
+
+def audit_entry(
+    actor: Any,
+    action: str,
+    obj: models.Model | None = None,
+    tenant: Tenant | None = None,
+    detail: str = "",
+    object_type: str = "",
+    object_id: str = "",
+) -> AuditEntry:
+    """The unsaved entry record_audit appends, for a caller that writes it with other rows."""
+    return AuditEntry(
         actor=actor if getattr(actor, "is_authenticated", False) else None,
         action=action,
         object_type=obj._meta.label if obj is not None else object_type[:100],

@@ -15,7 +15,7 @@ from django.utils import timezone
 from agents.protocol import AttemptState as AgentAttemptState
 from agents.protocol import AttemptStatus, CheckpointDone, LogChunk, supersedes
 from portal.accounts.choices import SUBMIT_ROLES
-from portal.accounts.services import record_audit
+from portal.accounts.services import audit_entry, record_audit
 from portal.cluster.models import Flavor, Node, Quota, VirtualCluster
 from portal.jobs.choices import (
     ACTIVE_STATES,
@@ -30,6 +30,7 @@ from portal.jobs.choices import (
 )
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine
 from portal.jobs.spec import SECRET_MASK
+from portal.lib.db import insert_together
 from portal.live.publish import publish_job_change, publish_log_lines
 
 
@@ -321,9 +322,8 @@ def submit_job(user: Any, spec: dict[str, Any]) -> Job:
     """
     job = pending_job(user, spec)
     job.save()
-    submitted_event(job, user).save()
+    insert_together(submitted_event(job, user), audit_entry(user, "job.submit", job, tenant=job.tenant))
     publish_job_change(job)  # other tabs of the tenant show the new job at once
-    record_audit(user, "job.submit", job, tenant=job.tenant)
     request_scheduling_cycle()
     return job
 

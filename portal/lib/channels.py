@@ -43,9 +43,15 @@ class _BackgroundSender:
                 self._loop, self._queue, self._pid = loop, queue, os.getpid()
             return self._loop, self._queue
 
-    def send(self, target: str, message: dict[str, Any] | str) -> None:
+    def send(self, items: list[tuple[str, dict[str, Any] | str]]) -> None:
+        """Queues the items in order, waking the sender once for all of them."""
         loop, queue = self._start()
-        loop.call_soon_threadsafe(queue.put_nowait, (target, message))
+        loop.call_soon_threadsafe(_put_all, queue, items)
+
+
+def _put_all(queue: Outgoing, items: list[tuple[str, dict[str, Any] | str]]) -> None:
+    for item in items:
+        queue.put_nowait(item)
 
 
 def _run(loop: asyncio.AbstractEventLoop, queue: Outgoing) -> None:
@@ -105,8 +111,9 @@ _sender = _BackgroundSender()
 
 
 def group_send(group: str, event: dict[str, Any]) -> None:
-    _sender.send(group, event)
+    _sender.send([(group, event)])
 
 
-def publish(channel: str, text: str) -> None:
-    _sender.send(channel, text)
+def publish(channels: str | list[str], text: str) -> None:
+    """Publishes `text` on one pub/sub channel or several (in one pipeline when sent together)."""
+    _sender.send([(channel, text) for channel in ([channels] if isinstance(channels, str) else channels)])

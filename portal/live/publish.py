@@ -54,5 +54,4 @@ def publish_telemetry(job_id: int, samples: list[dict[str, Any]]) -> None:
 def _send(groups: list[str], payload: dict[str, Any]) -> None:
     # Encoded once here, not once per browser: each web process writes it to its browsers as is.
     text = json.dumps(payload)
-    for group in groups:
-        publish(channel_for(group), text)
+    publish([channel_for(group) for group in groups], text)

@@ -1,0 +1,36 @@
+"""Writing several new rows in one statement, for the few paths where statements are the cost."""
+
+from __future__ import annotations
+
+from django.db import connection, models
+
+
+def insert_together(*objs: models.Model) -> None:
+    """Inserts unsaved instances, of any tables, in one statement, and sets their primary keys.
+
+    Model.save() builds each INSERT through the ORM's compiler: about half a millisecond of CPU
+    per row, and a round trip each. This writes the same columns with the same values (each
+    field's pre_save and get_db_prep_save, as save() does, so defaults, auto_now_add and
+    encrypted fields behave alike) as a chain of data-modifying CTEs. It sends no pre_save or
+    post_save signals: only for models without receivers. Rows that refer to each other must
+    be saved in order instead.
+    """
+    quote = connection.ops.quote_name
+    ctes, selects, params = [], [], []
+    for i, obj in enumerate(objs):
+        meta = obj._meta
+        fields = [f for f in meta.concrete_fields if f is not meta.auto_field]
+        columns = ", ".join(quote(f.column) for f in fields)
+        values = ", ".join(["%s"] * len(fields))
+        ctes.append(
+            f"row{i} AS (INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({values}) "
+            f"RETURNING {quote(meta.pk.column)})"
+        )
+        selects.append(f"(SELECT * FROM row{i})")
+        params += [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(selects)}", params)
+        for obj, pk in zip(objs, cursor.fetchone(), strict=True):
+            obj.pk = pk
+            obj._state.adding = False
+            obj._state.db = connection.alias
