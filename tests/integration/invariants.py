@@ -1,7 +1,8 @@
 """The invariants every scheduling test ends with (reliability-security.md, I1-I6).
 
 assert_invariants covers the allocation invariants (I1, I2 per VC, I3, I5);
-assert_all_invariants adds node capacity (I2), acknowledged jobs (I4) and the event trail (I6).
+assert_all_invariants adds node capacity (I2), acknowledged jobs (I4), the event trail (I6) and
+F17's safety rule: no live attempt resumes from a checkpoint garbage collection took.
 The fixture invariants_checked runs all of them after each test of a module that uses it.
 """
 
@@ -17,7 +18,7 @@ import pytest
 from portal.accounts.models import AuditEntry
 from portal.cluster.models import Node, Quota
 from portal.jobs.choices import ACTIVE_STATES, ATTEMPT_ENDED_STATES, JobState, can_transition
-from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent
+from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent
 
 
 def assert_invariants() -> None:
@@ -81,6 +82,20 @@ def assert_all_invariants(acknowledged: Iterable[int] = ()) -> None:
     assert_one_running_attempt_per_job()
     assert_acknowledged_jobs_exist(acknowledged)
     assert_every_state_change_is_recorded()
+    assert_no_live_attempt_lost_its_checkpoint()
+
+
+def assert_no_live_attempt_lost_its_checkpoint() -> None:
+    """F17: a checkpoint that an attempt not yet ended started from is still committed."""
+    taken = (
+        JobAttempt.objects.exclude(state__in=ATTEMPT_ENDED_STATES)
+        .filter(resume_from__isnull=False)
+        .exclude(resume_from__state=Checkpoint.State.COMMITTED)
+        .values_list("job_id", "number", "resume_from__step", "resume_from__state")
+    )
+    assert not taken, (
+        f"live attempts whose checkpoint was collected (job, attempt, step, state): {list(taken)}"
+    )
 
 
 def assert_nodes_within_capacity() -> None:
