@@ -3,14 +3,17 @@
 A long queue is decided fast because the cycle reuses answers: a blocked job's outcome for
 later jobs with the same request while the state is unchanged, GPU choices and scores per
 node layout and free GPUs, queue keys and preemption horizons computed for the whole queue
-at once, and a preemption search that takes one victim back per trial. Each is checked here
-against the plain computation, including a state that changes in the middle of the walk.
+at once, a preemption search that takes one victim back per trial and asks only whether a
+single replica fits (first feasible node, unscored), sort keys concatenated column by
+column, and pending statuses written through their slots. Each is checked here against the
+plain computation, including a state that changes in the middle of the walk.
 """
 
 from __future__ import annotations
 
+import gc
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 from sched_builders import Snap, profile, with_cycle
@@ -22,6 +25,7 @@ from scheduler.core import (
     Node,
     NodeName,
     PendingJob,
+    PendingStatus,
     Plan,
     Profile,
     ReasonCode,
@@ -33,7 +37,7 @@ from scheduler.core import (
     load_profile,
 )
 from scheduler.core import cycle as cycle_module
-from scheduler.core.framework import CycleContext
+from scheduler.core.framework import CycleContext, Status
 from scheduler.core.plugins.placement import (
     BuddyCells,
     BuddyChooser,
@@ -159,16 +163,52 @@ def test_remembered_gpu_choices_and_scores_equal_fresh_ones(strict: bool) -> Non
 def decide_the_long_way(
     snapshot: Snapshot, profile_: Profile, now: float, monkeypatch: pytest.MonkeyPatch
 ) -> Plan:
-    """decide() with outcome reuse off and the preemption search releasing all victims anew."""
+    """decide() with outcome reuse off, the preemption search releasing all victims anew and
+    placing every trial in full (scored), sort keys added up job by job, and pending
+    statuses built by their constructor."""
     original_init = cycle_module._CycleRun.__init__
+    original_place = cycle_module._CycleRun._place
 
     def init(self: cycle_module._CycleRun, *args: object) -> None:
         original_init(self, *args)  # type: ignore[arg-type]
         self._reuse_outcomes = False
 
+    def place(
+        self: cycle_module._CycleRun, job: PendingJob, model: str, statement: object, any_fit: bool = False
+    ) -> Status:
+        return original_place(self, job, model, statement)  # type: ignore[arg-type]
+
+    def keys_added_up(
+        columns: Sequence[Sequence[tuple[float, ...]]], jobs: Sequence[PendingJob]
+    ) -> list[tuple[object, ...]]:
+        tails = [(job.submitted_at, job.id) for job in jobs]
+        return [sum(parts, ()) for parts in zip(*columns, tails, strict=True)]
+
+    def statuses(
+        queue: Sequence[PendingJob],
+        started: Mapping[str, str],
+        reasons: Mapping[str, Status],
+        estimates: Mapping[str, float | None],
+        hints: Mapping[str, tuple[object, ...]],
+    ) -> tuple[PendingStatus, ...]:
+        return tuple(
+            PendingStatus(
+                job.id,
+                reasons[job.id].reason or ReasonCode.QUEUED_BEHIND,
+                reasons[job.id].message,
+                estimates.get(job.id),
+                hints.get(job.id, ()),  # type: ignore[arg-type]
+            )
+            for job in queue
+            if job.id not in started
+        )
+
     with monkeypatch.context() as patch:
         patch.setattr(cycle_module._CycleRun, "__init__", init)
         patch.setattr(cycle_module._CycleRun, "_holds_disjoint", lambda self: False)
+        patch.setattr(cycle_module._CycleRun, "_place", place)
+        patch.setattr(cycle_module, "_concatenated_keys", keys_added_up)
+        patch.setattr(cycle_module, "_pending_statuses", statuses)
         return decide(snapshot, profile_, now)
 
 
@@ -182,6 +222,44 @@ def test_shortcuts_decide_as_the_long_way(
     plan = decide(snapshot, many_attempts, NOW)
     assert plan.preemptions, "the case should exercise the preemption search"
     assert plan == decide_the_long_way(snapshot, many_attempts, NOW, monkeypatch)
+
+
+def test_sort_keys_of_uneven_widths_are_added_up() -> None:
+    jobs = random_jobs(random.Random(3), 4)
+    columns = [[(1.0,), (1.0, 2.0), (0.5,), ()], [(3.0,)] * 4]
+    expected = [
+        (*sum(parts, ()), job.submitted_at, job.id) for *parts, job in zip(*columns, jobs, strict=True)
+    ]
+    assert cycle_module._concatenated_keys(columns, jobs) == expected
+    even = [[(float(i), 2.0) for i in range(4)], [(1.0,)] * 4]
+    expected = [(*sum(parts, ()), job.submitted_at, job.id) for *parts, job in zip(*even, jobs, strict=True)]
+    assert cycle_module._concatenated_keys(even, jobs) == expected
+
+
+def test_the_collector_is_paused_for_a_cycle_only() -> None:
+    snapshot = build_snapshot(8, 50)
+    seen: list[bool] = []
+    original = cycle_module._decide
+
+    def spy(*args: object) -> Plan:
+        seen.append(gc.isenabled())
+        return original(*args)  # type: ignore[arg-type]
+
+    assert gc.isenabled()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cycle_module, "_decide", spy)
+        decide(snapshot, load_profile("default"), NOW)
+        assert seen == [False] and gc.isenabled()
+        gc.disable()
+        try:
+            decide(snapshot, load_profile("default"), NOW)
+            assert not gc.isenabled(), "a caller that paused the collector keeps it paused"
+        finally:
+            gc.enable()
+        patch.setattr(cycle_module, "_decide", lambda *args: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            decide(snapshot, load_profile("default"), NOW)
+        assert gc.isenabled()
 
 
 def test_a_preempted_job_s_vc_gains_no_quota_in_the_cycle_that_preempts_it() -> None:
