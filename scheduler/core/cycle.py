@@ -296,7 +296,7 @@ class _CycleRun:
         self.reservation_job: str | None = None
         self.preemption_attempts = 0
         self.released: set[str] = set()  # running jobs whose GPUs this cycle handed on
-        self._victim_base: list[tuple[tuple[float, ...], RunningJob]] | None = None
+        self._victim_base: list[tuple[tuple[float, ...], RunningJob, frozenset[str]]] | None = None
         # Preemption searches that found nothing, by what decides eligibility; a later job
         # with the same key and at least as many GPUs cannot do better.
         self._failed_preemptions: dict[tuple[Any, ...], int] = {}
@@ -311,7 +311,6 @@ class _CycleRun:
         self._outcomes: dict[tuple[str, str, str, int, int, int], tuple[int, Status]] = {}
         self._reuse_outcomes = plugins.backfill is None
         self._disjoint: bool | None = None  # see _holds_disjoint
-        self._models_held: dict[str, frozenset[str]] = {}  # see _hold_models
         # Fixed for the cycle: the bucket lists never grow, the usable capacity never changes.
         self._max_node_gpus = {model: self.state.max_node_gpus(model) for model in self.state.buckets}
 
@@ -864,30 +863,26 @@ class _CycleRun:
         user = job.user if failure.reason is ReasonCode.USER_LIMIT else ""
         return (job.priority, horizon, model, job.vc, user, failure.reason)
 
-    def _victim_candidates(self) -> list[tuple[tuple[float, ...], RunningJob]]:
-        """Running jobs that could be victims of anyone, cheapest loss first (per cycle)."""
+    def _victim_candidates(self) -> list[tuple[tuple[float, ...], RunningJob, frozenset[str]]]:
+        """Running jobs that could be victims of anyone, cheapest loss first, with the GPU
+        models each holds (asked for every victim of every search); once per cycle."""
         if self._victim_base is None:
             now = self.ctx.now
             base = []
             for victim in self.ctx.snapshot.running:
-                if not self.holds.get(victim.id):
+                holds = self.holds.get(victim.id)
+                if not holds:
                     continue
                 if victim.gpu_share_milli:
                     continue  # a share frees no whole GPU
+                models = frozenset(h.model for h in holds)
                 if victim.stopping:
-                    base.append(((-1.0,), victim))
+                    base.append(((-1.0,), victim, models))
                 elif victim.preemptible and now - victim.started_at >= self.settings.min_runtime_s:
-                    base.append((self._loss(victim), victim))
+                    base.append((self._loss(victim), victim, models))
             base.sort(key=lambda v: (v[0], v[1].id))
             self._victim_base = base
         return self._victim_base
-
-    def _hold_models(self, job_id: str) -> frozenset[str]:
-        """GPU models a running job holds (asked for every victim of every search)."""
-        models = self._models_held.get(job_id)
-        if models is None:
-            models = self._models_held[job_id] = frozenset(h.model for h in self.holds[job_id])
-        return models
 
     def _victims(self, job: PendingJob, model: str, failure: Status) -> list[tuple[RunningJob, str | None]]:
         """Running jobs whose GPUs may go to `job`, cheapest loss first. Jobs already stopping
@@ -898,14 +893,15 @@ class _CycleRun:
         same_vc_only = failure.reason in _QUOTA_REASONS
         same_user_only = failure.reason is ReasonCode.USER_LIMIT
         victims: list[tuple[RunningJob, str | None]] = []
-        for _, victim in self._victim_candidates():
-            if victim.id in self.released:
+        released = self.released
+        for _, victim, models in self._victim_candidates():
+            if victim.id in released:
                 continue
             if same_vc_only and victim.vc != job.vc:
                 continue
             if same_user_only and victim.user != job.user:
                 continue
-            if model not in self._hold_models(victim.id):
+            if model not in models:
                 continue
             if victim.stopping:
                 victims.append((victim, None))

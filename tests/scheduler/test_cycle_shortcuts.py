@@ -54,7 +54,8 @@ from scheduler.core.plugins.queue_sort import (
     PriorityClass,
     ShortestExpectedFirst,
 )
-from scheduler.core.state import NodeSlot, build_state
+from scheduler.core.plugins.sharing import FragmentationGradient, node_free_vector
+from scheduler.core.state import GpuHold, NodeSlot, SharedGpu, build_state
 
 NOW = 100_000.0
 
@@ -158,6 +159,71 @@ def test_remembered_gpu_choices_and_scores_equal_fresh_ones(strict: bool) -> Non
                 assert affinity.score(node, "A100", chosen, [], ctx) == fresh_affinity.score(
                     node, "A100", chosen, [], ctx
                 )
+
+
+FGD_WORKLOAD = [
+    {"gpus": 1, "share_milli": 0, "cpu_milli": 4000, "weight": 5},
+    {"gpus": 0, "share_milli": 500, "cpu_milli": 2000, "weight": 3},
+    {"gpus": 2, "share_milli": 0, "cpu_milli": 8000, "model": "T4", "weight": 2},
+]
+
+
+def test_remembered_fgd_scores_equal_the_gradient_computed_anew() -> None:
+    """The FGD score remembers its answers per free vector, headroom and models: the same as
+    the fragmentation after minus before, through the sigmoid, on nodes with unhealthy and
+    shared GPUs, tracked CPU and replicas of a gang already placed."""
+    rng = random.Random(11)
+    remembering = FragmentationGradient({"workload": FGD_WORKLOAD, "memory": True})
+    remembering.prepare(context([], []))
+    ctx = context([], [])
+    for step in range(600):
+        unhealthy = {i for i in range(8) if rng.random() < 0.1}
+        gpus = {
+            i: Gpu(
+                i,
+                rng.choice(["A100", "A100", "T4"]) if step % 2 else "A100",
+                f"G{i}",
+                healthy=i not in unhealthy,
+            )
+            for i in range(8)
+        }
+        free = {i for i in range(8) if i not in unhealthy and rng.random() < 0.6}
+        by_model: dict[str, set[int]] = {}
+        for i in free:
+            by_model.setdefault(gpus[i].model, set()).add(i)
+        shared = {
+            i: SharedGpu(rng.choice([200, 500, 700]), 0, "t")
+            for i in range(8)
+            if i not in free and i not in unhealthy and rng.random() < 0.3
+        }
+        node = NodeSlot(
+            step % 7,
+            Node(NodeName(f"n{step % 7}"), tuple(gpus.values())),
+            True,
+            by_model,
+            gpus,
+            rng.choice([None, 2000, 6000, 12000]),
+            rng.choice([None, 64_000]),
+            shared,
+        )
+        placed = [GpuHold(0, "A100", (0,), rng.choice([0, 1000, 4000]), 1024, "vc", "u")] if step % 3 else []
+        ctx.placing = random_jobs(rng, 1)[0]
+        for model, indices in by_model.items():
+            chosen = tuple(sorted(indices)[: rng.choice([1, 2, 4])])
+            fresh = FragmentationGradient({"workload": FGD_WORKLOAD, "memory": True})
+            vector = node_free_vector(node)
+            expected = 50.0
+            if vector:
+                after = list(vector)
+                healthy = [i for i in sorted(gpus) if gpus[i].healthy]
+                for index in chosen:
+                    after[healthy.index(index)] = 0
+                cpu, memory = (placed[0].cpu_milli, placed[0].memory_mib) if placed else (0, 0)
+                expected = fresh.score_of(
+                    fresh.node_fragmentation(node, after, cpu, memory)
+                    - fresh.node_fragmentation(node, vector)
+                )
+            assert remembering.score(node, model, chosen, placed, ctx) == expected
 
 
 def decide_the_long_way(

@@ -122,6 +122,8 @@ class FragmentationGradient:
             self.given = self._typical(counts)
         self.shapes: list[Shape] = list(self.given or [])
         self._memo: dict[tuple[Any, ...], float] = {}
+        # Scores of this cycle by everything they are computed from (see score).
+        self._scores: dict[tuple[Any, ...], float] = {}
 
     def _key(
         self, share_milli: int, gpus: int, cpu_milli: int, memory_mib: int, model: str
@@ -145,6 +147,7 @@ class FragmentationGradient:
         return [Shape(*key, weight=n / covered) for key, n in kept]
 
     def prepare(self, ctx: CycleContext) -> None:
+        self._scores = {}
         if self.given is not None:
             self._memo = _shared_memo(self.given, self.use_memory)
             return
@@ -204,17 +207,28 @@ class FragmentationGradient:
     def score(
         self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
     ) -> float:
-        free = node_free_vector(node)
+        free, positions = _free_vector_and_positions(node)
         if not free:
             return 50.0
-        after = list(free)
-        for index in gpus:
-            after[_position(node, index)] = 0
+        taken = tuple(positions[i] if i in positions else _position(node, i) for i in gpus)
         job_cpu, job_memory = _replica_needs(ctx, node, placed)
-        delta = self.node_fragmentation(node, after, job_cpu, job_memory) - self.node_fragmentation(
-            node, free
-        )
-        return self.score_of(delta)
+        # A score depends on the node only through its free vector, headroom and models:
+        # nodes in the same state, asked for the same GPUs, share one computation.
+        key = (tuple(free), taken, _headroom(node), self._models_of(node), job_cpu, job_memory)
+        score = self._scores.get(key)
+        if score is None:
+            after = list(free)
+            for position in taken:
+                after[position] = 0
+            delta = self.node_fragmentation(node, after, job_cpu, job_memory) - self.node_fragmentation(
+                node, free
+            )
+            score = self._scores[key] = self.score_of(delta)
+        return score
+
+    def _models_of(self, node: NodeSlot) -> frozenset[str]:
+        """The node's models as node_fragmentation reads them (only if a task type names one)."""
+        return _node_models(node) if any(s.model for s in self.shapes) else frozenset()
 
     def score_of(self, delta: float) -> float:
         """Less fragmentation added scores higher: 100 * sigmoid(-delta / scale), 50 for none.
@@ -230,7 +244,7 @@ class FragmentationGradient:
         cpu, memory = _headroom(node)
         cpu -= cpu_taken
         memory = memory - memory_taken if self.use_memory else float("inf")
-        models = _node_models(node) if any(s.model for s in self.shapes) else frozenset()
+        models = self._models_of(node)
         key = (tuple(sorted(free)), cpu, memory, models)
         value = self._memo.get(key)
         if value is None:
@@ -337,6 +351,25 @@ def node_free_vector(node: NodeSlot) -> list[int]:
         else:
             vector.append(0)
     return vector
+
+
+def _free_vector_and_positions(node: NodeSlot) -> tuple[list[int], dict[int, int]]:
+    """`node_free_vector` and where each healthy GPU sits in it, in one pass."""
+    free_sets = node.free
+    vector: list[int] = []
+    positions: dict[int, int] = {}
+    for index in sorted(node.gpus):
+        gpu = node.gpus[index]
+        if not gpu.healthy:
+            continue
+        positions[index] = len(vector)
+        if index in free_sets.get(gpu.model, ()):
+            vector.append(WHOLE)
+        elif index in node.shared:
+            vector.append(WHOLE - node.shared[index].used_milli)
+        else:
+            vector.append(0)
+    return vector, positions
 
 
 def _position(node: NodeSlot, gpu_index: int) -> int:
