@@ -270,3 +270,16 @@ def test_an_image_from_a_registry_outside_the_allowlist_is_a_400(api_for, settin
     assert not Job.objects.exists()
     allowed = {**body, "image": "nvcr.io/nvidia/pytorch:24.05-py3"}
     assert api_for("alice").post("/api/v1/jobs/", allowed, format="json").status_code == 201
+
+
+def test_a_submission_takes_six_statements_and_answers_as_the_job_detail_does(  # type: ignore[no-untyped-def]
+    api_for, small_job, django_assert_max_num_queries
+) -> None:
+    """What a submission costs is mostly its statements (docs/benchmarks.md): the spec's names
+    in one, the rules in one, the job, then its event and audit entry together, and the
+    savepoint pair of the test's own transaction. The answer reads nothing back."""
+    alice = api_for("alice")
+    with django_assert_max_num_queries(6):
+        response = alice.post("/api/v1/jobs/", {**small_job, "priority": "dev"}, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json() == alice.get(f"/api/v1/jobs/{response.json()['id']}/").json()
