@@ -151,16 +151,21 @@ class FragmentationGradient:
         if self.given is not None:
             self._memo = _shared_memo(self.given, self.use_memory)
             return
-        counts: Counter[tuple[int, int, int, int, str]] = Counter()
+        # Replicas per request as the jobs state it, then per task type: a long queue repeats a
+        # few requests, so each is turned into its task type once.
+        requests: dict[tuple[int, int, int, int, str], int] = {}
         for job in ctx.snapshot.pending:
-            key = self._key(
+            request = (
                 job.gpu_share_milli,
                 job.gpus_per_replica,
                 job.cpu_milli_per_replica,
                 job.memory_mib_per_replica,
                 job.gpu_model,
             )
-            counts[key] += job.replicas
+            requests[request] = requests.get(request, 0) + job.replicas
+        counts: Counter[tuple[int, int, int, int, str]] = Counter()
+        for request, replicas in requests.items():
+            counts[self._key(*request)] += replicas
         for running in ctx.snapshot.running:
             per_replica = running.gpus // max(len(running.placement), 1)
             key = self._key(
