@@ -116,12 +116,11 @@ def test_a_wrong_key_is_a_clear_error_not_an_empty_dict(
     """Only what reads the secrets fails, and loudly: the job's desired set (so its node's agent
     gets no half-configured job), the rotation command. Lists, scheduling cycles and saves of the
     job never decrypt them, so they go on, and a save writes the stored token back unchanged."""
+    from portal.accounts.models import TotpDevice
     from portal.agentgw.desired import desired_set_for
     from portal.cluster.models import Node
     from portal.jobs.models import Job
     from scheduler.tasks import run_cycle
-
-    from portal.accounts.models import TotpDevice
 
     # Authenticator keys are encrypted too, and the rotation command reads them first; this test
     # is about the job's row, so no authenticator may be the row it names.
