@@ -102,6 +102,11 @@ def engine() -> Iterator[docker.DockerClient]:
             daemon.kill()
             daemon.wait()
         log.close()
+        # The engine leaves its default network namespace mounted under exec-root; while it is,
+        # the directory cannot be removed.
+        netns = root / "exec" / "netns" / "default"
+        if os.path.ismount(netns):
+            subprocess.run(["umount", str(netns)], check=False)
         shutil.rmtree(root, ignore_errors=True)
 
 
