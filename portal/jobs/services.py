@@ -768,7 +768,12 @@ def requeue_jobs_holding(allocations: models.QuerySet[Allocation], reason: str) 
     requeued = []
     for job in Job.objects.select_for_update().filter(pk__in=job_ids, state__in=ACTIVE_STATES).order_by("pk"):
         attempt = job.current_attempt()
-        if attempt is not None and transition_job(job, JobState.LOST, label="portal", reason=reason):
+        # Read again under the job's lock: a caller that read the allocations before another one
+        # requeued the job (a redelivered heartbeat check, say) would otherwise end the next
+        # attempt, placed elsewhere since then.
+        if attempt is None or not allocations.filter(attempt=attempt, released_at__isnull=True).exists():
+            continue
+        if transition_job(job, JobState.LOST, label="portal", reason=reason):
             end_attempt(job, attempt, AttemptState.LOST, None, reason)
             requeue_lost_job(job, reason)
             requeued.append(job.pk)

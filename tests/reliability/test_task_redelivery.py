@@ -261,3 +261,30 @@ def test_a_redelivered_heartbeat_check_requeues_a_lost_job_once(worker: Redelive
     assert len(new_nodes) == 1 and lost.pk not in new_nodes
     assert JobEvent.objects.filter(job_id=job_id, to_state="lost").count() == 1
     assert JobEvent.objects.filter(job_id=job_id, to_state="pending").count() == 2  # submitted, requeued
+
+
+def test_a_copy_that_read_the_lost_nodes_allocations_before_the_requeue_changes_nothing(users) -> None:  # type: ignore[no-untyped-def]
+    """The narrowest window of a second copy: it read the lost node's live allocations, then
+    stalled; meanwhile the other copy requeued the job and a cycle placed its next attempt on
+    another node. When the stalled copy locks the job, the job is active again, but its current
+    attempt holds none of the allocations the copy read: it must be left alone."""
+    from portal.jobs.services import requeue_jobs_holding, requeue_jobs_of_lost_node
+
+    Node.objects.update(state="ready")
+    (job_id,) = submit_jobs(users, 1, "m-A100")
+    assert run_cycle()["started"] == 1
+    (first_attempt,) = JobAttempt.objects.filter(job_id=job_id)
+    lost = Node.objects.get(pk=first_attempt.allocations.values_list("node", flat=True).distinct().get())
+    read_before = list(
+        Allocation.objects.filter(node=lost, released_at__isnull=True).values_list("pk", flat=True)
+    )
+    Node.objects.filter(pk=lost.pk).update(state="not-ready")
+    assert requeue_jobs_of_lost_node(lost) == [job_id]
+    assert run_cycle()["started"] == 1
+    second_attempt = JobAttempt.objects.get(job_id=job_id, number=2)
+
+    assert requeue_jobs_holding(Allocation.objects.filter(pk__in=read_before), "stale copy") == []
+    second_attempt.refresh_from_db()
+    assert second_attempt.ended_at is None and Job.objects.get(pk=job_id).state == "scheduled"
+    assert Allocation.objects.filter(attempt=second_attempt, released_at__isnull=True).count() == 4
+    assert JobEvent.objects.filter(job_id=job_id, to_state="lost").count() == 1
