@@ -215,3 +215,40 @@ def test_a_vc_policy_never_puts_a_lower_priority_class_first() -> None:
         .pending("dev-late", vc="team", submitted_at=9, priority=100)
     )
     assert queue_ids(snap, queue_sort=["priority", "fifo"]) == ["prod", "dev-requeued", "dev-late"]
+
+
+@pytest.mark.parametrize(
+    ("pending_service", "running_service", "preempt_levels", "preempts", "wake_at"),
+    [
+        # Thresholds 1000 and 4000 GPU-s: queues 0 (< 1000), 1 (< 4000) and 2. One GPU each.
+        pytest.param(0, 2000, 1, True, None, id="one-queue-apart-preempts-by-default"),
+        pytest.param(0, 2000, 2, False, 100.0 + 2000.0, id="one-queue-apart-waits-for-queue-2"),
+        pytest.param(0, 5000, 2, True, None, id="two-queues-apart-preempts"),
+        pytest.param(2000, 5000, 2, False, None, id="queue-1-never-preempts-with-two-levels"),
+        pytest.param(0, 500, 2, False, 100.0 + 3500.0, id="wakes-only-for-the-crossing-that-matters"),
+    ],
+)
+def test_las_preempt_levels(
+    pending_service: float, running_service: float, preempt_levels: int, preempts: bool, wake_at: float | None
+) -> None:
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .running("r", [("n0", (0,))], attained_gpu_s=running_service)
+        .pending("p", gpus_=1, submitted_at=0, attained_gpu_s=pending_service)
+    )
+    las = {"thresholds": [1000, 4000], "preempt_levels": preempt_levels}
+    p = profile(queue_sort=["las"], preemption=["las"], post_cycle=["las"], plugin_args={"las": las})
+    plan = decide(snap.build(), p, now=100.0)
+    assert [pr.job_id for pr in plan.preemptions] == (["r"] if preempts else [])
+    if not preempts:
+        assert plan.wake_at == (None if wake_at is None else pytest.approx(wake_at))
+        (status,) = plan.pending
+        # The estimate agrees: the GPU is the waiting job's when the running one would yield.
+        if wake_at is not None:
+            assert status.estimated_start == pytest.approx(min(wake_at, status.estimated_start))
+
+
+def test_las_preempt_levels_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="preempt_levels"):
+        profile(queue_sort=["las"], plugin_args={"las": {"thresholds": [1000], "preempt_levels": 0}})

@@ -98,9 +98,11 @@ class DiscretizedLas:
     back and forth. The starvation guard moves a job that has waited `starvation_factor`
     times its own run time back to queue 0.
 
-    It is also a preemption plugin (a job in a lower queue may preempt one in a higher queue)
-    and a post-cycle plugin (asks for a cycle when a running job crosses a threshold, since
-    that is when a waiting job may start to outrank it).
+    It is also a preemption plugin (a job in a lower queue may preempt one in a higher queue;
+    with `preempt_levels` n > 1, only one at least n queues higher, so that jobs one queue
+    apart wait for each other instead of taking turns) and a post-cycle plugin (asks for a
+    cycle when a running job crosses a threshold, since that is when a waiting job may start
+    to outrank it).
     """
 
     name = "las"
@@ -113,6 +115,9 @@ class DiscretizedLas:
             raise ValueError(f"las: service must be gpu_time or time, not {self.service!r}")
         self.starvation_factor = float(args.get("starvation_factor", 0.0))
         self.starvation_min_wait_s = float(args.get("starvation_min_wait_s", 0.0))
+        self.preempt_levels = int(args.get("preempt_levels", 1))
+        if self.preempt_levels < 1:
+            raise ValueError("las: preempt_levels must be at least 1")
         # Inside a queue: "arrival" keeps Tiresias' FIFO; "service" orders by attained service
         # (closer to continuous LAS, without its back-and-forth preemption).
         self.order_in_queue = str(args.get("order_in_queue", "arrival"))
@@ -196,7 +201,7 @@ class DiscretizedLas:
     def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
         if preemptor.priority < victim.priority:
             return None
-        if self.pending_level(preemptor, ctx.now) < self.running_level(victim):
+        if self.pending_level(preemptor, ctx.now) + self.preempt_levels <= self.running_level(victim):
             return "las"
         return None
 
@@ -212,7 +217,8 @@ class DiscretizedLas:
         has, else when it reaches the job's queue threshold at its current rate."""
         if job.priority < victim.priority:
             return None
-        level = self.pending_level(job, ctx.now)
+        # The victim yields once it is in queue `level + preempt_levels` or beyond.
+        level = self.pending_level(job, ctx.now) + self.preempt_levels - 1
         if level < self.running_level(victim):
             return ctx.now
         if level >= len(self.thresholds):
@@ -226,7 +232,7 @@ class DiscretizedLas:
     ) -> list[float | None]:
         """yields_at for every victim, with what depends only on `job` worked out once."""
         now, priority = ctx.now, job.priority
-        level = self.pending_level(job, now)
+        level = self.pending_level(job, now) + self.preempt_levels - 1
         threshold = self.thresholds[level] if level < len(self.thresholds) else None
         by_gpu_time = self.service == "gpu_time"
         running_levels = self._running_levels
@@ -259,6 +265,7 @@ class DiscretizedLas:
         for priority, level in {(pending.priority, levels[pending.id]) for pending in self._pending}:
             waiting_levels.setdefault(priority, set()).add(level)
         earliest: float | None = None
+        gap = self.preempt_levels - 1
         for job in ctx.snapshot.running:
             if job.stopping or not job.preemptible:
                 continue
@@ -266,12 +273,27 @@ class DiscretizedLas:
             i = bisect.bisect_right(self.thresholds, service)
             if i >= len(self.thresholds):
                 continue
-            if not any(i in levels for p, levels in waiting_levels.items() if p >= job.priority):
+            if gap:
+                # Crossing into queue w + preempt_levels lets a waiting job of queue w in: the
+                # first such crossing still ahead of the running job.
+                targets = [
+                    w + gap
+                    for p, levels in waiting_levels.items()
+                    if p >= job.priority
+                    for w in levels
+                    if i <= w + gap < len(self.thresholds)
+                ]
+                if not targets:
+                    continue
+                crossing = min(targets)
+            elif any(i in levels for p, levels in waiting_levels.items() if p >= job.priority):
+                crossing = i  # into queue i + 1, where a waiting job of queue i outranks it
+            else:
                 continue
             rate = float(job.gpus) if self.service == "gpu_time" else 1.0
             if rate <= 0:
                 continue
-            at = ctx.now + (self.thresholds[i] - service) / rate
+            at = ctx.now + (self.thresholds[crossing] - service) / rate
             if earliest is None or at < earliest:
                 earliest = at
         if self.starvation_factor > 0:
