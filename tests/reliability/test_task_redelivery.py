@@ -94,6 +94,15 @@ class RedeliveryStack(PortalStack):
         assert name == "worker"
         return [sys.executable, "-c", WORKER, f"redelivery-{self.port}@%h"]
 
+    def celery(self) -> Any:
+        """A client of this worker's broker that does not become the process's current app: the
+        broker stops with this module, and later tests' submissions must not send cycles to it."""
+        if self._celery is None:
+            from celery import Celery
+
+            self._celery = Celery("redelivery-probe", broker=self.env["REDIS_URL"], set_as_current=False)
+        return self._celery
+
 
 @pytest.fixture(scope="module")
 def redelivery_stack(django_db_setup: Any, tmp_path_factory: Any) -> Iterator[RedeliveryStack]:
@@ -121,8 +130,8 @@ def redelivery_stack(django_db_setup: Any, tmp_path_factory: Any) -> Iterator[Re
 
 @pytest.fixture
 def worker(redelivery_stack: RedeliveryStack, users: dict[str, Any]) -> Iterator[RedeliveryStack]:
-    """The worker, paused until the test has set the scene (the submissions of the test ask it for
-    cycles too), paused again and idle after the test, before the database is reset."""
+    """The worker, paused until the test has set the scene, paused again and idle after the test,
+    before the database is reset."""
     redis = redelivery_stack.redis_client()
     for key in redis.keys("f8:*"):
         redis.delete(key)
@@ -132,8 +141,8 @@ def worker(redelivery_stack: RedeliveryStack, users: dict[str, Any]) -> Iterator
 
 
 def unpause_when_settled(stack: PortalStack) -> None:
-    """Lets the worker act once the cycles the test's own submissions asked for (while it was
-    paused) have been consumed, so that the only tasks it runs are the ones the test sends."""
+    """Lets the worker act once anything queued while it was paused has been consumed, so that
+    the only tasks it runs are the ones the test sends."""
     wait_for(lambda: stack.redis_client().llen("celery") == 0, 30, "the queue to drain")
     stack.wait_idle()
     stack.set_paused(False)
