@@ -112,8 +112,9 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     queue = order_queue(snapshot.pending, plugins, ctx, profile)
     # 4.-6. Admission, placement, preemption, reservation.
     run = _CycleRun(ctx, plugins, profile, holds)
+    consider = run.consider
     for job in queue:
-        run.consider(job)
+        consider(job)
     # 6b. Time-slicing: waiting jobs take turns on the GPUs of their VC's jobs whose quantum is up.
     suspends = run.rotate(queue)
     # 7. Post-cycle hooks.
@@ -333,12 +334,13 @@ class _CycleRun:
             return
         # Most of a long queue is turned away for the same reason as a job just before it
         # with the same request, while nothing changed: reuse that outcome. Fractional jobs
-        # are left out (their quota use depends on the shares already held).
+        # are left out (their quota use depends on the shares already held). Only outcomes
+        # that may not preempt are kept, and they never come to (the attempts only grow).
         outcome_key = None
         if self._reuse_outcomes and not job.gpu_share_milli:
             outcome_key = (job.gpu_model, job.vc, job.user, job.gpus_per_replica, job.replicas, job.priority)
             known = self._outcomes.get(outcome_key)
-            if known is not None and known[0] == self.state.version and not self._may_preempt(known[1]):
+            if known is not None and known[0] == self.state.version:
                 self.reasons[job.id] = known[1]
                 return
         looked_at_nodes = False
