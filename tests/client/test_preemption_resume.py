@@ -148,9 +148,13 @@ def test_the_example_is_preempted_checkpoints_and_resumes_without_losing_steps(
 
     first = logs[1]
     assert sum("starting from step 0" in line for line in first) == 2
-    # Both replicas saved when the portal asked, after at least one periodic save.
-    asked = steps(first, r"checkpoint requested at step (\d+)")
-    assert len(asked) == 2 and min(asked) > 50, [line for line in first if "loss" not in line]
+    # The replicas saved when the portal asked, after at least one periodic save. A periodic
+    # save that lands between the signal and the replica's next step is a complete checkpoint
+    # written after the request: the agent takes it and stops the replica, which then never
+    # prints the request (the checks below still hold it to resuming from a saved step).
+    asked = {r: steps(own, r"checkpoint requested at step (\d+)") for r, own in by_replica(first).items()}
+    assert asked and all(len(a) <= 1 for a in asked.values()), asked
+    assert any(asked.values()) and min(a[0] for a in asked.values() if a) > 50, asked
 
     # Every later attempt continues from a step that was saved, never from step 0, and from no
     # earlier than the last periodic save before it started. (The toy's replicas do not step
