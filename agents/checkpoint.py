@@ -246,11 +246,16 @@ def build_manifest(checkpoint_dir: Path, found: FoundCheckpoint) -> Manifest:
 
 def publish_manifest(checkpoint_dir: Path, manifest: Manifest) -> PublishedManifest:
     """Write the manifest into ``.manifests/`` atomically (temporary file, fsync, rename, fsync
-    of the directory), so a crash leaves either no manifest or a whole one."""
+    of the directory), so a crash leaves either no manifest or a whole one.
+
+    The file is named by its own hash: replicas on several hosts share the directory and save
+    the same step, each with its own marker time, so a name by step and path alone would let
+    one replica's manifest replace the one the portal committed for the other."""
     directory = Path(checkpoint_dir) / MANIFEST_DIR
     directory.mkdir(exist_ok=True)
-    name = f"{manifest.step}-{hashlib.sha256(manifest.path.encode()).hexdigest()[:12]}.json"
     payload = manifest.model_dump_json().encode()
+    digest = hashlib.sha256(payload).hexdigest()
+    name = f"{manifest.step}-{digest[:16]}.json"
     temporary = directory / f".{name}.{uuid4().hex}.tmp"  # unique: replicas share the directory
     with open(temporary, "wb") as handle:
         handle.write(payload)
@@ -261,7 +266,7 @@ def publish_manifest(checkpoint_dir: Path, manifest: Manifest) -> PublishedManif
     return PublishedManifest(
         manifest=manifest,
         relative_path=f"{MANIFEST_DIR}/{name}",
-        sha256=hashlib.sha256(payload).hexdigest(),
+        sha256=digest,
     )
 
 

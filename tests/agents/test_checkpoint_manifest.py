@@ -96,6 +96,25 @@ def test_the_manifest_is_published_atomically_and_its_digest_is_that_of_its_byte
     assert [p.name for p in (tmp_path / MANIFEST_DIR).iterdir()] == [Path(result.relative_path).name]
 
 
+def test_replicas_publishing_the_same_step_never_replace_each_others_manifest(tmp_path: Path) -> None:
+    """Replicas on several hosts share the directory and save the same step, each marker with
+    its own time: whichever manifest the portal committed must still be there to resume from."""
+    make_checkpoint(tmp_path)
+    first = publish_manifest(tmp_path, build_manifest(tmp_path, found(tmp_path, "step-7")))
+    later = FoundCheckpoint(path=tmp_path / "step-7", size_bytes=0, step=7, time=datetime.now(UTC))
+    second = publish_manifest(tmp_path, build_manifest(tmp_path, later))
+    assert first.relative_path != second.relative_path
+    for result in (first, second):
+        resume = ResumeFrom(
+            step=7, path="step-7", manifest_path=result.relative_path, manifest_sha256=result.sha256
+        )
+        assert verify_resume(tmp_path, resume).time in (found(tmp_path, "step-7").time, later.time)
+    # The same manifest published twice is one file.
+    again = publish_manifest(tmp_path, build_manifest(tmp_path, found(tmp_path, "step-7")))
+    assert again.relative_path == first.relative_path
+    assert len(list((tmp_path / MANIFEST_DIR).iterdir())) == 2
+
+
 def test_links_out_of_the_directory_and_special_paths_are_refused(tmp_path: Path) -> None:
     directory = tmp_path / "job"
     make_checkpoint(directory)
