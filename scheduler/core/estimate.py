@@ -14,6 +14,8 @@ estimate, which errs on the late side.
 from __future__ import annotations
 
 import heapq
+import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
@@ -29,6 +31,9 @@ from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob
 # free only as the burst crossed its first LAS threshold (cluster02: 20 of the 22 estimates
 # off by more than 2x).
 YOUNG_JOB_SHARE = 0.1
+
+# A quota row not looked up yet (None is an answer: no quota covers it).
+_UNASKED: tuple[int, int, int] = (-1, -1, -1)
 
 
 def estimate_starts(
@@ -67,13 +72,17 @@ def estimate_starts(
                 fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), job.vc))
         else:
             running.append((job, running_end(job, now, default_s, YOUNG_JOB_SHARE)))
-    by_id = {job.id: job for job in queue}
-    for job_id, model in started.items():
-        job = by_id[job_id]
-        fixed.append((now + _remaining(job, default_s), model, job.gpus, job.vc))
-    for job_id, (at, model) in waiting.items():
-        job = by_id[job_id]
-        fixed.append((at + _remaining(job, default_s), model, job.gpus, job.vc))
+    # Jobs started or waiting for their victims in this cycle: their releases are fixed, and
+    # the walk below passes over them (looked up only when there are any).
+    settled = started.keys() | waiting.keys()
+    if settled:
+        by_id = {job.id: job for job in queue if job.id in settled}
+        for job_id, model in started.items():
+            job = by_id[job_id]
+            fixed.append((now + _remaining(job, default_s), model, job.gpus, job.vc))
+        for job_id, (at, model) in waiting.items():
+            job = by_id[job_id]
+            fixed.append((at + _remaining(job, default_s), model, job.gpus, job.vc))
 
     # Two time-ordered release streams are merged on the fly: the running jobs' releases
     # (a sorted list), which depend on who asks, and the fixed ones plus bookings (a heap),
@@ -84,11 +93,11 @@ def estimate_starts(
     # queue order, and the walk costs O(queue + running x kinds), not O(queue x kinds).
     seq = 0
     booked: list[tuple[float, int, str, int, str]] = []
-    vc_booked: dict[str, list[tuple[float, int]]] = {}
+    vc_booked: defaultdict[str, list[tuple[float, int]]] = defaultdict(list)
     for at, model, gpus, vc in fixed:
         seq += 1
         booked.append((at, seq, model, gpus, vc))
-        vc_booked.setdefault(vc, []).append((at, gpus))
+        vc_booked[vc].append((at, gpus))
     heapq.heapify(booked)
     for entries in vc_booked.values():
         entries.sort()
@@ -97,7 +106,8 @@ def estimate_starts(
     }
     released_running: set[int] = set()  # positions in `running`
     latest_end = max((end for _, end in running), default=now)
-    free = dict(state.free_total)
+    # Free GPUs per model; a model not seen yet has none (read without a default each time).
+    free: defaultdict[str, int] = defaultdict(int, state.free_total)
     vc_used = {vc: state.vc_used(vc, "*") for vc in state.quotas}
     # The working state does not change during the estimate: read its per-model figures and
     # quota rows once instead of once per job.
@@ -122,10 +132,11 @@ def estimate_starts(
     any_model: dict[int, str | None] = {}  # GPUs -> model an any-model job is estimated on
     estimates: dict[str, float | None] = {}
     segment: tuple[tuple[float, ...], ...] | None = None
+    all_gone = False
     # (release time, position in `running`, job): the position breaks ties in running order.
     passing: list[tuple[float, int, RunningJob]] = []
     vc_passing: dict[str, list[tuple[float, int]]] | None = {}  # by VC, made when first read
-    next_passing = 0
+    next_passing = passing_end = 0
     cursor = now
     columns = [_horizon_keys(h, queue, ctx) for h in horizons]
     horizon_keys: list[tuple[tuple[float, ...], ...]] = (
@@ -134,38 +145,50 @@ def estimate_starts(
     heappush, heappop = heapq.heappush, heapq.heappop
     for position, job in enumerate(queue):
         job_id = job.id
-        if job_id in started:
-            continue
-        waited = waiting.get(job_id)
-        if waited is not None:
-            estimates[job_id] = waited[0]
+        if settled and job_id in settled:
+            if job_id not in started:
+                estimates[job_id] = waiting[job_id][0]
             continue
         key = horizon_keys[position]
-        if key != segment and not (len(released_running) == len(running) and cursor >= latest_end):
-            # (Once every running job is gone by its expected end, no kind of job can see one
-            # later, so the remaining kinds need no recomputation.)
-            segment = key
-            yields = yields_by_key.get(key)
-            if yields is None:
-                yields = yields_by_key[key] = _yield_times(job, running, ctx, horizons, settings)
-            vc = job.vc
-            # Only work of the job's own VC and borrowed work yield to it before their end.
-            ats = [
-                at if at == end or r.vc == vc or lends else end
-                for at, (r, end), lends in zip(yields, running, borrowing, strict=True)
-            ]
-            for i in [i for i in released_running if not ats[i] <= cursor]:
-                # Counted as gone for the kind before, but not yet for this kind: back in use.
-                released_running.discard(i)
-                r = running[i][0]
-                for rmodel, gpus in parts[r.id]:
-                    free[rmodel] = free.get(rmodel, 0) - gpus
-                    if r.vc in vc_used:
-                        vc_used[r.vc] += gpus
-            # (time, position) is unique, so the jobs themselves are never compared.
-            passing = sorted((at, i, running[i][0]) for i, at in enumerate(ats) if i not in released_running)
-            vc_passing = None
-            next_passing = 0
+        if not all_gone and key != segment:
+            # Once every running job is gone by its expected end, no kind of job can see one
+            # later, so the remaining kinds need no recomputation (and that stays so: the
+            # cursor only moves on, and nothing is taken back any more).
+            all_gone = len(released_running) == len(running) and cursor >= latest_end
+            if not all_gone:
+                segment = key
+                yields = yields_by_key.get(key)
+                if yields is None:
+                    yields = yields_by_key[key] = _yield_times(job, running, ctx, horizons, settings)
+                vc = job.vc
+                # Only work of the job's own VC and borrowed work yield to it before their end.
+                ats = [
+                    at if at == end or r.vc == vc or lends else end
+                    for at, (r, end), lends in zip(yields, running, borrowing, strict=True)
+                ]
+                for i in [i for i in released_running if not ats[i] <= cursor]:
+                    # Counted as gone for the kind before, but not yet for this kind: back in use.
+                    released_running.discard(i)
+                    r = running[i][0]
+                    for rmodel, gpus in parts[r.id]:
+                        free[rmodel] -= gpus
+                        if r.vc in vc_used:
+                            vc_used[r.vc] += gpus
+                # The releases still to come in the order of (time, position): their positions
+                # sorted by time alone, which keeps equal times in position order. A NaN time
+                # would make that order depend on how it is reached: then the tuples are sorted.
+                if _has_nan(ats):
+                    # (time, position) is unique, so the jobs themselves are never compared.
+                    passing = sorted(
+                        (at, i, running[i][0]) for i, at in enumerate(ats) if i not in released_running
+                    )
+                else:
+                    to_come = [i for i in range(len(ats)) if i not in released_running]
+                    to_come.sort(key=ats.__getitem__)
+                    passing = [(ats[i], i, running[i][0]) for i in to_come]
+                vc_passing = None
+                next_passing = 0
+                passing_end = len(passing)
         if probes and job_id in probes:
             sort_booked()
             if vc_passing is None:
@@ -193,37 +216,36 @@ def estimate_starts(
         if model is None or capacity.get(model, 0) < need or max_node.get(model, 0) < per_replica:
             estimates[job_id] = None
             continue
-        have = free.get(model, 0)
+        have = free[model]
         while have < need:
-            if next_passing < len(passing) and (not booked or passing[next_passing][0] <= booked[0][0]):
+            if next_passing < passing_end and (not booked or passing[next_passing][0] <= booked[0][0]):
                 at, i, r = passing[next_passing]
                 next_passing += 1
                 released_running.add(i)
                 if at > cursor:
                     cursor = at
                 for rmodel, gpus in parts[r.id]:
-                    free[rmodel] = free.get(rmodel, 0) + gpus
+                    free[rmodel] += gpus
                     if r.vc in vc_used:
                         vc_used[r.vc] -= gpus
             elif booked:
                 at, _, rmodel, gpus, vc = heappop(booked)
                 if at > cursor:
                     cursor = at
-                free[rmodel] = free.get(rmodel, 0) + gpus
+                free[rmodel] += gpus
                 if vc in vc_used:
                     vc_used[vc] -= gpus
             else:
                 break
-            have = free.get(model, 0)
+            have = free[model]
         if have < need:
             estimates[job_id] = None
             continue
         start = cursor
         vc = job.vc
         quota_key = (vc, asked if asked != ANY_MODEL else model)
-        if quota_key in quotas:
-            quota = quotas[quota_key]
-        else:
+        quota = quotas.get(quota_key, _UNASKED)
+        if quota is _UNASKED:
             quota = quotas[quota_key] = state.quota_for(*quota_key)
         if quota is not None:
             limit = quota[0] + quota[1]
@@ -251,7 +273,7 @@ def estimate_starts(
         seq += 1
         heappush(booked, (end, seq, model, need, vc))
         if quota is not None:
-            vc_booked.setdefault(vc, []).append((end, need))
+            vc_booked[vc].append((end, need))
             unsorted_vcs.add(vc)
     return estimates
 
@@ -293,6 +315,9 @@ def _yield_times(
         return best
     victims = [r for r, _ in running]
     min_runtime = settings.min_runtime_s
+    # The earliest each victim may be stopped, None if it may not be (worked out once, not once
+    # per horizon).
+    floors = [victim.started_at + min_runtime if victim.preemptible else None for victim in victims]
     for horizon in horizons:
         bulk = getattr(horizon, "yields_at_all", None)
         if bulk is not None:
@@ -300,10 +325,15 @@ def _yield_times(
         else:
             times = [horizon.yields_at(job, victim, ctx) for victim in victims]
         best = [
-            b if at is None or not victim.preemptible else min(b, max(at, victim.started_at + min_runtime))
-            for b, at, victim in zip(best, times, victims, strict=True)
+            b if at is None or floor is None else min(b, max(at, floor))
+            for b, at, floor in zip(best, times, floors, strict=True)
         ]
     return best
+
+
+def _has_nan(times: Sequence[float]) -> bool:
+    """Whether a release time is NaN (then the walk sorts its releases as tuples)."""
+    return any(map(math.isnan, times))
 
 
 def _remaining(job: PendingJob, default_s: float) -> float:

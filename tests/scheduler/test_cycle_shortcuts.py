@@ -5,12 +5,15 @@ later jobs with the same request while the state is unchanged, GPU choices and s
 node layout and free GPUs, queue keys and preemption horizons computed for the whole queue
 at once, a preemption search that takes one victim back per trial and asks only whether a
 single replica fits (first feasible node, unscored), sort keys concatenated column by
-column, and pending statuses written through their slots. Each is checked here against the
-plain computation, including a state that changes in the middle of the walk.
+column, pending statuses written through their slots, a queue already in arrival order not
+sorted again, shared key tuples, and the estimate's releases ordered by sorting positions by
+time. Each is checked here against the plain computation, including a state that changes in
+the middle of the walk.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import random
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,7 +40,9 @@ from scheduler.core import (
     load_profile,
 )
 from scheduler.core import cycle as cycle_module
+from scheduler.core import estimate as estimate_module
 from scheduler.core.framework import CycleContext, Status
+from scheduler.core.plugins import queue_sort as queue_sort_module
 from scheduler.core.plugins.placement import (
     BuddyCells,
     BuddyChooser,
@@ -230,8 +235,9 @@ def decide_the_long_way(
     snapshot: Snapshot, profile_: Profile, now: float, monkeypatch: pytest.MonkeyPatch
 ) -> Plan:
     """decide() with outcome reuse off, the preemption search releasing all victims anew and
-    placing every trial in full (scored), sort keys added up job by job, and pending
-    statuses built by their constructor."""
+    placing every trial in full (scored), sort keys added up job by job, pending statuses
+    built by their constructor, the queue sorted by arrival every time, and the estimate's
+    running releases sorted as (time, position, job) tuples at each change of horizon key."""
     original_init = cycle_module._CycleRun.__init__
     original_place = cycle_module._CycleRun._place
 
@@ -275,6 +281,10 @@ def decide_the_long_way(
         patch.setattr(cycle_module._CycleRun, "_place", place)
         patch.setattr(cycle_module, "_concatenated_keys", keys_added_up)
         patch.setattr(cycle_module, "_pending_statuses", statuses)
+        patch.setattr(
+            queue_sort_module, "by_arrival", lambda jobs: sorted(jobs, key=queue_sort_module._ARRIVAL)
+        )
+        patch.setattr(estimate_module, "_has_nan", lambda times: True)
         return decide(snapshot, profile_, now)
 
 
@@ -288,6 +298,48 @@ def test_shortcuts_decide_as_the_long_way(
     plan = decide(snapshot, many_attempts, NOW)
     assert plan.preemptions, "the case should exercise the preemption search"
     assert plan == decide_the_long_way(snapshot, many_attempts, NOW, monkeypatch)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shortcuts_decide_as_the_long_way_on_a_shuffled_queue_of_tied_arrivals(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Arrival ties and a queue out of order take the sorting path; the estimates are kept."""
+    rng = random.Random(seed)
+    snapshot = build_snapshot(16, 400, busy=0.95, seed=seed)
+    pending = [
+        dataclasses.replace(
+            job, submitted_at=float(int(job.submitted_at) // 5), priority=rng.choice([0, 100])
+        )
+        for job in snapshot.pending
+    ]
+    rng.shuffle(pending)
+    snapshot = Snapshot(snapshot.nodes, snapshot.vcs, snapshot.running, tuple(pending))
+    plan = decide(snapshot, load_profile("default"), NOW)
+    assert any(status.estimated_start is not None for status in plan.pending)
+    assert plan == decide_the_long_way(snapshot, load_profile("default"), NOW, monkeypatch)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_queue_in_arrival_order_is_not_sorted_again(seed: int) -> None:
+    rng = random.Random(seed)
+    jobs = random_jobs(rng, 100)
+    by_key = sorted(jobs, key=queue_sort_module._ARRIVAL)
+    assert list(queue_sort_module.by_arrival(jobs)) == by_key
+    assert list(queue_sort_module.by_arrival(by_key)) == by_key  # ties: sorted again
+    rising = [dataclasses.replace(job, submitted_at=float(k)) for k, job in enumerate(jobs)]
+    assert queue_sort_module.by_arrival(rising) is rising
+    rising[50] = dataclasses.replace(rising[50], submitted_at=float("nan"))
+    assert queue_sort_module.by_arrival(rising) == sorted(rising, key=queue_sort_module._ARRIVAL)
+
+
+def test_estimate_releases_in_time_then_position_order() -> None:
+    """Positions sorted by time alone give the order of (time, position) tuples."""
+    rng = random.Random(7)
+    times = [float(rng.choice([0, 5, 5, 9, 12])) for _ in range(200)]
+    positions = sorted(range(len(times)), key=times.__getitem__)
+    assert [(times[i], i) for i in positions] == sorted((t, i) for i, t in enumerate(times))
+    assert estimate_module._has_nan([1.0, float("nan")]) and not estimate_module._has_nan(times)
 
 
 def test_sort_keys_of_uneven_widths_are_added_up() -> None:

@@ -5,14 +5,15 @@ Keys are tuples of floats, concatenated in profile order, so a profile such as
 
 Each plugin also gives the keys of a whole queue at once (`sort_keys`, and `horizon_keys`
 for the preemption horizons): the same keys as one call per job, without a method call per
-job and per plugin, which is much of the cost of ordering a queue of tens of thousands.
+job and per plugin, which is much of the cost of ordering a queue of tens of thousands. Where
+a key takes few values (a priority class, a LAS queue), jobs of one value share one tuple.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from operator import attrgetter
+from operator import attrgetter, lt
 from typing import Any
 
 from scheduler.core.framework import CycleContext
@@ -20,6 +21,15 @@ from scheduler.core.types import PendingJob, RunningJob
 
 DEFAULT_RUNTIME_S = 3600.0
 _ARRIVAL = attrgetter("submitted_at", "id")  # (submitted_at, id), the order of submission
+
+
+def by_arrival(jobs: Sequence[PendingJob]) -> Sequence[PendingJob]:
+    """`jobs` sorted by (submitted_at, id). A queue whose submission times already rise
+    strictly (as a snapshot's usually do) is in that order and is returned as it is."""
+    times = [job.submitted_at for job in jobs]
+    if all(map(lt, times, times[1:])):
+        return jobs
+    return sorted(jobs, key=_ARRIVAL)
 
 
 def expected_runtime(job: PendingJob | RunningJob, default_s: float = DEFAULT_RUNTIME_S) -> float:
@@ -67,7 +77,8 @@ class PriorityClass:
         return (-float(job.priority),)
 
     def sort_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
-        return [(-float(job.priority),) for job in jobs]
+        shared = {priority: (-float(priority),) for priority in {job.priority for job in jobs}}
+        return [shared[job.priority] for job in jobs]
 
     def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
         return "priority" if preemptor.priority > victim.priority else None
@@ -76,7 +87,8 @@ class PriorityClass:
         return (float(job.priority),)
 
     def horizon_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
-        return [(float(job.priority),) for job in jobs]
+        shared = {priority: (float(priority),) for priority in {job.priority for job in jobs}}
+        return [shared[job.priority] for job in jobs]
 
     def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
         return ctx.now if job.priority > victim.priority else None
@@ -196,7 +208,8 @@ class DiscretizedLas:
         levels = self._levels(jobs, ctx.now)
         if self.order_in_queue == "service":
             return [(float(levels[job.id]), self.service_of(job.attained_gpu_s, job.gpus)) for job in jobs]
-        return [(float(levels[job.id]),) for job in jobs]
+        shared = [(float(level),) for level in range(len(self.thresholds) + 1)]
+        return [shared[levels[job.id]] for job in jobs]
 
     def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
         if preemptor.priority < victim.priority:
@@ -210,7 +223,11 @@ class DiscretizedLas:
 
     def horizon_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
         levels = self._levels(jobs, ctx.now)
-        return [(float(job.priority), float(levels[job.id])) for job in jobs]
+        shared = {
+            priority: [(float(priority), float(level)) for level in range(len(self.thresholds) + 1)]
+            for priority in {job.priority for job in jobs}
+        }
+        return [shared[job.priority][levels[job.id]] for job in jobs]
 
     def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
         """When the victim's service crosses into a queue behind the job's: now if it already
@@ -370,7 +387,7 @@ class DominantResourceFairness:
             return max(parts)
 
         self._keys = {}
-        for job in sorted(ctx.snapshot.pending, key=_ARRIVAL):
+        for job in by_arrival(ctx.snapshot.pending):
             usage = held.setdefault((job.vc, job.user), [0.0, 0.0, 0.0])
             usage[0] += job.gpus
             usage[1] += job.cpu_milli_per_replica * job.replicas
@@ -395,38 +412,44 @@ class GuaranteeFirst:
 
     name = "guarantee_first"
 
+    # The two keys, shared by every job: within the guarantee, and borrowing (or unknown).
+    WITHIN: tuple[float] = (0.0,)
+    BORROWING: tuple[float] = (1.0,)
+
     def __init__(self, args: Mapping[str, Any]) -> None:
-        self._keys: dict[str, float] = {}
+        self._keys: dict[str, tuple[float]] = {}
 
     def prepare(self, ctx: CycleContext) -> None:
         state = ctx.state
         planned: dict[str, int] = {}
-        self._keys = {}
+        keys: dict[str, tuple[float]] = {}
+        self._keys = keys
+        within, borrowing = self.WITHIN, self.BORROWING
         quotas: dict[tuple[str, str], tuple[int, int, int] | None] = {}  # the state stays as it is
-        for job in sorted(ctx.snapshot.pending, key=_ARRIVAL):
+        for job in by_arrival(ctx.snapshot.pending):
             quota_key = (job.vc, job.gpu_model)
             if quota_key in quotas:
                 quota = quotas[quota_key]
             else:
                 quota = quotas[quota_key] = state.quota_for(job.vc, job.gpu_model)
             if quota is None:
-                self._keys[job.id] = 1.0
+                keys[job.id] = borrowing
                 continue
             guaranteed, borrow_limit, used = quota
             if borrow_limit <= 0:
                 # A VC that cannot borrow has no borrowing work to put last.
-                self._keys[job.id] = 0.0
+                keys[job.id] = within
                 continue
             total = used + planned.get(job.vc, 0) + job.gpus
             if total <= guaranteed:
                 planned[job.vc] = planned.get(job.vc, 0) + job.gpus
-                self._keys[job.id] = 0.0
+                keys[job.id] = within
             else:
-                self._keys[job.id] = 1.0
+                keys[job.id] = borrowing
 
     def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
-        return (self._keys.get(job.id, 1.0),)
+        return self._keys.get(job.id, self.BORROWING)
 
     def sort_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
-        keys = self._keys
-        return [(keys.get(job.id, 1.0),) for job in jobs]
+        keys, borrowing = self._keys, self.BORROWING
+        return [keys.get(job.id, borrowing) for job in jobs]
