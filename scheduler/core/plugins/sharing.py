@@ -343,23 +343,11 @@ def _replica_needs(ctx: CycleContext, node: NodeSlot, placed: list[GpuHold]) -> 
 
 def node_free_vector(node: NodeSlot) -> list[int]:
     """Free thousandths per healthy GPU of the node, in GPU index order (0 for busy ones)."""
-    free_sets = node.free
-    vector = []
-    for index in sorted(node.gpus):
-        gpu = node.gpus[index]
-        if not gpu.healthy:
-            continue
-        if index in free_sets.get(gpu.model, ()):
-            vector.append(WHOLE)
-        elif index in node.shared:
-            vector.append(WHOLE - node.shared[index].used_milli)
-        else:
-            vector.append(0)
-    return vector
+    return _free_vector_and_positions(node)[0]
 
 
 def _free_vector_and_positions(node: NodeSlot) -> tuple[list[int], dict[int, int]]:
-    """`node_free_vector` and where each healthy GPU sits in it, in one pass."""
+    """The node's free vector (see `node_free_vector`) and where each healthy GPU sits in it."""
     free_sets = node.free
     vector: list[int] = []
     positions: dict[int, int] = {}
