@@ -40,8 +40,7 @@ def running_end(job: RunningJob, now: float, default_runtime_s: float, min_share
         return max(job.started_at + job.time_limit_s, now)
     run_so_far = job.attained_gpu_s / max(job.gpus, 1)
     total = expected_runtime(job, default_runtime_s)
-    young = run_so_far if run_so_far > min_share * total else min_share * total
-    remaining = max(min(total - run_so_far, young), 0.5 * run_so_far, 60.0)
+    remaining = max(min(total - run_so_far, max(run_so_far, min_share * total)), 0.5 * run_so_far, 60.0)
     return now + remaining
 
 
