@@ -119,15 +119,21 @@ def small_job() -> dict[str, Any]:
     return dict(SMALL_JOB)
 
 
+def database_url_of_tests() -> str:
+    """The test database as a DATABASE_URL, for the portal processes a test starts beside it."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
 @pytest.fixture(scope="session")
 def live_stack(
     django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: Any
 ) -> Iterator[dict[str, Any]]:
     """A real ASGI server, Celery worker and beat on the test database and this run's Redis."""
-    from django.conf import settings
 
-    db = settings.DATABASES["default"]
-    database_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    database_url = database_url_of_tests()
     logs = tmp_path_factory.mktemp("live-logs")
     port = free_port()
     checkpoints = tmp_path_factory.mktemp("checkpoints")

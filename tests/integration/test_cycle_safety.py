@@ -20,6 +20,7 @@ from portal.jobs.models import Allocation, Job, JobAttempt
 from scheduler import core
 from scheduler.store import apply_plan, load_snapshot
 from scheduler.tasks import load_profile, run_cycle
+from tests.conftest import database_url_of_tests
 from tests.integration.invariants import assert_invariants
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -94,13 +95,11 @@ tasks.run_cycle()
 
 
 def test_a_worker_killed_mid_cycle_leaves_nothing_half_applied(ready_cluster_with_jobs) -> None:  # type: ignore[no-untyped-def]
-    from django.conf import settings
 
-    db = settings.DATABASES["default"]
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "portal.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": database_url_of_tests(),
         "DEBUG": "true",
     }
     result = subprocess.run(

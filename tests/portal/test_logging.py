@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from portal.lib.logging import JsonFormatter, request_id
+from tests.conftest import database_url_of_tests
 
 pytestmark = pytest.mark.django_db
 
@@ -50,15 +51,12 @@ def test_the_celery_worker_logs_json_lines_with_the_task_id(tmp_path) -> None:  
     import uuid
     from pathlib import Path
 
-    from django.conf import settings
-
     from portal.celery import app
 
-    db = settings.DATABASES["default"]
     queue = f"log-test-{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": database_url_of_tests(),
         "LOG_FORMAT": "json",
     }
     out_path = tmp_path / "worker.log"

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import AgentProcess, wait_for
+from tests.conftest import AgentProcess, database_url_of_tests, wait_for
 from tests.integration.invariants import invariants_checked
 from tests.reliability.stack import PROCESSES, PartitionProxy, PortalStack
 
@@ -26,13 +26,11 @@ def _invariants_after_each_test(invariants_checked: set[int]) -> set[int]:
 @pytest.fixture(scope="session")
 def fault_stack(django_db_setup: Any, tmp_path_factory: Any) -> Iterator[PortalStack]:
     """Web, worker and beat on the test database and a Redis of their own, started once."""
-    from django.conf import settings
 
-    db = settings.DATABASES["default"]
     run_dir = tmp_path_factory.mktemp("fault-stack")
     env = {
         **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": database_url_of_tests(),
         "DEBUG": "true",
         "PYTHONUNBUFFERED": "1",
         "CHECKPOINT_ROOT": str(run_dir / "checkpoints"),

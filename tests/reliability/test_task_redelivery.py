@@ -33,7 +33,7 @@ from django.utils import timezone
 from portal.cluster.models import Node
 from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent
 from scheduler.tasks import run_cycle
-from tests.conftest import wait_for
+from tests.conftest import database_url_of_tests, wait_for
 from tests.reliability.stack import PortalStack
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -106,13 +106,11 @@ class RedeliveryStack(PortalStack):
 
 @pytest.fixture(scope="module")
 def redelivery_stack(django_db_setup: Any, tmp_path_factory: Any) -> Iterator[RedeliveryStack]:
-    from django.conf import settings
 
-    db = settings.DATABASES["default"]
     run_dir = tmp_path_factory.mktemp("redelivery")
     env = {
         **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": database_url_of_tests(),
         "DEBUG": "true",
         "PYTHONUNBUFFERED": "1",
         "CHECKPOINT_ROOT": str(run_dir / "checkpoints"),

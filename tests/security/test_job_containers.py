@@ -30,7 +30,7 @@ from portal.agentgw.desired import desired_set_for
 from portal.cluster.models import Node, VirtualCluster
 from portal.jobs.models import Allocation
 from scheduler.tasks import run_cycle
-from tests.conftest import wait_for
+from tests.conftest import database_url_of_tests, wait_for
 from tests.docker_engine import IMAGE, engine
 
 __all__ = ["engine"]  # one engine for the module's tests
@@ -281,14 +281,12 @@ def test_nvidia_smi_in_the_container_lists_exactly_its_gpus(engine, host) -> Non
 def portal_web(django_db_setup: Any, tmp_path: Path) -> Iterator[Any]:
     """A real web process (uvicorn: the API, the agent websocket /ws/agent/ and the enrollment
     endpoint /agent/enroll/) on loopback, with a Redis of its own."""
-    from django.conf import settings
 
     from tests.reliability.stack import PortalStack
 
-    db = settings.DATABASES["default"]
     env = {
         **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": database_url_of_tests(),
         "DEBUG": "true",
     }
     (tmp_path / "web").mkdir()

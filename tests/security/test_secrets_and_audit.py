@@ -23,6 +23,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from portal.accounts.models import AuditEntry
+from tests.conftest import database_url_of_tests
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +64,6 @@ print(json.dumps({
 def test_cookies_are_secure_under_the_deploy_settings(users) -> None:  # type: ignore[no-untyped-def]
     from django.conf import settings
 
-    db = settings.DATABASES["default"]
     env = {
         **os.environ,
         "DEBUG": "false",
@@ -71,7 +71,7 @@ def test_cookies_are_secure_under_the_deploy_settings(users) -> None:  # type: i
         "FIELD_ENCRYPTION_KEYS": settings.FIELD_ENCRYPTION_KEYS[0],
         "ALLOWED_HOSTS": "portal.example.org",
         "CSRF_TRUSTED_ORIGINS": "https://portal.example.org",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": database_url_of_tests(),
     }
     result = subprocess.run(
         [sys.executable, "-c", COOKIES_UNDER_DEPLOY_SETTINGS],

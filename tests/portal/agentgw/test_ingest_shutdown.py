@@ -15,6 +15,7 @@ import pytest
 from websockets.sync.client import connect
 
 from portal.devstack import free_port, port_open, wait_until
+from tests.conftest import database_url_of_tests
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,17 +23,15 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_samples_buffered_when_the_server_stops_are_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from django.conf import settings
 
     from bench.telemetry import batch_template, hello, prepare
     from portal.jobs.models import TelemetrySample
 
     ((node, token),) = prepare(1, 8).items()
-    db = settings.DATABASES["default"]
     port = free_port()
     env = {
         **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": database_url_of_tests(),
         "DEBUG": "true",
     }
     with open(tmp_path / "web.log", "wb") as out:
