@@ -27,6 +27,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from redis.exceptions import RedisError
 from rest_framework import status
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.views import exception_handler
 
 from portal.accounts.models import AuditEntry
@@ -127,7 +128,6 @@ def security_counts() -> dict[str, int]:
 # ---------------------------------------------------------------------------
 
 REFUSED = (status.HTTP_403_FORBIDDEN, status.HTTP_404_NOT_FOUND)
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
