@@ -3,6 +3,7 @@ password at every sign-in. Rules live in portal.accounts.mfa."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
@@ -37,9 +38,18 @@ def second_factor_redirect(request: HttpRequest) -> HttpResponse:
     return redirect(f"{reverse(name)}?{urlencode({REDIRECT_FIELD_NAME: next_url(request)})}")
 
 
-def _throttled(request: HttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
-    context["error"] = "Too many codes tried. Wait a minute, then try again."
-    return render(request, template, context, status=429)
+def _code_form(
+    request: HttpRequest, template: str, context: dict[str, Any], accept: Callable[[str], bool]
+) -> HttpResponse:
+    """The code form both pages share: throttled POSTs, `accept` judges the code."""
+    if request.method == "POST":
+        if not form_post_allowed(request, "admin-mfa"):
+            context["error"] = "Too many codes tried. Wait a minute, then try again."
+            return render(request, template, context, status=429)
+        if accept(request.POST.get("code", "")):
+            return redirect(next_url(request))
+        context["error"] = WRONG_CODE
+    return render(request, template, context)
 
 
 def _staff_only(request: HttpRequest) -> HttpResponse | None:
@@ -56,15 +66,13 @@ def mfa_verify(request: HttpRequest) -> HttpResponse:
     device = mfa.confirmed_device(request.user)
     if device is None:
         return second_factor_redirect(request)
-    template = "admin/mfa_verify.html"
     context = {**admin.site.each_context(request), "title": "One-time code", "next": next_url(request)}
-    if request.method == "POST":
-        if not form_post_allowed(request, "admin-mfa"):
-            return _throttled(request, template, context)
-        if mfa.verify_second_factor(request, device, request.POST.get("code", "")):
-            return redirect(next_url(request))
-        context["error"] = WRONG_CODE
-    return render(request, template, context)
+    return _code_form(
+        request,
+        "admin/mfa_verify.html",
+        context,
+        lambda code: mfa.verify_second_factor(request, device, code),
+    )
 
 
 @never_cache
@@ -75,7 +83,6 @@ def mfa_enroll(request: HttpRequest) -> HttpResponse:
     if mfa.confirmed_device(request.user) is not None:
         return second_factor_redirect(request)
     device = mfa.pending_device(request.user)
-    template = "admin/mfa_enroll.html"
     context = {
         **admin.site.each_context(request),
         "title": "Set up your authenticator",
@@ -83,10 +90,6 @@ def mfa_enroll(request: HttpRequest) -> HttpResponse:
         "secret": device.secret,
         "otpauth_uri": totp.otpauth_uri(device.secret, request.user.get_username()),
     }
-    if request.method == "POST":
-        if not form_post_allowed(request, "admin-mfa"):
-            return _throttled(request, template, context)
-        if mfa.confirm_enrollment(request, device, request.POST.get("code", "")):
-            return redirect(next_url(request))
-        context["error"] = WRONG_CODE
-    return render(request, template, context)
+    return _code_form(
+        request, "admin/mfa_enroll.html", context, lambda code: mfa.confirm_enrollment(request, device, code)
+    )
