@@ -12,18 +12,10 @@ from django.utils import timezone
 from portal.accounts.models import ApiToken, AuditEntry, Tenant, hash_secret, new_secret
 
 
-def record_audit(
-    actor: Any,
-    action: str,
-    obj: models.Model | None = None,
-    tenant: Tenant | None = None,
-    detail: str = "",
-    object_type: str = "",
-    object_id: str = "",
-) -> AuditEntry:
-    """Appends one audit entry. Callers run it inside the transaction of the change it records.
-    A refused request may name an object that does not exist: give its type and id instead."""
-    entry = audit_entry(actor, action, obj, tenant, detail, object_type, object_id)
+def record_audit(actor: Any, action: str, obj: models.Model | None = None, **fields: Any) -> AuditEntry:
+    """Appends one audit entry (arguments as audit_entry takes them). Callers run it inside the
+    transaction of the change it records."""
+    entry = audit_entry(actor, action, obj, **fields)
     entry.save()
     return entry
 
@@ -37,7 +29,8 @@ def audit_entry(
     object_type: str = "",
     object_id: str = "",
 ) -> AuditEntry:
-    """The unsaved entry record_audit appends, for a caller that writes it with other rows."""
+    """The unsaved audit entry, for a caller that writes it with other rows. A refused request may
+    name an object that does not exist: give its type and id instead of ``obj``."""
     return AuditEntry(
         actor=actor if getattr(actor, "is_authenticated", False) else None,
         action=action,
