@@ -256,13 +256,7 @@ def publish_manifest(checkpoint_dir: Path, manifest: Manifest) -> PublishedManif
     payload = manifest.model_dump_json().encode()
     digest = hashlib.sha256(payload).hexdigest()
     name = f"{manifest.step}-{digest[:16]}.json"
-    temporary = directory / f".{name}.{uuid4().hex}.tmp"  # unique: replicas share the directory
-    with open(temporary, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, directory / name)
-    _fsync_directory(directory)
+    _atomic_write(directory / name, payload)
     return PublishedManifest(
         manifest=manifest,
         relative_path=f"{MANIFEST_DIR}/{name}",
@@ -310,13 +304,7 @@ def point_marker_at(checkpoint_dir: Path, manifest: Manifest) -> None:
     marker = {"step": manifest.step, "path": manifest.path, "time": manifest.time.isoformat()}
     if manifest.metric is not None:
         marker |= {"metric": manifest.metric, "metric_mode": manifest.metric_mode}
-    temporary = directory / f".{MARKER_NAME}.{uuid4().hex}.tmp"  # unique: replicas share the directory
-    with open(temporary, "w") as handle:
-        handle.write(json.dumps(marker))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, directory / MARKER_NAME)
-    _fsync_directory(directory)
+    _atomic_write(directory / MARKER_NAME, json.dumps(marker).encode())
 
 
 def _walk(directory: Path) -> list[Path]:
@@ -338,6 +326,18 @@ def _hash_file(path: Path) -> tuple[int, str]:
             digest.update(chunk)
             size += len(chunk)
     return size, digest.hexdigest()
+
+
+def _atomic_write(target: Path, payload: bytes) -> None:
+    """Temporary file, fsync, rename, fsync of the directory: a crash leaves the old file or the
+    whole new one. The temporary name is unique because replicas share the directory."""
+    temporary = target.parent / f".{target.name}.{uuid4().hex}.tmp"
+    with open(temporary, "wb") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, target)
+    _fsync_directory(target.parent)
 
 
 def _fsync_directory(directory: Path) -> None:
