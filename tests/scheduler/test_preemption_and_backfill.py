@@ -290,9 +290,7 @@ def test_defrag_moves_a_job_only_when_the_blocked_job_gains_more_than_the_move_c
     ],
 )
 def test_expected_end_of_a_running_job(fields: dict[str, float], expected_end: float) -> None:
-    snap = Snap().node("n0", 1).running("r", [("n0", (0,))], started_at=0.0, **fields)
-    (job,) = snap.build().running
-    assert running_end(job, now=1000.0, default_runtime_s=3600.0) == pytest.approx(expected_end)
+    assert _end_at_1000(fields) == pytest.approx(expected_end)
 
 
 @pytest.mark.parametrize(
@@ -322,10 +320,14 @@ def test_expected_end_of_a_running_job(fields: dict[str, float], expected_end: f
     ],
 )
 def test_expected_end_with_a_share_of_the_estimate(fields: dict[str, float], expected_end: float) -> None:
+    assert _end_at_1000(fields, min_share=0.1) == pytest.approx(expected_end)
+
+
+def _end_at_1000(fields: dict[str, float], min_share: float = 0.0) -> float:
+    """running_end at now=1000 s of a one-GPU job started at 0 with `fields`."""
     snap = Snap().node("n0", 1).running("r", [("n0", (0,))], started_at=0.0, **fields)
     (job,) = snap.build().running
-    end = running_end(job, now=1000.0, default_runtime_s=3600.0, min_share=0.1)
-    assert end == pytest.approx(expected_end)
+    return running_end(job, now=1000.0, default_runtime_s=3600.0, min_share=min_share)
 
 
 def test_a_job_behind_a_fresh_start_is_not_promised_the_gpu_in_a_minute() -> None:
