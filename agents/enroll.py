@@ -101,9 +101,7 @@ def enroll(
     while True:
         try:
             token = request_node_token(url, enroll_token, node_name)
-        except EnrollmentRefused:
-            raise
-        except OSError as error:
+        except OSError as error:  # not EnrollmentRefused, which ends the attempt
             delay = next_delay()
             log.warning("cannot enroll at %s (%s); retrying in %.1f s", url, error, delay)
             sleep(delay)
