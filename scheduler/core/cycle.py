@@ -335,7 +335,8 @@ class _CycleRun:
         # Most of a long queue is turned away for the same reason as a job just before it
         # with the same request, while nothing changed: reuse that outcome. Fractional jobs
         # are left out (their quota use depends on the shares already held). Only outcomes
-        # that may not preempt are kept, and they never come to (the attempts only grow).
+        # that may not preempt are kept, and none of them may later in the cycle (the
+        # preemption attempts only grow), so a kept one needs no second check.
         outcome_key = None
         if self._reuse_outcomes and not job.gpu_share_milli:
             outcome_key = (job.gpu_model, job.vc, job.user, job.gpus_per_replica, job.replicas, job.priority)
