@@ -215,7 +215,7 @@ class FragmentationGradient:
         free, positions = _free_vector_and_positions(node)
         if not free:
             return 50.0
-        taken = tuple(positions[i] if i in positions else _position(node, i) for i in gpus)
+        taken = tuple(positions[i] for i in gpus)  # chosen from the free set: healthy GPUs
         job_cpu, job_memory = _replica_needs(ctx, node, placed)
         # A score depends on the node only through its free vector, headroom and models:
         # nodes in the same state, asked for the same GPUs, share one computation.
