@@ -77,6 +77,7 @@ class MarkerIdentity:
 @dataclass(frozen=True)
 class FoundCheckpoint:
     path: Path
+    size_bytes: int
     step: int
     time: datetime
     metric: float | None = None
@@ -134,8 +135,7 @@ def marker_identity(checkpoint_dir: Path) -> MarkerIdentity | None:
 
 
 def read_marker(checkpoint_dir: Path) -> FoundCheckpoint:
-    """Parse the marker and check the checkpoint it names exists; raises BadMarkerError. Its size
-    comes from the manifest, which lists every file anyway."""
+    """Parse the marker and measure the checkpoint it names; raises BadMarkerError."""
     marker_path = checkpoint_dir / MARKER_NAME
     try:
         marker = CheckpointMarker.model_validate_json(marker_path.read_bytes())
@@ -150,6 +150,7 @@ def read_marker(checkpoint_dir: Path) -> FoundCheckpoint:
     taken = marker.time or datetime.fromtimestamp(marker_path.stat().st_mtime, UTC)
     return FoundCheckpoint(
         path=target,
+        size_bytes=_size(target),
         step=marker.step,
         time=taken,
         metric=marker.metric,
@@ -182,6 +183,18 @@ async def wait_for_new_marker(
                 return read_marker(checkpoint_dir)
             return None
         await asyncio.sleep(poll_s)
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in files:
+            file_path = Path(directory) / name
+            if not file_path.is_symlink():
+                total += file_path.stat().st_size
+    return total
 
 
 # ---------------------------------------------------------------------------------------------

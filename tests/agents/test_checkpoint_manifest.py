@@ -47,6 +47,7 @@ def sha(data: bytes) -> str:
 def found(directory: Path, relative: str, step: int = 7, metric: float | None = None) -> FoundCheckpoint:
     return FoundCheckpoint(
         path=directory / relative,
+        size_bytes=0,
         step=step,
         time=datetime(2026, 11, 22, 1, 0, tzinfo=UTC),
         metric=metric,
@@ -100,7 +101,7 @@ def test_replicas_publishing_the_same_step_never_replace_each_others_manifest(tm
     its own time: whichever manifest the portal committed must still be there to resume from."""
     make_checkpoint(tmp_path)
     first = publish_manifest(tmp_path, build_manifest(tmp_path, found(tmp_path, "step-7")))
-    later = FoundCheckpoint(path=tmp_path / "step-7", step=7, time=datetime.now(UTC))
+    later = FoundCheckpoint(path=tmp_path / "step-7", size_bytes=0, step=7, time=datetime.now(UTC))
     second = publish_manifest(tmp_path, build_manifest(tmp_path, later))
     assert first.relative_path != second.relative_path
     for result in (first, second):
