@@ -153,8 +153,10 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
 # holds one status per waiting job (10,000 to 50,000 a cycle). _pending_statuses writes them
 # through the slot descriptors instead, every field by name.
 _STATUS_FIELDS = ("job_id", "reason", "message", "estimated_start", "hints")
-if tuple(f.name for f in dataclasses.fields(PendingStatus)) != _STATUS_FIELDS:
-    raise TypeError("PendingStatus changed its fields: update _STATUS_FIELDS and _pending_statuses")
+if tuple(f.name for f in dataclasses.fields(PendingStatus)) != _STATUS_FIELDS or hasattr(
+    PendingStatus, "__post_init__"
+):  # (a __post_init__ would be skipped too)
+    raise TypeError("PendingStatus changed: update _STATUS_FIELDS and _pending_statuses")
 _STATUS_SETTERS: tuple[Callable[[PendingStatus, Any], None], ...] = tuple(
     getattr(PendingStatus, name).__set__ for name in _STATUS_FIELDS
 )
