@@ -244,7 +244,8 @@ def test_las_preempt_levels(
     if not preempts:
         assert plan.wake_at == (None if wake_at is None else pytest.approx(wake_at))
         (status,) = plan.pending
-        # The estimate agrees: the GPU is the waiting job's when the running one would yield.
+        # The estimate is no later than the wake, when the running job would yield (in these
+        # cases it is earlier: the running job is expected to end before it yields).
         if wake_at is not None:
             assert status.estimated_start == pytest.approx(min(wake_at, status.estimated_start))
 
