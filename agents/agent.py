@@ -771,7 +771,8 @@ class Agent:
 
     async def _report_saved_checkpoint(self, attempt_id: str, directory: Path) -> None:
         try:
-            self.send(await self._published(attempt_id, None, directory, read_marker(directory)))
+            found = await asyncio.to_thread(read_marker, directory)  # walks the checkpoint: off the loop
+            self.send(await self._published(attempt_id, None, directory, found))
         except (BadMarkerError, ManifestError, OSError, ValidationError) as error:
             log.warning("checkpoint of %s not reported: %s", attempt_id, error)
         finally:

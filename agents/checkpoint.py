@@ -175,12 +175,12 @@ async def wait_for_new_marker(
     while True:
         current = marker_identity(checkpoint_dir)
         if current is not None and current != before:
-            return read_marker(checkpoint_dir)
+            return await asyncio.to_thread(read_marker, checkpoint_dir)  # walks the checkpoint
         if loop.time() >= deadline or not await still_running():
             # One last look: the job may have written the marker just before exiting.
             current = marker_identity(checkpoint_dir)
             if current is not None and current != before:
-                return read_marker(checkpoint_dir)
+                return await asyncio.to_thread(read_marker, checkpoint_dir)
             return None
         await asyncio.sleep(poll_s)
 
