@@ -131,13 +131,18 @@ def gang_shape(gpus: int, node_gpus: int) -> tuple[int, int]:
 def build_vcs(
     trace_vcs: Sequence[str], quotas: Mapping[str, tuple[int, int]] | None, capacity: int
 ) -> tuple[VirtualCluster, ...]:
-    """VCs for the snapshot. Without a quota file every VC may use the whole cluster; with
-    one, VCs it does not list have no guarantee and may only borrow (up to the cluster)."""
+    """VCs for the snapshot. Without a quota file the VCs share one pool: none has a
+    guarantee and each may borrow up to the whole cluster, so a job may preempt (by priority
+    or LAS) the work of any VC, as in a cluster without quotas. (Giving every VC the whole
+    cluster as its guarantee instead would promise the same GPUs to every VC at once, and the
+    core never takes a VC's guaranteed GPUs for another VC's job: no job could preempt across
+    VCs.) With a quota file, VCs it does not list have no guarantee and may only borrow (up
+    to the cluster)."""
     names = sorted(set(trace_vcs) | set(quotas or {}))
     vcs = []
     for name in names:
         if quotas is None:
-            guaranteed, borrow = capacity, 0
+            guaranteed, borrow = 0, capacity
         else:
             guaranteed, borrow = quotas.get(name, (0, capacity))
         vcs.append(VirtualCluster(VcName(name), (Quota("*", guaranteed, borrow),)))

@@ -236,3 +236,29 @@ def test_time_slicing_lets_a_short_job_through_a_long_one(tmp_path: Path) -> Non
     assert after["avg_jct_s"] == pytest.approx((5055.0 + 140.0) / 2)
     assert after["preemptions_by_reason"] == {"timeslice": 1}
     assert after["preemption_lost_gpu_s"] == pytest.approx(5.0 * 4)
+
+
+def test_without_quotas_the_vcs_share_one_pool_and_las_preempts_across_them(tmp_path: Path) -> None:
+    # One node of 4 GPUs, the default profile (first LAS threshold 900 GPU-s), free preemption.
+    # VC a: 4 GPUs for 1,000 s at t=0; VC b: 1 GPU for 50 s at t=300, when a has 1,200 GPU-s
+    # (second queue). Pooled, b preempts a and runs 300..350 (JCT 50); a resumes with 700 s
+    # left and ends at 1,050. Had each VC the whole cluster as its guarantee, b could not take
+    # a's GPUs and would wait until 1,000 (JCT 750).
+    trace = tmp_path / "philly.csv"
+    trace.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-09-04 00:00:00,1000.0,4,4000.0,a\n"
+        "2017-09-04 00:05:00,50.0,1,50.0,b\n"
+    )
+    jobs = load_trace(trace, "philly").jobs
+    s = summarize(Simulator(uniform_cluster(1, 4), load_profile("default"), jobs).run())
+    assert s["preemptions_by_reason"] == {"las": 1}
+    assert s["per_vc"]["b"]["avg_jct_s"] == 50.0
+    assert s["per_vc"]["a"]["avg_jct_s"] == 1050.0
+    # With a quota file the guarantees hold: a owns the node, b may only borrow, so b waits.
+    quotas = {"a": (4, 0), "b": (0, 4)}
+    guarded = summarize(
+        Simulator(uniform_cluster(1, 4), load_profile("default"), jobs, vc_quotas=quotas).run()
+    )
+    assert guarded["preemptions"] == 0
+    assert guarded["per_vc"]["b"]["avg_jct_s"] == 750.0
