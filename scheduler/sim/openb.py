@@ -17,10 +17,17 @@ whatever the profile's candidate limit and model order for a live cluster. Then:
   That is capacity lost to fragmentation, the figure FGD reduces.
 
 FGD's target workload: when the profile uses `fgd` and gives it no `workload`, the fill gives
-it the task types of the pods it replays and how often each occurs (as the paper takes its
-typical pods from the trace it replays). Pods without GPUs are left out (the core schedules
-GPU work; the paper places them too, on the GPU nodes' CPUs); every pod belongs to one VC and
-one tenant, whose guarantee is the whole cluster, so quotas never bind.
+it the task types of the pods it replays and how often each occurs, pods without GPUs
+included (as the paper takes its typical pods from the trace it replays, CPU-only ones too).
+
+Pods without GPUs (CPU and memory only) are replayed too, in their place in the arrival
+order, as the paper places them on the GPU nodes: they count for no GPU demand but take the
+CPU and memory GPU pods may need. The core's cycle places GPU work only, so the fill places
+such a pod itself, by the profile's share chooser (the policy for work that takes no whole
+GPU): `best_fit_share` puts it on the node that keeps least CPU and GPU, `fgd` where it
+strands least free GPU capacity (`choose_node` of each). It then holds its CPU and memory as
+a running job with no GPUs. Every pod belongs to one VC and one tenant, whose guarantee is
+the whole cluster, so quotas never bind.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from scheduler.core import (
     PendingJob,
     Profile,
     Quota,
+    ReplicaPlacement,
     RunningJob,
     Snapshot,
     UserName,
@@ -53,6 +61,7 @@ from scheduler.core import (
     decide,
     load_profile,
 )
+from scheduler.core.framework import CycleContext
 from scheduler.core.plugins.sharing import WHOLE, node_free_vector
 from scheduler.core.state import build_state
 
@@ -65,12 +74,16 @@ class Pod:
     name: str
     cpu_milli: int
     memory_mib: int
-    gpus: int  # whole GPUs; 1 for a fractional pod
-    share_milli: int  # 0 = whole GPUs
+    gpus: int  # whole GPUs; 1 for a fractional pod; 0 for a pod without GPUs
+    share_milli: int  # 0 = whole GPUs (or none)
 
     @property
     def demand_milli(self) -> int:
         return self.share_milli or self.gpus * WHOLE
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpus <= 0
 
 
 def load_nodes(path: str | Path) -> tuple[Node, ...]:
@@ -93,20 +106,22 @@ def load_nodes(path: str | Path) -> tuple[Node, ...]:
     return tuple(nodes)
 
 
-def load_pods(path: str | Path) -> tuple[list[Pod], int]:
-    """GPU pods in creation order, and how many rows were left out (no GPU)."""
+def load_pods(path: str | Path, cpu_pods: bool = True) -> tuple[list[Pod], int]:
+    """Pods in creation order, and how many rows were left out: pods that ask for nothing
+    (no GPU, CPU or memory), and with `cpu_pods` false every pod without GPUs."""
     rows: list[tuple[float, int, Pod]] = []
     skipped = 0
     with Path(path).open(newline="", encoding="utf-8") as f:
         for position, row in enumerate(csv.DictReader(f)):
-            gpus = int(row["num_gpu"] or 0)
-            if gpus <= 0:
+            gpus = max(int(row["num_gpu"] or 0), 0)
+            cpu, memory = int(row["cpu_milli"] or 0), int(row["memory_mib"] or 0)
+            if gpus == 0 and (not cpu_pods or (cpu <= 0 and memory <= 0)):
                 skipped += 1
                 continue
             milli = int(row["gpu_milli"] or WHOLE)
             share = milli if gpus == 1 and 0 < milli < WHOLE else 0
             created = float(row.get("creation_time") or 0)
-            pod = Pod(row["name"], int(row["cpu_milli"]), int(row["memory_mib"]), gpus, share)
+            pod = Pod(row["name"], cpu, memory, gpus, share)
             rows.append((created, position, pod))
     rows.sort(key=lambda r: (r[0], r[1]))
     return [pod for _, _, pod in rows], skipped
@@ -149,10 +164,74 @@ def with_trace_workload(profile: Profile, pods: Sequence[Pod]) -> Profile:
     return replace(profile, plugin_args=args)
 
 
+def place_cpu_only(
+    nodes: tuple[Node, ...],
+    vcs: tuple[VirtualCluster, ...],
+    running: list[RunningJob],
+    pods: Sequence[tuple[JobId, Pod]],
+    profile: Profile,
+) -> list[JobId]:
+    """Place pods without GPUs one after the other by the profile's share chooser; each
+    placed one is appended to `running` as a job holding CPU and memory on no GPU. Returns
+    the ids of those that found no node with room."""
+    snapshot = Snapshot(nodes, vcs, tuple(running), ())
+    state, _ = build_state(snapshot)
+    ctx = CycleContext(snapshot=snapshot, now=0.0, state=state, running_by_id={}, borrowed_gpus={})
+    chooser = profile.build().share_chooser
+    prepare = getattr(chooser, "prepare", None)
+    if prepare is not None:
+        prepare(ctx)
+    choose_node = getattr(chooser, "choose_node", None)
+    if choose_node is None:
+        raise ValueError(f"share chooser {profile.share_chooser!r} cannot place pods without GPUs")
+    unplaced: list[JobId] = []
+    for job_id, pod in pods:
+        job = PendingJob(
+            job_id,
+            VC,
+            USER,
+            replicas=1,
+            gpus_per_replica=0,
+            submitted_at=0.0,
+            cpu_milli_per_replica=pod.cpu_milli,
+            memory_mib_per_replica=pod.memory_mib,
+            preemptible=False,
+        )
+        room = [
+            slot
+            for slot in state.nodes
+            if slot.usable
+            and (slot.cpu_free is None or slot.cpu_free >= pod.cpu_milli)
+            and (slot.memory_free is None or slot.memory_free >= pod.memory_mib)
+        ]
+        slot = choose_node(job, room, ctx)
+        if slot is None:
+            unplaced.append(job_id)
+            continue
+        # The working state is this function's own: charge the node for the next pod.
+        if slot.cpu_free is not None:
+            slot.cpu_free -= pod.cpu_milli
+        if slot.memory_free is not None:
+            slot.memory_free -= pod.memory_mib
+        running.append(
+            RunningJob(
+                job_id,
+                VC,
+                USER,
+                (ReplicaPlacement(slot.node.name, ()),),
+                started_at=0.0,
+                preemptible=False,
+                cpu_milli_per_replica=pod.cpu_milli,
+                memory_mib_per_replica=pod.memory_mib,
+            )
+        )
+    return unplaced
+
+
 def fill(
     nodes: tuple[Node, ...], pods: Sequence[Pod], profile: Profile, demand: float = 1.0, batch: int = 64
 ) -> dict[str, Any]:
-    if not pods:
+    if not any(not pod.cpu_only for pod in pods):
         raise ValueError("the trace has no GPU pods")
     capacity = sum(1 for node in nodes for gpu in node.gpus if gpu.healthy)
     vcs = (VirtualCluster(VC, (Quota("*", capacity, 0),), tenant="openb"),)
@@ -171,15 +250,27 @@ def fill(
     )
     running: list[RunningJob] = []
     pending_left: list[Pod] = []
-    arrived_milli = arrivals = cycles = 0
+    arrived_milli = arrivals = cycles = cpu_arrived = cpu_pending = 0
     target = demand * capacity * WHOLE
     while arrived_milli < target:
+        # Pods without GPUs in a row are placed at once, in their turn; GPU pods go to the
+        # core's cycle up to `batch` at a time, a batch ending where a pod without GPUs comes.
+        cpu_chunk: list[tuple[JobId, Pod]] = []
+        while arrived_milli < target and pods[arrivals % len(pods)].cpu_only:
+            pod = pods[arrivals % len(pods)]
+            cpu_chunk.append((JobId(f"{pod.name}/{arrivals}"), pod))
+            arrivals += 1
+        if cpu_chunk:
+            cpu_arrived += len(cpu_chunk)
+            cpu_pending += len(place_cpu_only(nodes, vcs, running, cpu_chunk, quiet))
         chunk: list[tuple[JobId, Pod]] = []
-        while len(chunk) < batch and arrived_milli < target:
+        while len(chunk) < batch and arrived_milli < target and not pods[arrivals % len(pods)].cpu_only:
             pod = pods[arrivals % len(pods)]
             chunk.append((JobId(f"{pod.name}/{arrivals}"), pod))
             arrived_milli += pod.demand_milli
             arrivals += 1
+        if not chunk:
+            continue
         pending = tuple(
             PendingJob(
                 job_id,
@@ -215,12 +306,16 @@ def fill(
             )
         pending_left.extend(by_id.values())
     allocated_milli = sum(job.gpu_share_milli or job.gpus * WHOLE for job in running)
+    cpu_placed = cpu_arrived - cpu_pending
     return {
         "gpus": capacity,
         "nodes": len(nodes),
         "pods_arrived": arrivals,
-        "pods_placed": len(running),
-        "pods_pending": len(pending_left),
+        "pods_placed": len(running) - cpu_placed,  # GPU pods
+        "pods_pending": len(pending_left),  # GPU pods
+        "cpu_pods_arrived": cpu_arrived,
+        "cpu_pods_placed": cpu_placed,
+        "cpu_pods_pending": cpu_pending,
         "arrived_gpu_demand": round(arrived_milli / WHOLE, 1),
         "allocated_gpu_ratio": round(allocated_milli / (capacity * WHOLE), 4),
         "free_gpus": round(capacity - allocated_milli / WHOLE, 1),
@@ -238,7 +333,11 @@ def unallocated_milli(
     """Free GPU capacity (thousandths) that none of the pending pods' shapes could use."""
     state, _ = build_state(Snapshot(nodes, vcs, tuple(running), ()))
     shapes = sorted(
-        {(0 if p.share_milli else p.gpus, p.share_milli, p.cpu_milli, p.memory_mib) for p in pending}
+        {
+            (0 if p.share_milli else p.gpus, p.share_milli, p.cpu_milli, p.memory_mib)
+            for p in pending
+            if not p.cpu_only  # a pod without GPUs uses no GPU capacity
+        }
     )
     lost = 0
     for slot in state.nodes:
@@ -271,12 +370,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default="42", help="comma-separated seeds (default 42)")
     parser.add_argument("--ratio", type=float, default=1.3, help="inflation of the workload (default 1.3)")
     parser.add_argument("--demand", type=float, default=1.0, help="arrivals stop at this times the GPUs")
+    parser.add_argument(
+        "--gpu-pods-only", action="store_true", help="leave out the pods without GPUs (replayed by default)"
+    )
     args = parser.parse_args(argv)
     nodes = load_nodes(args.nodes)
-    pods, _ = load_pods(args.trace)
+    pods, _ = load_pods(args.trace, cpu_pods=not args.gpu_pods_only)
     profile = with_trace_workload(load_profile(args.profile), pods)
     gpus = sum(1 for node in nodes for gpu in node.gpus if gpu.healthy)
-    keys = ("unallocated_gpus", "free_gpus", "allocated_gpu_ratio", "pods_placed", "pods_pending")
+    keys = (
+        "unallocated_gpus",
+        "free_gpus",
+        "allocated_gpu_ratio",
+        "pods_placed",
+        "pods_pending",
+        "cpu_pods_placed",
+        "cpu_pods_pending",
+    )
     runs = []
     for seed in (int(s) for s in args.seeds.split(",")):
         started = time.perf_counter()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.core import load_profile
+from scheduler.core import Gpu, JobId, Node, NodeName, ReplicaPlacement, RunningJob, load_profile
 from scheduler.sim import openb
 from scheduler.sim.__main__ import main
 
@@ -34,7 +34,7 @@ def test_what_no_pending_pod_can_use_is_unallocated(tmp_path: Path) -> None:
         [
             "p-big,4000,4096,2,1000,,LS,Running,0,9,0",  # both GPUs of n1
             "p-share,2000,2048,1,600,,LS,Running,1,9,1",  # 0.6 of n0's GPU
-            "p-cpu,0,0,0,0,,BE,Running,2,9,2",  # no GPU: left out
+            "p-cpu,0,0,0,0,,BE,Running,2,9,2",  # asks for nothing: left out
             "p-share2,2000,2048,1,600,,LS,Running,3,9,3",  # 0.6 more does not fit: pending
         ],
     )
@@ -126,3 +126,95 @@ def test_the_openb_command_reports_each_seed_and_the_mean(
     assert lines[-1]["seeds"] == 2
     mean = (lines[0]["unallocated_gpus"] + lines[1]["unallocated_gpus"]) / 2
     assert lines[-1]["unallocated_gpus"] == pytest.approx(mean)
+
+
+# Three nodes for the pods without GPUs: a small one, a small one with two GPUs, a big one.
+CPU_NODES = (
+    Node(NodeName("small"), (Gpu(0, "T4"),), cpu_milli=16000, memory_mib=65536),
+    Node(NodeName("small2"), (Gpu(0, "T4"), Gpu(1, "T4")), cpu_milli=16000, memory_mib=65536),
+    Node(NodeName("big"), (Gpu(0, "T4"), Gpu(1, "T4")), cpu_milli=64000, memory_mib=65536),
+)
+VCS = (openb.VirtualCluster(openb.VC, (openb.Quota("*", 5, 0),), tenant="openb"),)
+GPU_POD = openb.Pod("g", 12000, 1024, 1, 0)  # the workload FGD expects: one GPU, 12 cores
+CPU_POD = openb.Pod("c", 8000, 1024, 0, 0)
+
+
+def cpu_pod_goes_to(profile_name: str, running: list[RunningJob]) -> str:
+    profile = openb.with_trace_workload(load_profile(profile_name), [GPU_POD])
+    before = len(running)
+    unplaced = openb.place_cpu_only(CPU_NODES, VCS, running, [(JobId("c/0"), CPU_POD)], profile)
+    assert unplaced == [] and len(running) == before + 1
+    job = running[-1]
+    assert job.gpus == 0 and job.placement[0].gpu_indices == ()
+    assert (job.cpu_milli_per_replica, job.memory_mib_per_replica) == (8000, 1024)
+    return job.placement[0].node
+
+
+def test_best_fit_puts_a_pod_without_gpus_on_the_node_with_least_cpu_and_gpu_left() -> None:
+    # left after it: small 0.5 * 8/64 + 0.5 * 1/2 < small2 (two GPUs) < big (56 cores).
+    assert cpu_pod_goes_to("best-fit", []) == "small"
+
+
+def test_fgd_puts_a_pod_without_gpus_where_it_strands_no_gpu() -> None:
+    # With 8 of 16 cores taken, small and small2 can no longer hold the 12-core GPU pod, so
+    # their free GPUs would be stranded; on big 56 cores stay: nothing is stranded.
+    assert cpu_pod_goes_to("default", []) == "big"
+
+
+def test_fgd_prefers_a_node_whose_gpus_are_all_taken_among_those_it_strands_nothing_on() -> None:
+    # small2's GPUs are both taken: the pod strands nothing there either, and leaves big's
+    # CPU for its free GPUs.
+    taken = RunningJob(
+        JobId("t"),
+        openb.VC,
+        openb.USER,
+        (ReplicaPlacement(NodeName("small2"), (0, 1)),),
+        started_at=0.0,
+        cpu_milli_per_replica=4000,
+    )
+    running = [taken]
+    assert cpu_pod_goes_to("default", running) == "small2"
+    # The next one no longer fits on small2 (4 + 8 + 8 > 16 cores): back to big.
+    assert cpu_pod_goes_to("default", running) == "big"
+
+
+def test_pods_without_gpus_are_replayed_in_their_turn_and_take_cpu(tmp_path: Path) -> None:
+    nodes, trace = write(
+        tmp_path,
+        [
+            "c1,12000,4096,0,0,,BE,Running,0,9,0",  # best fit: n0 (the fullest), 4 cores left
+            "g1,8000,4096,1,1000,,LS,Running,1,9,1",  # 8 cores: not n0 any more, n1
+            "g2,8000,4096,1,1000,,LS,Running,2,9,2",  # n1 again (8 cores left there)
+            "g3,8000,4096,1,1000,,LS,Running,3,9,3",  # nowhere: n0 has 4 cores
+        ],
+    )
+    pods, skipped = openb.load_pods(trace)
+    assert skipped == 0 and [p.cpu_only for p in pods] == [True, False, False, False]
+    result = openb.fill(openb.load_nodes(nodes), pods, load_profile("best-fit"), demand=1.0)
+    assert (result["cpu_pods_placed"], result["cpu_pods_pending"]) == (1, 0)
+    assert (result["pods_placed"], result["pods_pending"]) == (2, 1)
+    # n0's GPU is free but no pending GPU pod has the CPU for it.
+    assert result["unallocated_gpus"] == pytest.approx(1.0)
+    gpu_only, skipped = openb.load_pods(trace, cpu_pods=False)
+    assert skipped == 1 and len(gpu_only) == 3
+    without = openb.fill(openb.load_nodes(nodes), gpu_only, load_profile("best-fit"), demand=1.0)
+    assert (without["pods_placed"], without["pods_pending"]) == (3, 0)
+
+
+def test_a_pending_pod_without_gpus_makes_no_free_gpu_usable(tmp_path: Path) -> None:
+    nodes, trace = write(
+        tmp_path,
+        ["c,99000,1024,0,0,,BE,Running,0,9,0", "a,1000,1024,1,1000,,LS,Running,1,9,1"],
+    )
+    pods, _ = openb.load_pods(trace)
+    # c, a, c, a: two GPUs asked for (over 0.34 x 3), both placed; c fits on no node.
+    result = openb.fill(openb.load_nodes(nodes), pods, load_profile("best-fit"), demand=0.34)
+    assert (result["cpu_pods_pending"], result["pods_placed"], result["pods_pending"]) == (2, 2, 0)
+    assert result["unallocated_gpus"] == pytest.approx(1.0)
+
+
+def test_fgd_task_types_include_the_pods_without_gpus(tmp_path: Path) -> None:
+    _, trace = write(tmp_path, ["c,8000,1024,0,0,,BE,Running,0,9,0", "a,1000,1024,1,500,,LS,Running,1,9,1"])
+    pods, _ = openb.load_pods(trace)
+    cpu_type = {"gpus": 0, "share_milli": 0, "cpu_milli": 8000, "memory_mib": 1024, "weight": 1}
+    assert cpu_type in openb.task_types(pods)

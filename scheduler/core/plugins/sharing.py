@@ -84,6 +84,11 @@ class BestFitShare:
         job_cpu, _ = _replica_needs(ctx, node, placed)
         return 100.0 * (1.0 - max(0.0, min(1.0, self.left(node, len(gpus) * WHOLE, job_cpu))))
 
+    def choose_node(self, job: PendingJob, nodes: Sequence[NodeSlot], ctx: CycleContext) -> NodeSlot | None:
+        """Where a replica that takes no GPU (CPU and memory only) goes, among nodes with room
+        for it: best fit, the node that keeps least CPU and GPU after it (ties: node order)."""
+        return min(nodes, key=lambda n: (self.left(n, 0, job.cpu_milli_per_replica), n.idx), default=None)
+
 
 class FragmentationGradient:
     """`fgd` as share chooser and as score plugin.
@@ -205,6 +210,25 @@ class FragmentationGradient:
             key = (delta, candidate.room_milli, candidate.node_idx, candidate.gpu_index)
             if best is None or key < best:
                 best, chosen = key, candidate
+        return chosen
+
+    def choose_node(self, job: PendingJob, nodes: Sequence[NodeSlot], ctx: CycleContext) -> NodeSlot | None:
+        """Where a replica that takes no GPU (CPU and memory only) goes, among nodes with room
+        for it: where the expected fragmentation grows least, as the paper scores such a pod
+        (its CPU may leave the node's free GPUs without the CPU the workload's tasks need).
+        Many nodes lose nothing (no free GPU, or CPU to spare): among those it goes to the
+        one with the least free GPU capacity, then the least CPU left, then node order, so
+        that CPU-only work fills nodes whose GPUs are taken before it eats into the CPU
+        beside free GPUs (the paper breaks such ties at random)."""
+        cpu, memory = job.cpu_milli_per_replica, job.memory_mib_per_replica
+        best: tuple[float, int, float, int] | None = None
+        chosen: NodeSlot | None = None
+        for slot in nodes:
+            free = node_free_vector(slot)
+            delta = self.node_fragmentation(slot, free, cpu, memory) - self.node_fragmentation(slot, free)
+            key = (delta, sum(free), _headroom(slot)[0] - cpu, slot.idx)
+            if best is None or key < best:
+                best, chosen = key, slot
         return chosen
 
     # -- score -----------------------------------------------------------------------------
