@@ -8,9 +8,11 @@ after another through the real ASGI application (portal.asgi, with the settings 
 runs with: DEBUG off, the connection pool) inside one process, and reports CPU time, not wall
 time: the process's own (every thread, so the background sender of browser hints counts) and
 PostgreSQL's (its backends are children of the private server). Statements per request are
-counted on one more request. With `--profile`, a cProfile of the same requests through Django's
-WSGI handler (one thread, so the profiler sees all of the view) follows, sorted by own time and
-by cumulative time.
+counted on one more request. The cyclic garbage collector's passes during the measured requests
+are timed too (CPU time of the thread that ran each pass; their total per request and the
+longest), since one long pass stalls every request the process holds. With `--profile`, a
+cProfile of the same requests through Django's WSGI handler (one thread, so the profiler sees all
+of the view) follows, sorted by own time and by cumulative time.
 
 The numbers are CPU, so they hold on a busy machine, within a few per cent; the ratio of the two
 endpoints is what bench.api_submit's throughput ratio tends to when the web server is the
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import gc
 import io
 import json
 import os
@@ -189,13 +192,26 @@ def measure_endpoints(app: Any, body: bytes, token: str, args: argparse.Namespac
 
     per_round = max(1, args.requests // args.rounds)
     totals = {name: {"cpu": 0.0, "db": 0.0, "wall": 0.0, "statuses": {}} for name in ENDPOINTS}
+    pauses: dict[str, list[float]] = {name: [] for name in ENDPOINTS}
+    collecting: list[str] = []  # the endpoint being measured, while one is
+    started = [0.0]
+
+    def on_collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        elif collecting:
+            pauses[collecting[0]].append(time.thread_time() - started[0])
+
+    gc.callbacks.append(on_collection)
     for _, path in ENDPOINTS.values():
         asyncio.run(run(path, args.warmup))
     for _ in range(args.rounds):
         for name, (_, path) in ENDPOINTS.items():
             time.sleep(0.5)  # the background sender finishes the last requests' hints
             cpu, db, wall = process_cpu(), database_cpu(), time.perf_counter()
+            collecting.append(name)
             statuses = asyncio.run(run(path, per_round))
+            collecting.clear()
             time.sleep(0.5)
             total = totals[name]
             total["cpu"] += process_cpu() - cpu
@@ -203,6 +219,7 @@ def measure_endpoints(app: Any, body: bytes, token: str, args: argparse.Namespac
             total["wall"] += time.perf_counter() - wall - 0.5
             for status, count in statuses.items():
                 total["statuses"][str(status)] = total["statuses"].get(str(status), 0) + count
+    gc.callbacks.remove(on_collection)
     results = {}
     for name, (_, path) in ENDPOINTS.items():
         total, n = totals[name], per_round * args.rounds
@@ -213,6 +230,8 @@ def measure_endpoints(app: Any, body: bytes, token: str, args: argparse.Namespac
             "web_cpu_ms_per_request": round(total["cpu"] / n * 1000, 2),
             "db_cpu_ms_per_request": round(total["db"] / n * 1000, 2),
             "wall_ms_per_request": round(total["wall"] / n * 1000, 2),
+            "gc_ms_per_request": round(sum(pauses[name]) / n * 1000, 3),
+            "gc_longest_pause_ms": round(max(pauses[name], default=0.0) * 1000, 2),
             "statements_per_request": len(statements),
             "statements": statements if args.statements else None,
         }

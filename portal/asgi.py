@@ -19,8 +19,12 @@ application = ProtocolTypeRouter(
     }
 )
 
-# What is loaded by now lives as long as the process, and with a socket per agent the default
-# thresholds rescan the long-lived objects many times a second: with 1,000 agents streaming
-# telemetry this cuts the event loop's CPU by about a fifth (python -m bench.telemetry).
+# What is loaded by now lives as long as the process: frozen, the collector never rescans it
+# (with 1,000 agents streaming telemetry the rescans took about a fifth of the event loop's CPU).
+# The young generation stays small: a submission leaves some 330 objects in reference cycles
+# (DRF's bound serializer fields, Django's model states), and a threshold of 20,000 let 16,000 of
+# them pile up into one pass of 15-20 ms of CPU that every request and socket of the process
+# waited for. At 1,000 the longest pass is under 3 ms for about the same CPU per submission
+# (bench.submit_cpu); telemetry ingestion pays a few per cent more CPU (bench.telemetry).
 gc.freeze()
-gc.set_threshold(20_000, 50, 100)
+gc.set_threshold(1_000, 20, 100)
