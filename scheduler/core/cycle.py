@@ -72,6 +72,7 @@ _CAPACITY_REASONS = frozenset(
 )
 _QUOTA_REASONS = frozenset({ReasonCode.VC_QUOTA, ReasonCode.USER_LIMIT})
 _PREEMPTION_REASONS = _CAPACITY_REASONS | _QUOTA_REASONS
+_LAYOUT_REASONS = frozenset({ReasonCode.FRAGMENTATION, ReasonCode.GANG_NODES})
 
 
 def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
@@ -304,6 +305,10 @@ class _CycleRun:
         # with the same key and at least as many GPUs cannot do better.
         self._failed_preemptions: dict[tuple[Any, ...], int] = {}
         self._horizons = [p for p in plugins.preemption if isinstance(p, PreemptionHorizonPlugin)]
+        # A migration plugin (its victims restart at once elsewhere, not back in the queue)
+        # plans the moves for a job blocked only by layout: see _try_preempt.
+        self._migrator: Any = next((p for p in plugins.preemption if hasattr(p, "plan_moves")), None)
+        self._evictors = [p for p in plugins.preemption if p is not self._migrator]
         self._blocked_shapes: dict[tuple[str, int, int], tuple[int, Status]] = {}
         self._admissions: dict[tuple[str, str, str, int, int], tuple[int, Status]] = {}
         self._rack_nodes: dict[str, list[int]] | None = None
@@ -405,6 +410,11 @@ class _CycleRun:
                 key = self._preemption_key(job, candidate_model, failure)
                 if job.gpus >= self._failed_preemptions.get(key, job.gpus + 1):
                     continue
+                # Blocked only by layout: first try moving jobs (they restart at once) before
+                # evicting any to the queue, where it would wait in the job's place.
+                layout = failure.reason in _LAYOUT_REASONS and self._migrator is not None
+                if layout and self._try_preempt(job, candidate_model, failure, migrate=True):
+                    return
                 if self._try_preempt(job, candidate_model, failure):
                     return
                 self._failed_preemptions[key] = min(job.gpus, self._failed_preemptions.get(key, job.gpus))
@@ -889,12 +899,17 @@ class _CycleRun:
             self._victim_base = base
         return self._victim_base
 
-    def _victims(self, job: PendingJob, model: str, failure: Status) -> list[tuple[RunningJob, str | None]]:
+    def _victims(
+        self, job: PendingJob, model: str, failure: Status, migrate: bool = False
+    ) -> list[tuple[RunningJob, str | None]]:
         """Running jobs whose GPUs may go to `job`, cheapest loss first. Jobs already stopping
         cost nothing and come first. Rules for every plugin: whole gangs only, preemptible,
         past the minimum runtime, and of the same VC or borrowing (a guarantee is never
-        taken for someone else's work)."""
+        taken for someone else's work). With `migrate` only the migration plugin is asked,
+        about every running job (it keeps few: see _try_preempt); otherwise all the others."""
         ctx = self.ctx
+        asked = [self._migrator] if migrate else self._evictors
+        limit = len(ctx.snapshot.running) if migrate else self.settings.max_victims
         same_vc_only = failure.reason in _QUOTA_REASONS
         same_user_only = failure.reason is ReasonCode.USER_LIMIT
         victims: list[tuple[RunningJob, str | None]] = []
@@ -911,12 +926,12 @@ class _CycleRun:
             if victim.stopping:
                 victims.append((victim, None))
             elif victim.vc == job.vc or ctx.borrowed_gpus.get(victim.id, 0) > 0:
-                for plugin in self.plugins.preemption:
+                for plugin in asked:
                     reason = plugin.may_preempt(job, victim, ctx)
                     if reason:
                         victims.append((victim, reason))
                         break
-            if len(victims) >= self.settings.max_victims:
+            if len(victims) >= limit:
                 break
         return victims
 
@@ -972,8 +987,13 @@ class _CycleRun:
             self._disjoint = len(seen) == count
         return self._disjoint
 
-    def _try_preempt(self, job: PendingJob, model: str, failure: Status) -> bool:
-        candidates = self._victims(job, model, failure)
+    def _try_preempt(self, job: PendingJob, model: str, failure: Status, migrate: bool = False) -> bool:
+        candidates = self._victims(job, model, failure, migrate)
+        if migrate and candidates:
+            # The migration plugin keeps the fewest moves that free room for the job, on the
+            # nodes it picks, in the order to release them; the search below checks the fit.
+            choose = self.plugins.gpu_chooser.choose
+            candidates = self._migrator.plan_moves(job, model, candidates, self.ctx, choose)
         if not candidates:
             return False
         reclaimable = sum(
@@ -1024,8 +1044,11 @@ class _CycleRun:
                 if attempt is not None:
                     attempt.discard()
                     chosen = trial
+        # Moved jobs restart on what is left free once the job has its GPUs: the GPUs free
+        # before and the victims' own, less the job's.
         moved = sum(v.gpus for v, r in chosen if r == "defrag")
-        if moved and moved > free_before - job.gpus:
+        released = sum(len(h.gpu_indices) for v, _ in chosen for h in self.holds[v.id] if h.model == model)
+        if moved and moved > free_before + released - job.gpus:
             growing.discard()
             return False  # the moved jobs would find no room to restart
         if incremental:

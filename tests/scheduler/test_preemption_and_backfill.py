@@ -209,19 +209,148 @@ def test_defrag_moves_a_small_job_when_enough_gpus_stay_free() -> None:
     assert "defragmentation" in plan.preemptions[0].message
 
 
-def test_defrag_does_not_move_jobs_that_would_find_no_room() -> None:
+@pytest.mark.parametrize(
+    ("c_busy", "moves"),
+    [
+        pytest.param((0, 1, 2), False, id="no-2-gpu-block-left-for-y: it stays"),
+        pytest.param((0, 1), True, id="c-has-2-free: y moves though 5 free < 4 + 2"),
+    ],
+)
+def test_defrag_moves_a_job_only_where_it_can_restart(c_busy: tuple[int, ...], moves: bool) -> None:
+    """4 GPUs free in total either way, 1 of them on node a: freeing node b for the 4-GPU job
+    moves y, which needs a 2-GPU block on another node. It gives up as many GPUs as it takes,
+    so a move needs no GPUs free beyond the blocked job's own, only a place to go."""
+    now, later = 10_000.0, 100_000.0
     snap = (
         Snap()
         .node("a", 4)
         .node("b", 4)
-        .running("x", [("a", (0,))])
-        .running("z", [("a", (2, 3))])
-        .running("y", [("b", (0,))])
-        .pending("wide", 4, submitted_at=5000)
+        .node("c", 4)
+        .running("x", [("a", (0, 1, 2))], checkpointable=False, time_limit_s=later)
+        .running("w", [("c", c_busy)], checkpointable=False, time_limit_s=later)
+        .running("y", [("b", (0, 1))], last_checkpoint_at=now - 10, time_limit_s=later)
+        .pending("wide", 4, submitted_at=now)
     )
-    plan = decide(snap.build(), DEFRAG, now=5000.0)
-    assert not plan.preemptions
-    assert plan.pending[0].reason is ReasonCode.FRAGMENTATION
+    plan = decide(snap.build(), DEFRAG, now=now)
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == ([("y", "defrag")] if moves else [])
+    expected = ReasonCode.WAITING_FOR_PREEMPTION if moves else ReasonCode.FRAGMENTATION
+    assert plan.pending[0].reason is expected
+
+
+def test_defrag_makes_the_fewest_moves() -> None:
+    """Node a frees with two moves of 70 GPU-s each, node b with one of 320 (k: 2 GPUs, 100 s
+    since its checkpoint, 60 s restart): one move it is, and k has a 2-GPU block on a."""
+    now, later = 10_000.0, 100_000.0
+    snap = (
+        Snap()
+        .node("a", 4)
+        .node("b", 4)
+        .node("c", 4)
+        .running("j1", [("a", (0,))], last_checkpoint_at=now - 10, time_limit_s=later)
+        .running("j2", [("a", (1,))], last_checkpoint_at=now - 10, time_limit_s=later)
+        .running("k", [("b", (0, 1))], last_checkpoint_at=now - 100, time_limit_s=later)
+        .running("w", [("c", (0, 1, 2))], checkpointable=False, time_limit_s=later)
+        .pending("wide", 4, submitted_at=now)
+    )
+    plan = decide(snap.build(), DEFRAG, now=now)
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == [("k", "defrag")]
+
+
+@pytest.mark.parametrize(
+    ("since_checkpoint_s", "moves"),
+    [
+        pytest.param(150.0, False, id="two moves of 210 GPU-s each: 420 > 400 gained"),
+        pytest.param(100.0, True, id="two moves of 160 GPU-s each: 320 <= 400 gained"),
+    ],
+)
+def test_defrag_moves_cost_together_at_most_the_blocked_jobs_gain(
+    since_checkpoint_s: float, moves: bool
+) -> None:
+    """Node b frees by itself in 100 s (x's time limit): the 4-GPU job gains 400 GPU-s. Node a
+    needs both j1 and j2 moved, each cheaper than that, together perhaps not."""
+    now, later = 10_000.0, 100_000.0
+    snap = (
+        Snap()
+        .node("a", 4)
+        .node("b", 4)
+        .node("c", 4)
+        .running("j1", [("a", (0,))], last_checkpoint_at=now - since_checkpoint_s, time_limit_s=later)
+        .running("j2", [("a", (1,))], last_checkpoint_at=now - since_checkpoint_s, time_limit_s=later)
+        .running("x", [("b", (0, 1, 2))], checkpointable=False, time_limit_s=now + 100)
+        .running("w", [("c", (0, 1))], checkpointable=False, time_limit_s=later)
+        .pending("wide", 4, submitted_at=now)
+    )
+    plan = decide(snap.build(), DEFRAG, now=now)
+    moved = sorted(p.job_id for p in plan.preemptions if p.reason == "defrag")
+    assert moved == (["j1", "j2"] if moves else [])
+
+
+@pytest.mark.parametrize(
+    ("preemption", "expected"),
+    [
+        pytest.param(["las", "defrag"], [("small", "defrag")], id="migration-first: the gang keeps running"),
+        pytest.param(["las"], [("gang", "las")], id="without-migration: LAS evicts the cheaper gang"),
+    ],
+)
+def test_a_job_blocked_by_layout_moves_jobs_before_evicting_any(
+    preemption: list[str], expected: list[tuple[str, str]]
+) -> None:
+    """The new 4-GPU job is in LAS queue 0 and both running jobs in queue 1. Evicting the gang
+    loses less work (4 x 100 GPU-s against 1,000) but sends it back to the queue; moving the
+    small job onto node c frees node b, and the small job restarts at once."""
+    now, later = 10_000.0, 100_000.0
+    snap = (
+        Snap()
+        .node("a", 4)
+        .node("b", 4)
+        .node("c", 4)
+        .running(
+            "gang", [("a", (0, 1, 2, 3))], started_at=now - 100, attained_gpu_s=4 * 5000, time_limit_s=later
+        )
+        .running(
+            "small", [("b", (0,))], attained_gpu_s=9000, last_checkpoint_at=now - 1000, time_limit_s=later
+        )
+        .running("w", [("c", (0, 1, 2))], checkpointable=False, time_limit_s=later)
+        .pending("wide", 4, submitted_at=now)
+    )
+    las_first = profile(
+        queue_sort=["las", "fifo"],
+        preemption=preemption,
+        score=["binpack"],
+        plugin_args={"las": {"thresholds": [3600]}},
+    )
+    plan = decide(snap.build(), las_first, now=now)
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == expected
+
+
+@pytest.mark.parametrize(
+    ("c_busy", "d_busy", "room"),
+    [
+        pytest.param((0, 1), (0, 1, 2, 3), True, id="c-has-a-2-gpu-block: y moves there"),
+        pytest.param((0, 1, 2), (0, 1, 2), False, id="only-node-a-has-2-free: y stays"),
+    ],
+)
+def test_defrag_frees_a_node_for_a_gang_and_keeps_the_free_node_for_it(
+    c_busy: tuple[int, ...], d_busy: tuple[int, ...], room: bool
+) -> None:
+    """A 2x4 gang, 8 GPUs free in total: node a has room, node b needs y (2 GPUs) moved. y may
+    not restart on node a, which the gang's other replica takes."""
+    now, later = 10_000.0, 100_000.0
+    snap = (
+        Snap()
+        .node("a", 4)
+        .node("b", 4)
+        .node("c", 4)
+        .node("d", 4)
+        .running("y", [("b", (0, 1))], last_checkpoint_at=now - 10, time_limit_s=later)
+        .running("w", [("c", c_busy)], checkpointable=False, time_limit_s=later)
+        .running("v", [("d", d_busy)], checkpointable=False, time_limit_s=later)
+        .pending("gang", 4, replicas=2, submitted_at=now)
+    )
+    plan = decide(snap.build(), DEFRAG, now=now)
+    expected = ReasonCode.WAITING_FOR_PREEMPTION if room else ReasonCode.GANG_NODES
+    assert plan.pending[0].reason is expected
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == ([("y", "defrag")] if room else [])
 
 
 def test_defrag_never_moves_a_job_again_within_its_minimum_interval() -> None:

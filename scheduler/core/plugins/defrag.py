@@ -3,26 +3,34 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from scheduler.core.framework import CycleContext
 from scheduler.core.plugins.backfill import running_end
+from scheduler.core.state import NodeSlot
 from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob
 
 
 class Defragment:
     """A job blocked only by fragmentation (enough GPUs free in total, but not on few enough
-    nodes) may move smaller checkpointable jobs: they are preempted and, because enough GPUs
-    stay free elsewhere for them (the cycle checks the whole victim set), they restart at once
-    on other nodes. This is Gandiva's migration used for packing; the cycle picks the victims
-    that lose the least work and drops every one the fit does not need.
+    nodes) may move smaller checkpointable jobs: they are preempted and restart at once on
+    other nodes, from their checkpoint. This is Gandiva's migration used for packing. A move
+    needs no GPUs beyond the blocked job's own: the moved job gives up as many as it takes.
+
+    For such a job the cycle asks this plugin first, alone, and it picks the moves
+    (`plan_moves`): on the nodes that need the fewest moves to give each missing replica a
+    block the GPU chooser would take (then the cheapest), and only when every moved job has
+    room to restart on another node, tightest fit first (a partly used node, so whole nodes
+    stay whole). Only when that finds nothing do the other preemption plugins get a turn: a
+    job they evict waits in the queue, where a moved job does not.
 
     A move is never free, so it must pay for itself: it costs the moved job its work since the
-    last checkpoint plus a restart (`restart_cost_s`), in GPU-seconds, and is made only when
-    that is less than what the blocked job gains, its GPUs times how long it would wait for a
-    layout to free up by itself (from the running jobs' expected ends). A job is not moved
-    again within `min_interval_s` of its last (re)start, so no job is shuffled back and forth.
+    last checkpoint plus a restart (`restart_cost_s`), in GPU-seconds, and the moves are made
+    only when together they cost at most what the blocked job gains, its GPUs times how long
+    it would wait for a layout to free up by itself (from the running jobs' expected ends).
+    A job is not moved within `min_interval_s` of its last (re)start, so no job is shuffled
+    back and forth.
 
     Args: `restart_cost_s` (default 60), `min_interval_s` (default 1800), `default_runtime_s`
     (default 3600, for running jobs without limit or estimate)."""
@@ -47,11 +55,116 @@ class Defragment:
             free = sum(ctx.state.free_total.values())
         else:
             free = ctx.state.free_total.get(model, 0)
-        if free < preemptor.gpus + victim.gpus:
+        # Blocked by layout only: its GPUs are free in total. A move needs no more than that,
+        # since the moved job gives up as many GPUs as it takes elsewhere (the cycle checks
+        # that what is left free holds the moved jobs, plan_moves that it has room for them).
+        if free < preemptor.gpus:
             return None
         if self.cost(victim, ctx.now) > self.gain(preemptor, ctx):
             return None
         return "defrag"
+
+    def plan_moves(
+        self,
+        preemptor: PendingJob,
+        model: str,
+        candidates: Sequence[tuple[RunningJob, str | None]],
+        ctx: CycleContext,
+        choose: Callable[[set[int], NodeSlot, int], tuple[int, ...] | None],
+    ) -> list[tuple[RunningJob, str | None]]:
+        """The fewest moves that give `preemptor` room for all its replicas, in the order to
+        release them, or [] if there are none worth making. `candidates` are the running jobs
+        this plugin accepted (reason "defrag") and jobs already stopping (reason None: their
+        GPUs come back anyway, at no cost); `choose` is the cycle's GPU chooser, so a node
+        counts as having room only for a block the placement would take (topology)."""
+        state = ctx.state
+        per, replicas = preemptor.gpus_per_replica, preemptor.replicas
+        # Each candidate's GPUs of the model, per node.
+        on_node: dict[int, list[tuple[RunningJob, str | None, frozenset[int]]]] = {}
+        for victim, reason in candidates:
+            for replica in victim.placement:
+                idx = state.node_idx_by_name.get(replica.node)
+                if idx is None:
+                    continue
+                gpus = state.nodes[idx].gpus
+                held = frozenset(
+                    i for i in replica.gpu_indices if i in gpus and gpus[i].model == model and gpus[i].healthy
+                )
+                if held:
+                    on_node.setdefault(idx, []).append((victim, reason, held))
+
+        def fits(room: set[int], slot: NodeSlot) -> bool:
+            return len(room) >= per and choose(room, slot, per) is not None
+
+        def move_cost(mover: tuple[RunningJob, str | None, frozenset[int]]) -> float:
+            return self.cost(mover[0], ctx.now) if mover[1] is not None else 0.0
+
+        roomy: list[NodeSlot] = []
+        options: list[tuple[int, float, int, list[tuple[RunningJob, str | None, frozenset[int]]]]] = []
+        for slot in state.nodes:
+            if not slot.usable:
+                continue
+            free = set(slot.free.get(model, ()))
+            if fits(free, slot):
+                roomy.append(slot)
+                continue
+            movers = on_node.get(slot.idx)
+            if not movers or len(free) + sum(len(g) for _, _, g in movers) < per:
+                continue
+            # Jobs already stopping first (free), then the widest moves (fewest to free a
+            # block), cheapest first among equals; then drop, dearest first, any not needed.
+            movers = sorted(movers, key=lambda m: (m[1] is not None, -len(m[2]), move_cost(m), m[0].id))
+            room, picked = set(free), []
+            for mover in movers:
+                picked.append(mover)
+                room |= mover[2]
+                if fits(room, slot):
+                    break
+            else:
+                continue
+            for mover in sorted(picked, key=lambda m: -move_cost(m)):
+                if mover[1] is not None and fits(room - mover[2], slot):
+                    picked.remove(mover)
+                    room -= mover[2]
+            moves = [m for m in picked if m[1] is not None]
+            options.append((len(moves), sum(move_cost(m) for m in moves), slot.idx, picked))
+        missing = replicas - min(len(roomy), replicas)
+        if missing <= 0 or len(options) < missing:
+            return []
+        options.sort(key=lambda o: (o[0], o[1], o[2]))
+        chosen = options[:missing]
+        if sum(o[1] for o in chosen) > self.gain(preemptor, ctx):
+            return []
+        # Every moved job needs room to restart on a node the blocked job does not take: the
+        # nodes picked are out, and so is a block on each roomy node its other replicas take.
+        taken = {o[2] for o in chosen}
+        rooms = {slot.idx: set(slot.free.get(model, ())) for slot in state.nodes if slot.usable}
+        for slot in sorted(roomy, key=lambda s: (s.free_count(model), s.idx))[: replicas - missing]:
+            block = choose(rooms[slot.idx], slot, per)
+            if block is not None:
+                rooms[slot.idx] -= set(block)
+        plan: list[tuple[RunningJob, str | None]] = []
+        seen: set[str] = set()
+        moved: list[RunningJob] = []
+        for option in chosen:
+            for victim, reason, _ in option[3]:
+                if victim.id not in seen:
+                    seen.add(victim.id)
+                    plan.append((victim, reason))
+                    if reason is not None:
+                        moved.append(victim)
+        for victim in sorted(moved, key=lambda v: (-v.gpus, v.id)):
+            best: tuple[tuple[int, int], tuple[int, ...]] | None = None
+            for idx, room in rooms.items():
+                if idx in taken or len(room) < victim.gpus:
+                    continue
+                block = choose(room, state.nodes[idx], victim.gpus)
+                if block is not None and (best is None or (len(room), idx) < best[0]):
+                    best = ((len(room), idx), block)
+            if best is None:
+                return []
+            rooms[best[0][1]] -= set(best[1])
+        return plan
 
     def cost(self, victim: RunningJob, now: float) -> float:
         """GPU-seconds a move costs: the work since the last checkpoint, and the restart."""
