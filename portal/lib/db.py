@@ -11,15 +11,16 @@ def insert_together(*objs: models.Model) -> None:
     Model.save() builds each INSERT through the ORM's compiler: about half a millisecond of CPU
     per row, and a round trip each. This writes the same columns with the same values (each
     field's pre_save and get_db_prep_save, as save() does, so defaults, auto_now_add and
-    encrypted fields behave alike) as a chain of data-modifying CTEs. It sends no pre_save or
-    post_save signals: only for models without receivers. Rows that refer to each other must
-    be saved in order instead.
+    encrypted fields behave alike) as a chain of data-modifying CTEs, which PostgreSQL runs as
+    one atomic statement. It sends no pre_save or post_save signals: only for models without
+    receivers. A row may refer to another of the same call only when that one's id is already
+    set (reserved from its sequence), and is then written with that id.
     """
     quote = connection.ops.quote_name
     ctes, selects, params = [], [], []
     for i, obj in enumerate(objs):
         meta = obj._meta
-        fields = [f for f in meta.concrete_fields if f is not meta.auto_field]
+        fields = [f for f in meta.concrete_fields if f is not meta.auto_field or obj.pk is not None]
         columns = ", ".join(quote(f.column) for f in fields)
         values = ", ".join(["%s"] * len(fields))
         ctes.append(

@@ -272,14 +272,41 @@ def test_an_image_from_a_registry_outside_the_allowlist_is_a_400(api_for, settin
     assert api_for("alice").post("/api/v1/jobs/", allowed, format="json").status_code == 201
 
 
-def test_a_submission_takes_six_statements_and_answers_as_the_job_detail_does(  # type: ignore[no-untyped-def]
+def test_a_submission_takes_three_statements_and_answers_as_the_job_detail_does(  # type: ignore[no-untyped-def]
     api_for, small_job, django_assert_max_num_queries
 ) -> None:
     """What a submission costs is mostly its statements (docs/benchmarks.md): the spec's names
-    in one, the rules in one, the job, then its event and audit entry together, and the
-    savepoint pair of the test's own transaction. The answer reads nothing back."""
+    in one, the rules (and the job's id) in one, then the job with its event and audit entry in
+    one, with no transaction block around them. The answer reads nothing back."""
     alice = api_for("alice")
-    with django_assert_max_num_queries(6):
+    with django_assert_max_num_queries(3):
         response = alice.post("/api/v1/jobs/", {**small_job, "priority": "dev"}, format="json")
     assert response.status_code == 201, response.json()
     assert response.json() == alice.get(f"/api/v1/jobs/{response.json()['id']}/").json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submission_whose_audit_entry_cannot_be_written_stores_no_job_and_no_event(  # type: ignore[no-untyped-def]
+    api_for, small_job, monkeypatch
+) -> None:
+    """The job, its first event and its audit entry are one statement in autocommit (no
+    transaction block, and no test transaction around it here): when the last row fails, the
+    first two are not left behind."""
+    from django.db import DataError
+
+    from portal.accounts.services import audit_entry
+    from portal.jobs import services
+
+    def too_long_action(*args, **kwargs):  # type: ignore[no-untyped-def]
+        entry = audit_entry(*args, **kwargs)
+        entry.action = "x" * 500
+        return entry
+
+    alice = api_for("alice")
+    assert alice.post("/api/v1/jobs/", small_job, format="json").status_code == 201
+    monkeypatch.setattr(services, "audit_entry", too_long_action)
+    with pytest.raises(DataError):
+        alice.post("/api/v1/jobs/", {**small_job, "name": "lost"}, format="json")
+    assert list(Job.objects.values_list("name", flat=True)) == [small_job["name"]]
+    assert JobEvent.objects.count() == 1
+    assert not AuditEntry.objects.filter(action="job.submit", object_repr__contains="lost").exists()
