@@ -3,7 +3,7 @@
     python -m scheduler.sim --trace PATH --format itp|philly|openb --cluster NxG
         [--topology FILE] --profile NAME|FILE [--vc-quotas FILE]
         [--preempt-overhead SECONDS] [--vc NAME] [--until SECONDS] [--time-limit SECONDS]
-        [--max-jobs N] --json
+        [--max-jobs N] [--spread-after SECONDS] --json
     python -m scheduler.sim --trace PODS.csv --format openb --nodes NODES.csv --profile NAME
         [--demand FACTOR] --json
 
@@ -57,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--vc", help="replay only this VC's jobs")
     parser.add_argument("--time-limit", type=float, help="time limit given to every job (seconds)")
+    parser.add_argument(
+        "--spread-after",
+        type=float,
+        help="a job of several GPUs that waited this many seconds may be spread as 1-GPU replicas",
+    )
     parser.add_argument("--max-jobs", type=int, help="replay only the first N jobs")
     parser.add_argument(
         "--until", type=float, help="replay only jobs submitted before this many seconds after the first"
@@ -107,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         vc_quotas=quotas,
         preempt_overhead_s=args.preempt_overhead,
         time_limit_s=args.time_limit,
+        spread_after_s=args.spread_after,
     ).run()
     summary = summarize(result)
     summary["skipped_rows"] = trace.skipped

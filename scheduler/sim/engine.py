@@ -96,6 +96,7 @@ class SimJob:
     pending_view: PendingJob | None = None
     suspended_on: tuple[ReplicaPlacement, ...] = ()  # time-slicing: waits to resume there
     suspensions: int = 0
+    shape: tuple[int, int] = (0, 0)  # replicas x GPUs per replica as submitted (spreading may relax it)
 
     @property
     def gpus(self) -> int:
@@ -158,6 +159,7 @@ class Simulator:
         vc_quotas: Mapping[str, tuple[int, int]] | None = None,
         preempt_overhead_s: float = 0.0,
         time_limit_s: float | None = None,
+        spread_after_s: float | None = None,
     ) -> None:
         self.nodes = nodes
         # Nobody reads what-if hints in a replay; they would only cost time.
@@ -169,6 +171,12 @@ class Simulator:
         self.guarantees = {vc: g for vc, (g, _) in vc_quotas.items()} if vc_quotas is not None else None
         self.overhead = preempt_overhead_s
         self.time_limit_s = time_limit_s
+        # Locality relaxed after waiting (as Philly's scheduler did, Jeon et al., ATC'19): a job
+        # of several GPUs that has waited this long since it last queued is offered to the core
+        # as that many 1-GPU replicas, which it places by its affinity scores (same node, then
+        # same rack). Back to its own shape when requeued. None: topology always required.
+        # The replay charges a spread job no slowdown (optimistic, as the peer).
+        self.spread_after_s = spread_after_s
         self.capacity = sum(len(n.gpus) for n in nodes)
         self.node_gpus = max(len(n.gpus) for n in nodes)
         self.vcs = build_vcs([j.vc for j in jobs], vc_quotas, self.capacity)
@@ -193,7 +201,9 @@ class Simulator:
             if trace_job.gpus > self.capacity or per > self.node_gpus:
                 dropped.append(trace_job)
                 continue
-            jobs[trace_job.id] = SimJob(trace_job, replicas, per, remaining=trace_job.duration)
+            jobs[trace_job.id] = SimJob(
+                trace_job, replicas, per, remaining=trace_job.duration, shape=(replicas, per)
+            )
             push(trace_job.submit, _Event.SUBMIT, trace_job.id)
 
         pending: dict[str, SimJob] = {}  # insertion order = queue arrival, for determinism
@@ -328,6 +338,8 @@ class Simulator:
 
     @staticmethod
     def _requeue(job: SimJob, t: float) -> None:
+        if job.shape != (0, 0):
+            job.replicas, job.gpus_per_replica = job.shape
         job.stopping = False
         job.running_since = None
         job.placement = ()
@@ -356,7 +368,11 @@ class Simulator:
                 )
             )
         pending_view = []
+        spread_after = self.spread_after_s
         for job_id, job in pending.items():
+            if spread_after is not None and job.gpus_per_replica > 1 and t - job.queued_at >= spread_after:
+                job.replicas, job.gpus_per_replica = job.gpus, 1
+                job.pending_view = None
             if job.pending_view is None:
                 job.pending_view = PendingJob(
                     id=JobId(job_id),

@@ -262,3 +262,24 @@ def test_without_quotas_the_vcs_share_one_pool_and_las_preempts_across_them(tmp_
     )
     assert guarded["preemptions"] == 0
     assert guarded["per_vc"]["b"]["avg_jct_s"] == 750.0
+
+
+def test_spread_after_waiting_relaxes_locality(tmp_path: Path) -> None:
+    # Two nodes of 4 GPUs. a and b (3 GPUs, 1,000 s) at t=0 take 3 GPUs of each node; c (2
+    # GPUs, 100 s) at t=10 finds one free GPU per node (fragmentation). d (1 GPU, 10 s) at
+    # t=200. Topology required: d takes a free GPU at once (JCT 10), c waits for a and b and
+    # runs 1,000..1,100 (JCT 1,090). With --spread-after 100: at t=200 c has waited 190 s, is
+    # placed as 2x1 across the two nodes and runs 200..300 (JCT 290); d waits for it (JCT 110).
+    trace = tmp_path / "frag.csv"
+    trace.write_text(
+        "job_id,submission_time,duration,num_gpu\na,0,1000,3\nb,0,1000,3\nc,10,100,2\nd,200,10,1\n"
+    )
+    jobs = load_trace(trace, "itp").jobs
+    fifo = Profile.from_dict({"name": "fifo", "plugins": {"queue_sort": ["fifo"]}})
+    required = summarize(Simulator(uniform_cluster(2, 4), fifo, jobs).run())
+    spread = summarize(Simulator(uniform_cluster(2, 4), fifo, jobs, spread_after_s=100).run())
+    assert required["avg_jct_s"] == pytest.approx((1000 + 1000 + 1090 + 10) / 4)
+    assert spread["avg_jct_s"] == pytest.approx((1000 + 1000 + 290 + 110) / 4)
+    # Not yet waited long enough at t=200: nothing changes.
+    late = summarize(Simulator(uniform_cluster(2, 4), fifo, jobs, spread_after_s=500).run())
+    assert late["avg_jct_s"] == required["avg_jct_s"]
