@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load_before = load_average()
     log_dir = Path(tempfile.mkdtemp(prefix="gpuportal-soak-"))
+    errors: dict[str, Any] | None = None
     accepted: list[int] = []
     figures: dict[str, Any] = {}
     with portal_database() as env:
@@ -241,7 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for proc in (web, worker, beat):
                 stop(proc)
-            shutil.rmtree(log_dir, ignore_errors=True)
+            # The logs are kept when they hold errors, so that a rare one can be read afterwards.
+            if errors is None or any(e["count"] for e in errors.values()):
+                print(f"logs kept in {log_dir}", file=sys.stderr)
+            else:
+                shutil.rmtree(log_dir, ignore_errors=True)
     summary = load.summary(201)
     succeeded = states.get("succeeded", 0)
     result: dict[str, Any] = {
