@@ -184,7 +184,7 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
         | {int(p.job_id) for p in plan.preemptions}
         | {int(s.job_id) for s in plan.suspends}
     )
-    jobs = Job.objects.select_for_update().in_bulk(moving)
+    jobs = Job.objects.select_for_update().order_by("pk").in_bulk(moving)  # the order others lock in
 
     def unchanged(job_id: core.JobId, state: str) -> Job | None:
         job = jobs.get(int(job_id))

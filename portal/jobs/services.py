@@ -437,21 +437,31 @@ class StaleReport(Exception):
 
 
 def _replica_for(node: Node, agent_attempt_id: str) -> tuple[JobAttempt, int]:
+    """The attempt a report names, read without a lock (see `_lock_job_and_attempt`)."""
     from portal.agentgw.desired import parse_agent_attempt_id
 
     parsed = parse_agent_attempt_id(agent_attempt_id)
     if parsed is None:
         raise StaleReport(f"unknown attempt id {agent_attempt_id!r}")
     attempt_pk, replica = parsed
-    attempt = (
-        JobAttempt.objects.select_for_update()
-        .select_related("job")
-        .filter(pk=attempt_pk, allocations__node=node, allocations__replica=replica)
-        .first()
-    )
+    attempt = JobAttempt.objects.filter(
+        pk=attempt_pk, allocations__node=node, allocations__replica=replica
+    ).first()
     if attempt is None:
         raise StaleReport(f"attempt {agent_attempt_id} was never placed on node {node.name}")
     return attempt, replica
+
+
+def _lock_job_and_attempt(attempt: JobAttempt) -> tuple[Job, JobAttempt]:
+    """Locks the job row, then the attempt row, and returns both as they are now.
+
+    Every writer takes the job first (transitions, preemption, cancellation, the scheduler's
+    plan); a report that locked its attempt first and then waited for the job deadlocked with
+    them under load. The attempt is read again under the lock, so concurrent reports of one
+    attempt's replicas merge their states instead of overwriting each other."""
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    attempt = JobAttempt.objects.select_for_update().get(pk=attempt.pk)
+    return job, attempt
 
 
 def _replicas_on_nodes(attempt: JobAttempt) -> list[int]:
@@ -485,6 +495,7 @@ def record_attempt_status(node: Node, status: AttemptStatus) -> bool:
     failed (the other replicas are stopped); one vanished -> lost, then pending while retries
     remain. Returns False when the report was a duplicate or late."""
     attempt, replica = _replica_for(node, status.attempt_id)
+    job, attempt = _lock_job_and_attempt(attempt)
     stored = attempt.replica_states.get(str(replica))
     old_state = AgentAttemptState(stored["state"]) if stored else None
     if not supersedes(status.state, status.generation, old_state, stored["generation"] if stored else -1):
@@ -498,7 +509,6 @@ def record_attempt_status(node: Node, status: AttemptStatus) -> bool:
         "message": status.message[:500],
     }
     JobAttempt.objects.filter(pk=attempt.pk).update(replica_states=attempt.replica_states)
-    job = Job.objects.select_for_update().get(pk=attempt.job_id)
     current = job.current_attempt()
     if current is None or current.pk != attempt.pk or job.state not in ACTIVE_STATES:
         return True  # a report about an old attempt or an ended job changes no job state
@@ -690,8 +700,7 @@ def requeue_lost_job(job: Job, reason: str) -> None:
 
 def record_log_chunk(node: Node, chunk: LogChunk) -> int:
     """Stores the chunk's lines; lines the portal already has are skipped. Returns lines added."""
-    with transaction.atomic():
-        attempt, replica = _replica_for(node, chunk.attempt_id)
+    attempt, replica = _replica_for(node, chunk.attempt_id)
     lines = chunk.text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -729,7 +738,7 @@ def record_checkpoint(node: Node, done: CheckpointDone) -> Checkpoint | None:
     were never listed and checked, so no attempt may resume from it. Replicas sharing the
     directory report the same checkpoint; the first report commits it."""
     attempt, _ = _replica_for(node, done.attempt_id)
-    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    job, attempt = _lock_job_and_attempt(attempt)
     if not done.manifest_sha256 or not done.manifest_path:
         record_job_event(
             job,
