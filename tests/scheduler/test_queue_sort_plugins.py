@@ -253,3 +253,23 @@ def test_las_preempt_levels(
 def test_las_preempt_levels_must_be_positive() -> None:
     with pytest.raises(ValueError, match="preempt_levels"):
         profile(queue_sort=["las"], plugin_args={"las": {"thresholds": [1000], "preempt_levels": 0}})
+
+
+@pytest.mark.parametrize("name", ["fifo", "tiresias"])
+def test_shipped_profiles_start_the_owners_job_before_an_older_borrower(name: str) -> None:
+    # Started first, the borrower would take the owner's last free GPUs and be reclaimed a
+    # cycle later: a preemption and a grace period for nothing, again and again under load.
+    from scheduler.core import load_profile
+
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .vc("owner", 4, borrow=4)
+        .vc("lender", 4, borrow=4)
+        .running("owner-running", [("n0", (0, 1, 2, 3))], vc="owner", started_at=0)
+        .pending("owner-borrows", 4, vc="owner", submitted_at=10)
+        .pending("lender-own", 4, vc="lender", submitted_at=20)
+    )
+    plan = decide(snap.build(), load_profile(name), now=1000.0)
+    assert [s.job_id for s in plan.starts] == ["lender-own"]
+    assert not plan.preemptions
