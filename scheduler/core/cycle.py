@@ -93,7 +93,41 @@ def decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
             gc.enable()
 
 
+def spread_waited_jobs(snapshot: Snapshot, now: float) -> Snapshot:
+    """The snapshot with every job that has waited past its `spread_after_s` asking for one
+    GPU per replica instead (the same GPUs; CPU and memory divided, rounded up).
+
+    Placement then scores the replicas by the profile's scores; under `default` the affinity
+    score keeps them on one node or one switch when there is room there, so they spread only
+    when there is not: Slurm's `--switches=N@max-time` and Philly's locality relaxed after a
+    wait. (A profile that weighs packing as much as affinity fills partly used nodes first.)
+    A job requeued later waits for its own shape again, from its new queueing time."""
+    pending = snapshot.pending
+    if not any(job.spread_after_s is not None for job in pending):
+        return snapshot
+    changed = False
+    spread: list[PendingJob] = []
+    for job in pending:
+        per = job.gpus_per_replica
+        if job.spread_after_s is None or per <= 1 or now - job.waiting_since < job.spread_after_s:
+            spread.append(job)
+            continue
+        changed = True
+        spread.append(
+            dataclasses.replace(
+                job,
+                replicas=job.replicas * per,
+                gpus_per_replica=1,
+                cpu_milli_per_replica=-(-job.cpu_milli_per_replica // per),
+                memory_mib_per_replica=-(-job.memory_mib_per_replica // per),
+            )
+        )
+    return dataclasses.replace(snapshot, pending=tuple(spread)) if changed else snapshot
+
+
 def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
+    # 0. Jobs that may spread after a wait and have waited long enough.
+    snapshot = spread_waited_jobs(snapshot, now)
     plugins = profile.build()
     # 1. Working state: every running job's GPUs taken, quota usage counted.
     state, holds = build_state(snapshot)

@@ -157,6 +157,11 @@ class PendingJob:
     # to resume on the GPUs it was suspended on (`suspended_on`).
     time_sliceable: bool = False
     suspended_on: tuple[ReplicaPlacement, ...] = ()
+    # Once it has waited this long since it last queued, the job may start as `gpus` replicas
+    # of one GPU each, CPU and memory divided among them (see `spread_waited_jobs`). For
+    # programs that run one process per GPU anyway (torchrun, MPI), which would rather start
+    # spread over nodes than wait on for whole ones. None = never.
+    spread_after_s: float | None = None
 
     @property
     def gpus(self) -> int:

@@ -96,7 +96,6 @@ class SimJob:
     pending_view: PendingJob | None = None
     suspended_on: tuple[ReplicaPlacement, ...] = ()  # time-slicing: waits to resume there
     suspensions: int = 0
-    shape: tuple[int, int] = (0, 0)  # replicas x GPUs per replica as submitted (spreading may relax it)
 
     @property
     def gpus(self) -> int:
@@ -171,11 +170,11 @@ class Simulator:
         self.guarantees = {vc: g for vc, (g, _) in vc_quotas.items()} if vc_quotas is not None else None
         self.overhead = preempt_overhead_s
         self.time_limit_s = time_limit_s
-        # Locality relaxed after waiting (as Philly's scheduler did, Jeon et al., ATC'19): a job
-        # of several GPUs that has waited this long since it last queued is offered to the core
-        # as that many 1-GPU replicas, which it places by its affinity scores (same node, then
-        # same rack). Back to its own shape when requeued. None: topology always required.
-        # The replay charges a spread job no slowdown (optimistic, as the peer).
+        # Locality relaxed after waiting (as Philly's scheduler did, Jeon et al., ATC'19): every
+        # job of several GPUs per replica gets this `spread_after_s`, so the core may start it
+        # as that many 1-GPU replicas once it has waited this long since it last queued.
+        # None: topology always required. The replay charges a spread job no slowdown
+        # (optimistic, as the peer).
         self.spread_after_s = spread_after_s
         self.capacity = sum(len(n.gpus) for n in nodes)
         self.node_gpus = max(len(n.gpus) for n in nodes)
@@ -201,9 +200,7 @@ class Simulator:
             if trace_job.gpus > self.capacity or per > self.node_gpus:
                 dropped.append(trace_job)
                 continue
-            jobs[trace_job.id] = SimJob(
-                trace_job, replicas, per, remaining=trace_job.duration, shape=(replicas, per)
-            )
+            jobs[trace_job.id] = SimJob(trace_job, replicas, per, remaining=trace_job.duration)
             push(trace_job.submit, _Event.SUBMIT, trace_job.id)
 
         pending: dict[str, SimJob] = {}  # insertion order = queue arrival, for determinism
@@ -338,8 +335,6 @@ class Simulator:
 
     @staticmethod
     def _requeue(job: SimJob, t: float) -> None:
-        if job.shape != (0, 0):
-            job.replicas, job.gpus_per_replica = job.shape
         job.stopping = False
         job.running_since = None
         job.placement = ()
@@ -370,9 +365,6 @@ class Simulator:
         pending_view = []
         spread_after = self.spread_after_s
         for job_id, job in pending.items():
-            if spread_after is not None and job.gpus_per_replica > 1 and t - job.queued_at >= spread_after:
-                job.replicas, job.gpus_per_replica = job.gpus, 1
-                job.pending_view = None
             if job.pending_view is None:
                 job.pending_view = PendingJob(
                     id=JobId(job_id),
@@ -387,6 +379,7 @@ class Simulator:
                     queued_at=job.queued_at,
                     time_sliceable=self.time_sliceable,
                     suspended_on=job.suspended_on,
+                    spread_after_s=spread_after if job.gpus_per_replica > 1 else None,
                 )
             pending_view.append(job.pending_view)
         return Snapshot(self.nodes, self.vcs, tuple(running_view), tuple(pending_view))

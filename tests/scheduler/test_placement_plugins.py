@@ -176,3 +176,70 @@ def test_any_model_job_uses_a_model_that_fits() -> None:
     snap = Snap().node("v", 2, model="V100").node("a", 8, model="A100").pending("j", 4)
     plan = decide(snap.build(), profile(), 0.0)
     assert placed_nodes(plan) == ["a"]
+
+
+def two_half_full_nodes() -> Snap:
+    # 4 of 8 GPUs free on each node: no node holds an 8-GPU replica, the cluster holds 8 GPUs.
+    return (
+        Snap()
+        .node("n0", 8)
+        .node("n1", 8)
+        .running("a", [("n0", (0, 1, 2, 3))], started_at=0)
+        .running("b", [("n1", (0, 1, 2, 3))], started_at=0)
+    )
+
+
+@pytest.mark.parametrize(
+    ("spread_after_s", "submitted_at", "spreads"),
+    [
+        pytest.param(None, 0.0, False, id="never-spreads-without-the-option"),
+        pytest.param(600.0, 500.0, False, id="keeps-its-shape-before-the-wait-is-up"),
+        pytest.param(600.0, 0.0, True, id="spreads-once-it-has-waited"),
+    ],
+)
+def test_a_job_may_spread_over_nodes_after_a_wait(
+    spread_after_s: float | None, submitted_at: float, spreads: bool
+) -> None:
+    snap = two_half_full_nodes().pending(
+        "wide",
+        8,
+        submitted_at=submitted_at,
+        spread_after_s=spread_after_s,
+        cpu_milli_per_replica=8000,
+        memory_mib_per_replica=1000,
+    )
+    plan = decide(snap.build(), profile(), now=1000.0)
+    if not spreads:
+        assert not plan.starts
+        (status,) = plan.pending
+        assert status.reason in (ReasonCode.FRAGMENTATION, ReasonCode.GANG_NODES)
+        return
+    (start,) = plan.starts
+    assert len(start.placement) == 8 and all(len(r.gpu_indices) == 1 for r in start.placement)
+    per_node = {r.node: sum(1 for p in start.placement if p.node == r.node) for r in start.placement}
+    assert per_node == {"n0": 4, "n1": 4}
+
+
+def test_a_spread_job_still_takes_one_node_when_one_has_room_under_default() -> None:
+    from scheduler.core import load_profile
+
+    snap = two_half_full_nodes().node("n2", 8).pending("wide", 8, spread_after_s=0.0)
+    (start,) = decide(snap.build(), load_profile("default"), now=1000.0).starts
+    assert {r.node for r in start.placement} == {"n2"}  # the affinity score keeps it together
+
+
+def test_a_spread_job_asks_for_its_cpu_and_memory_divided_among_its_replicas() -> None:
+    from scheduler.core.cycle import spread_waited_jobs
+
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .pending(
+            "wide", 4, replicas=2, spread_after_s=60.0, cpu_milli_per_replica=3000, memory_mib_per_replica=10
+        )
+    )
+    (job,) = spread_waited_jobs(snap.build(), now=60.0).pending
+    assert (job.replicas, job.gpus_per_replica) == (8, 1)
+    assert (job.cpu_milli_per_replica, job.memory_mib_per_replica) == (750, 3)  # rounded up
+    (unchanged,) = spread_waited_jobs(snap.build(), now=59.0).pending
+    assert (unchanged.replicas, unchanged.gpus_per_replica) == (2, 4)
