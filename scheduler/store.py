@@ -105,6 +105,7 @@ def load_snapshot(now: float) -> LoadedState:
     suspended_on: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
     started: dict[int, float] = {}
     slice_started: dict[int, float] = {}
+    attempt_replicas: dict[int, int] = {}
     live = Allocation.objects.filter(
         released_at__isnull=True, attempt__job__in=[j.pk for j in jobs]
     ).select_related("node", "gpu", "attempt")
@@ -114,6 +115,7 @@ def load_snapshot(now: float) -> LoadedState:
         replica = held[job_id].setdefault(allocation.replica, (allocation.node.name, []))
         replica[1].append(allocation.gpu.index)
         started[job_id] = allocation.attempt.created_at.timestamp()
+        attempt_replicas[job_id] = allocation.attempt.replicas
         if allocation.attempt.resumed_at is not None:
             slice_started[job_id] = allocation.attempt.resumed_at.timestamp()
     running, pending = [], []
@@ -133,7 +135,12 @@ def load_snapshot(now: float) -> LoadedState:
         }
         if job.state == JobState.PENDING:
             pending.append(
-                core.PendingJob(replicas=job.replicas, gpus_per_replica=job.gpus_per_replica, **common)
+                core.PendingJob(
+                    replicas=job.replicas,
+                    gpus_per_replica=job.gpus_per_replica,
+                    spread_after_s=job.spec.get("spread_after"),
+                    **common,
+                )
             )
         elif job.state == JobState.SUSPENDED:
             pending.append(
@@ -146,6 +153,9 @@ def load_snapshot(now: float) -> LoadedState:
                 )
             )
         elif job.pk in placements:
+            if attempt_replicas[job.pk] != job.replicas:  # spread over one-GPU replicas
+                cpu_milli, memory_mib = job.resources_per_replica(attempt_replicas[job.pk])
+                common["cpu_milli_per_replica"], common["memory_mib_per_replica"] = cpu_milli, memory_mib
             running.append(
                 core.RunningJob(
                     placement=placement_of(placements[job.pk]),
@@ -290,6 +300,7 @@ def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> i
             JobAttempt(
                 job=job,
                 number=numbers.get(job.pk, 0) + 1,
+                replicas=len(by_id[job.pk].placement),
                 resume=job.pk in resume_from,
                 resume_from_id=resume_from.get(job.pk),
             )

@@ -57,6 +57,15 @@ def resume_from(job: Job, checkpoint: Checkpoint | None) -> ResumeFrom | None:
     )
 
 
+def replica_resources(job: Job, attempt: JobAttempt) -> Resources:
+    """A replica's CPU and memory limits: the job's own, or its share when the attempt spread
+    the job over one-GPU replicas."""
+    if attempt.replicas == job.replicas:
+        return Resources(cpus=job.cpu_per_replica, memory_mib=job.memory_gb_per_replica * 1024)
+    cpu_milli, memory_mib = job.resources_per_replica(attempt.replicas)
+    return Resources(cpus=cpu_milli / 1000, memory_mib=memory_mib)
+
+
 def desired_attempt(attempt: JobAttempt, replica: int, allocations: list[Allocation]) -> DesiredAttempt:
     job = attempt.job
     spec: dict[str, Any] = job.spec
@@ -68,7 +77,7 @@ def desired_attempt(attempt: JobAttempt, replica: int, allocations: list[Allocat
         command=spec["command"],
         env={**(spec.get("env") or {}), **job.secret_env},
         mounts=job_mounts(job),
-        resources=Resources(cpus=job.cpu_per_replica, memory_mib=job.memory_gb_per_replica * 1024),
+        resources=replica_resources(job, attempt),
         gpus=[
             GpuRef(uuid=a.gpu.uuid, index=a.gpu.index) for a in sorted(allocations, key=lambda a: a.gpu.index)
         ],

@@ -109,6 +109,14 @@ class Job(models.Model):
     def total_gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
 
+    def resources_per_replica(self, replicas: int) -> tuple[int, int]:
+        """CPU (thousandths) and memory (MiB) of one replica when the job runs as `replicas`
+        replicas: its own shape, or spread over one-GPU replicas (rounded up, as the core
+        divides them)."""
+        cpu_milli = self.cpu_per_replica * 1000 * self.replicas
+        memory_mib = self.memory_gb_per_replica * 1024 * self.replicas
+        return -(-cpu_milli // replicas), -(-memory_mib // replicas)
+
     def current_attempt(self) -> JobAttempt | None:
         """The newest attempt: the one agents run, or the last one that ran."""
         return self.attempts.order_by("-number").first()
@@ -121,6 +129,9 @@ class JobAttempt(models.Model):
     number = models.PositiveIntegerField()
     state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.STARTING)
     resume = models.BooleanField(default=False, help_text="Starts from the job's last checkpoint.")
+    # How many replicas this attempt runs: the job's own, or one per GPU when the job spread
+    # over nodes after waiting (spec `spread_after`).
+    replicas = models.PositiveIntegerField(default=1)
     # The committed checkpoint this attempt starts from; garbage collection keeps it while the
     # attempt lives.
     resume_from = models.ForeignKey(

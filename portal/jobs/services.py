@@ -517,7 +517,8 @@ def record_attempt_status(node: Node, status: AttemptStatus) -> bool:
 
 
 def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
-    states = [attempt.replica_states.get(str(r)) for r in range(job.replicas)]
+    replicas = attempt.replicas  # the job's own, or more when it spread over nodes
+    states = [attempt.replica_states.get(str(r)) for r in range(replicas)]
     label = f"agent {node.name}"
     now = timezone.now()
     reported = [s for s in states if s is not None]
@@ -525,7 +526,7 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         # Preemption: once every replica has ended (checkpointed, stopped, or failing on the
         # signal), the job goes back to the queue and resumes from its checkpoint.
         ended = [s for s in reported if s["state"] in ("exited", "vanished")]
-        all_ended = len(ended) == job.replicas
+        all_ended = len(ended) == replicas
         if all_ended and transition_job(job, JobState.PREEMPTED, label=label, reason="all replicas stopped"):
             end_attempt(job, attempt, AttemptState.STOPPED, None, "preempted")
             asked = job.events.filter(to_state=JobState.CHECKPOINTING).order_by("-created_at").first()
@@ -543,7 +544,7 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         # still passes through starting: no end is a transition allowed from scheduled.
         transition_job(job, JobState.STARTING, label=label, reason="the agent is starting it")
     if job.stop_reason == "time-limit":
-        if len(ended) == job.replicas and transition_job(
+        if len(ended) == replicas and transition_job(
             job,
             JobState.TIMED_OUT,
             label=label,
@@ -570,7 +571,7 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
             end_attempt(job, attempt, AttemptState.LOST, None, message)
             requeue_lost_job(job, message)
         return
-    if len(reported) == job.replicas and all(
+    if len(reported) == replicas and all(
         s["state"] == "exited" and s["reason"] == "succeeded" for s in reported
     ):
         if transition_job(
@@ -584,12 +585,12 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         ):
             end_attempt(job, attempt, AttemptState.SUCCEEDED, 0, "succeeded")
         return
-    if len(ended) == job.replicas:
+    if len(ended) == replicas:
         fail_or_retry(job, attempt, None, "the replicas stopped without finishing", label, permanent=False)
         return
     if (
         job.state in (JobState.SCHEDULED, JobState.STARTING)
-        and len(reported) == job.replicas
+        and len(reported) == replicas
         and all(s["state"] in ("running", "suspended", "exited") for s in reported)
     ):
         if transition_job(

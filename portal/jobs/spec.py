@@ -218,6 +218,16 @@ class JobSpecSerializer(StrictSerializer):
             "that must not run twice."
         ),
     )
+    spread_after = DurationField(
+        required=False,
+        help_text=(
+            "Seconds or '30m'. Once the job has waited this long in the queue, it may start as "
+            "one-GPU replicas (its GPUs, CPU and memory divided among them) on as many nodes as "
+            "that takes, rather than wait on for nodes with room for whole replicas; for "
+            "programs that start one process per GPU anyway. Jobs of more than one GPU per "
+            "replica only; omitted, the job always keeps its shape."
+        ),
+    )
     time_sliceable = serializers.BooleanField(
         default=False,
         help_text=(
@@ -353,6 +363,12 @@ class JobSpecSerializer(StrictSerializer):
             errors["time_limit"] = (
                 f"{attrs['time_limit']} s is more than flavor {flavor.name} allows "
                 f"({flavor.max_runtime_hours} h)."
+            )
+        gpus_per_replica = flavor.gpus if flavor is not None else (resources or {}).get("gpus", 0)
+        if "spread_after" in attrs and gpus_per_replica <= 1:
+            errors["spread_after"] = (
+                "Only a job of more than one GPU per replica can spread; this one has "
+                f"{gpus_per_replica} per replica."
             )
         both = sorted(set(attrs.get("env", {})) & set(attrs.get("secret_env", {})))
         if both:

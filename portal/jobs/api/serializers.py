@@ -30,6 +30,7 @@ class JobAttemptSerializer(serializers.ModelSerializer):
             "number",
             "state",
             "resume",
+            "replicas",
             "created_at",
             "started_at",
             "ended_at",
