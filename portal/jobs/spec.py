@@ -221,7 +221,7 @@ class JobSpecSerializer(StrictSerializer):
     spread_after = DurationField(
         required=False,
         help_text=(
-            "Seconds or '30m'. Once the job has waited this long in the queue, it may start as "
+            "Seconds or '30m'. Once the job has waited this long since submission, it may start as "
             "one-GPU replicas (its GPUs, CPU and memory divided among them) on as many nodes as "
             "that takes, rather than wait on for nodes with room for whole replicas; for "
             "programs that start one process per GPU anyway. Jobs of more than one GPU per "
