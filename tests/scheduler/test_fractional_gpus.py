@@ -218,3 +218,35 @@ def test_best_fit_share_goes_to_the_fullest_node_then_the_tightest_gpu() -> None
     snap.pending("s", 1, gpu_share_milli=200, cpu_milli_per_replica=1000)
     # n1 has 0.5 GPU left, n0 3.7: the share goes to n1's shared GPU although n0's has less room.
     assert placed(decide(snap.build(), BEST_FIT, 0.0))["s"] == ("n1", 0, 200)
+
+
+def test_feed_strands_the_free_gpus_the_free_cpu_cannot_feed_at_the_workloads_ratio() -> None:
+    # A mix of A (1 GPU, 4 cores) and B (half a GPU, 1 core), half and half: 2.5 cores per
+    # 0.75 GPU asked for, 3.33 cores per GPU. 4 free GPUs and 6 cores: one A or B fits (the
+    # paper strands nothing), but 6 cores feed only 1.8 GPUs of the mix: 2.2 stranded.
+    workload = [
+        {"gpus": 1, "cpu_milli": 4000, "weight": 1},
+        {"gpus": 0, "share_milli": 500, "cpu_milli": 1000, "weight": 1},
+    ]
+    assert FragmentationGradient({"workload": workload}).fragmentation([1000] * 4, 6000) == 0.0
+    fed = FragmentationGradient({"workload": workload, "feed": True})
+    assert fed.fragmentation([1000] * 4, 6000) == pytest.approx(2200.0)
+    # With the CPU to feed them all, the paper's measure (here B's GPU with 300 left).
+    assert fed.fragmentation([1000, 1000, 300], 64000) == pytest.approx(0.5 * 300 + 0.5 * 300)
+    # Untracked CPU feeds everything.
+    assert fed.fragmentation([1000] * 4, math.inf) == 0.0
+
+
+def test_feed_sends_cpu_heavy_work_where_cpu_is_to_spare() -> None:
+    # Typical tasks need 10-20 cores per GPU. A 20-core pod fits on "tight" (4 GPUs, 40
+    # cores) and "rich" (4 GPUs, 64 cores) alike, and one typical task still fits beside it
+    # on either: the paper's measure ties them (the first node wins). On "tight" it would
+    # leave 20 cores for 3 GPUs, which the mix cannot feed; on "rich" 44 cores are enough.
+    workload = [{"gpus": 1, "cpu_milli": 10000, "weight": 9}, {"gpus": 1, "cpu_milli": 20000}]
+    snap = Snap().node("tight", 4, cpu_milli=40000).node("rich", 4, cpu_milli=64000)
+    snap.pending("heavy", 1, cpu_milli_per_replica=20000)
+    built = snap.build()
+    for feed, node in ((False, "tight"), (True, "rich")):
+        args = {"fgd": {"workload": workload, "feed": feed}}
+        fgd_only = profile(queue_sort=["fifo"], admission=["vc_quota"], score=["fgd"], plugin_args=args)
+        assert decide(built, fgd_only, 0.0).starts[0].placement[0].node == node

@@ -90,7 +90,9 @@ def test_fgd_is_given_the_task_types_of_the_replayed_pods(tmp_path: Path) -> Non
     ]
     default = openb.with_trace_workload(load_profile("default"), pods)
     assert default.plugin_args["fgd"]["workload"] == openb.task_types(pods)
-    assert "fgd" not in load_profile("default").plugin_args, "the shipped profile is left alone"
+    assert default.plugin_args["fgd"]["feed"] is True, "the profile's own settings are kept"
+    shipped = load_profile("default").plugin_args["fgd"]
+    assert "workload" not in shipped, "the shipped profile is left alone"
     best_fit = load_profile("best-fit")
     assert openb.with_trace_workload(best_fit, pods) is best_fit, "no fgd, nothing to give"
 

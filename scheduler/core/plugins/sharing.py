@@ -13,8 +13,10 @@ and GPU memory, and one free GPU per node with free GPUs) and a share chooser pi
   caller, or learned from the snapshot's pending and running jobs), it says how much of the
   node's free capacity is likely stranded. A task the node's free CPU cannot hold strands all
   of its free GPUs, which is why packing GPUs without looking at CPU leaves GPUs idle on
-  CPU-bound nodes. `fgd` places a share where that expected fragmentation grows least, and as
-  a score plugin steers whole-GPU placements the same way.
+  CPU-bound nodes. With `feed` a node's fragmentation is also at least the free GPU capacity
+  its free CPU and memory cannot feed at the workload's mean ratio. `fgd` places a share where
+  that expected fragmentation grows least, and as a score plugin steers whole-GPU placements
+  the same way.
 """
 
 from __future__ import annotations
@@ -103,6 +105,13 @@ class FragmentationGradient:
       workload are kept (the FGD paper's typical pods), the rare rest is left out.
     - `memory` (default false): whether task types are told apart, and checked against the
       node, by host memory as well (the paper looks at GPUs and CPU only).
+    - `feed` (default false): a node's fragmentation is at least the free GPU capacity its
+      free CPU and memory cannot feed at the workload's mean CPU and memory per GPU asked for
+      (its GPU task types as a mix, by popularity; memory only with `memory`). The paper's
+      measure looks at one task at a time: a node with 8 free GPUs and CPU for 3 typical
+      tasks strands nothing by it, yet 5 of its GPUs will find no CPU when tasks keep coming
+      (in the openb fill pods never leave). With it, CPU- or memory-heavy work goes where
+      CPU and memory are to spare, and light work to nodes short of them.
     - `scale_milli` (default 1000): the score is 100 * sigmoid(-gradient / scale_milli), the
       paper's normalisation (50 = fragmentation unchanged)."""
 
@@ -112,6 +121,7 @@ class FragmentationGradient:
         self.popularity = float(args.get("popularity", 0.95))
         self.use_memory = bool(args.get("memory", False))
         self.scale = float(args.get("scale_milli", WHOLE))
+        self.feed = bool(args.get("feed", False))
         self.given: list[Shape] | None = None
         if args.get("workload") is not None:
             counts: Counter[tuple[int, int, int, int, str]] = Counter()
@@ -126,6 +136,7 @@ class FragmentationGradient:
                 counts[key] += float(entry.get("weight", 1.0))
             self.given = self._typical(counts)
         self.shapes: list[Shape] = list(self.given or [])
+        self.mix = _mix(self.shapes)
         self._memo: dict[tuple[Any, ...], float] = {}
         # Scores of this cycle by everything they are computed from (see score).
         self._scores: dict[tuple[Any, ...], float] = {}
@@ -154,7 +165,7 @@ class FragmentationGradient:
     def prepare(self, ctx: CycleContext) -> None:
         self._scores = {}
         if self.given is not None:
-            self._memo = _shared_memo(self.given, self.use_memory)
+            self._memo = _shared_memo(self.given, self.use_memory, self.feed)
             return
         # Replicas per request as the jobs state it, then per task type: a long queue repeats a
         # few requests, so each is turned into its task type once.
@@ -182,6 +193,7 @@ class FragmentationGradient:
             )
             counts[key] += len(running.placement)
         self.shapes = self._typical(counts)
+        self.mix = _mix(self.shapes)
         self._memo = {}
 
     # -- share chooser -------------------------------------------------------------------
@@ -311,7 +323,20 @@ class FragmentationGradient:
             else:
                 stranded = sum(f for f in free if f < need)
             expected += shape.weight * stranded
+        if self.feed:
+            expected = max(expected, total - self._fed(total, cpu_free, memory_free))
         return expected
+
+    def _fed(self, total: float, cpu_free: float, memory_free: float) -> float:
+        """How much of the node's free GPU capacity its free CPU and memory can feed at the
+        workload's mean CPU and memory per thousandth of a GPU asked for."""
+        cpu_per_milli, memory_per_milli = self.mix
+        fed = total
+        if cpu_per_milli > 0 and math.isfinite(cpu_free):
+            fed = min(fed, max(cpu_free, 0.0) / cpu_per_milli)
+        if memory_per_milli > 0 and math.isfinite(memory_free):
+            fed = min(fed, max(memory_free, 0.0) / memory_per_milli)
+        return fed
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,8 +356,8 @@ class Shape:
 _SHARED_MEMO: dict[tuple[Any, ...], dict[tuple[Any, ...], float]] = {}
 
 
-def _shared_memo(shapes: Sequence[Shape], use_memory: bool) -> dict[tuple[Any, ...], float]:
-    key = (tuple(shapes), use_memory)
+def _shared_memo(shapes: Sequence[Shape], use_memory: bool, feed: bool) -> dict[tuple[Any, ...], float]:
+    key = (tuple(shapes), use_memory, feed)
     memo = _SHARED_MEMO.get(key)
     if memo is None:
         _SHARED_MEMO.clear()
@@ -340,6 +365,18 @@ def _shared_memo(shapes: Sequence[Shape], use_memory: bool) -> dict[tuple[Any, .
     elif len(memo) > 1_000_000:
         memo.clear()
     return memo
+
+
+def _mix(shapes: Sequence[Shape]) -> tuple[float, float]:
+    """CPU and memory the workload's GPU task types ask for per thousandth of a GPU, as a mix
+    weighted by popularity (0 when there are none)."""
+    gpu_shapes = [s for s in shapes if s.gpus or s.share_milli]
+    demand = sum(s.weight * (s.share_milli or s.gpus * WHOLE) for s in gpu_shapes)
+    if demand <= 0:
+        return 0.0, 0.0
+    cpu = sum(s.weight * s.cpu_milli for s in gpu_shapes)
+    memory = sum(s.weight * s.memory_mib for s in gpu_shapes)
+    return cpu / demand, memory / demand
 
 
 def _node_models(node: NodeSlot) -> frozenset[str]:
