@@ -105,7 +105,6 @@ def load_snapshot(now: float) -> LoadedState:
     suspended_on: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
     started: dict[int, float] = {}
     slice_started: dict[int, float] = {}
-    attempt_replicas: dict[int, int] = {}
     live = Allocation.objects.filter(
         released_at__isnull=True, attempt__job__in=[j.pk for j in jobs]
     ).select_related("node", "gpu", "attempt")
@@ -115,7 +114,6 @@ def load_snapshot(now: float) -> LoadedState:
         replica = held[job_id].setdefault(allocation.replica, (allocation.node.name, []))
         replica[1].append(allocation.gpu.index)
         started[job_id] = allocation.attempt.created_at.timestamp()
-        attempt_replicas[job_id] = allocation.attempt.replicas
         if allocation.attempt.resumed_at is not None:
             slice_started[job_id] = allocation.attempt.resumed_at.timestamp()
     running, pending = [], []
@@ -153,8 +151,8 @@ def load_snapshot(now: float) -> LoadedState:
                 )
             )
         elif job.pk in placements:
-            if attempt_replicas[job.pk] != job.replicas:  # spread over one-GPU replicas
-                cpu_milli, memory_mib = job.resources_per_replica(attempt_replicas[job.pk])
+            if len(placements[job.pk]) != job.replicas:  # spread over one-GPU replicas
+                cpu_milli, memory_mib = job.resources_per_replica(len(placements[job.pk]))
                 common["cpu_milli_per_replica"], common["memory_mib_per_replica"] = cpu_milli, memory_mib
             running.append(
                 core.RunningJob(

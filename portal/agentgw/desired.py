@@ -60,8 +60,6 @@ def resume_from(job: Job, checkpoint: Checkpoint | None) -> ResumeFrom | None:
 def replica_resources(job: Job, attempt: JobAttempt) -> Resources:
     """A replica's CPU and memory limits: the job's own, or its share when the attempt spread
     the job over one-GPU replicas."""
-    if attempt.replicas == job.replicas:
-        return Resources(cpus=job.cpu_per_replica, memory_mib=job.memory_gb_per_replica * 1024)
     cpu_milli, memory_mib = job.resources_per_replica(attempt.replicas)
     return Resources(cpus=cpu_milli / 1000, memory_mib=memory_mib)
 
