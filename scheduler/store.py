@@ -13,16 +13,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Max, Q
+from django.db.models import F, Max, Q, Sum
 
 from agents.protocol import CheckpointRequest, StopRequest, encode
 from portal.agentgw.desired import agent_attempt_id
 from portal.agentgw.outbox import desired_set_changed, send_request
 from portal.cluster.models import Flavor, Gpu, Node, Quota, VirtualCluster
-from portal.jobs.choices import ACTIVE_STATES, AttemptState, JobState
+from portal.jobs.choices import ACTIVE_STATES, TERMINAL_STATES, AttemptState, JobState
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
 from portal.jobs.services import transition_job, transition_jobs
 from scheduler import core
+from scheduler.core.service_history import FINISHED_WINDOW
 
 logger = logging.getLogger(__name__)
 
@@ -171,9 +172,38 @@ def load_snapshot(now: float) -> LoadedState:
         for f in Flavor.objects.all()
     )
     snapshot = core.Snapshot(
-        nodes=tuple(nodes), vcs=vcs, running=tuple(running), pending=tuple(pending), flavors=flavors
+        nodes=tuple(nodes),
+        vcs=vcs,
+        running=tuple(running),
+        pending=tuple(pending),
+        flavors=flavors,
+        finished=finished_service(),
     )
     return LoadedState(snapshot, {str(j.pk): j.version for j in jobs}, gpu_ids, node_ids)
+
+
+def finished_service() -> core.FinishedService:
+    """Width and GPU-seconds of service of the most recently ended jobs that ran, oldest
+    first. Service is the run time of all their attempts times the job's GPUs."""
+    recent = list(
+        Job.objects.filter(state__in=TERMINAL_STATES, finished_at__isnull=False)
+        .order_by("-finished_at", "-pk")
+        .values_list("pk", "replicas", "gpus_per_replica")[:FINISHED_WINDOW]
+    )
+    run_time = dict(
+        JobAttempt.objects.filter(
+            job_id__in=[pk for pk, _, _ in recent], started_at__isnull=False, ended_at__isnull=False
+        )
+        .values("job_id")
+        .annotate(run=Sum(F("ended_at") - F("started_at")))
+        .values_list("job_id", "run")
+    )
+    jobs = []
+    for pk, replicas, gpus_per_replica in reversed(recent):
+        run = run_time.get(pk)
+        if run is not None and run.total_seconds() > 0:
+            jobs.append((replicas * gpus_per_replica, replicas * gpus_per_replica * run.total_seconds()))
+    return core.FinishedService(tuple(jobs))
 
 
 def placement_of(replicas: dict[int, tuple[str, list[int]]]) -> tuple[core.ReplicaPlacement, ...]:

@@ -10,6 +10,7 @@ from scheduler.core.registry import REGISTRY
 from scheduler.core.types import (
     ALL_MODELS,
     ANY_MODEL,
+    FinishedService,
     Flavor,
     Gpu,
     HintKind,
@@ -39,6 +40,7 @@ __all__ = [
     "ANY_MODEL",
     "REGISTRY",
     "CycleSettings",
+    "FinishedService",
     "Flavor",
     "Gpu",
     "HintKind",

@@ -1142,6 +1142,8 @@ def _preemption_message(reason: str, job: PendingJob, victim: RunningJob) -> str
         return f"VC {job.vc} reclaims its guaranteed GPUs from borrowed work of VC {victim.vc} (job {job.id})"
     if reason == "las":
         return f"preempted for job {job.id}: it has attained less GPU service (LAS demotion)"
+    if reason == "gittins":
+        return f"preempted for job {job.id}: jobs like it usually finish sooner (Gittins index)"
     if reason == "defrag":
         return f"moved to make room for job {job.id}: enough GPUs are free, but scattered (defragmentation)"
     return f"preempted for job {job.id} ({reason})"

@@ -186,6 +186,26 @@ class Flavor:
 
 
 @dataclass(frozen=True, slots=True)
+class FinishedService:
+    """Width and attained GPU-seconds of recently finished jobs, oldest first: the service
+    distribution that history-based policies (the Gittins index, estimated ends) learn from.
+    Its hash is computed once, so that the core can key what it derives from it on the
+    object cheaply in every cycle that is handed the same history."""
+
+    jobs: tuple[tuple[int, float], ...] = ()  # (GPUs, GPU-seconds)
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self.jobs))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+NO_FINISHED_SERVICE = FinishedService()
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything one cycle may look at. The core never mutates it."""
 
@@ -194,6 +214,7 @@ class Snapshot:
     running: tuple[RunningJob, ...]
     pending: tuple[PendingJob, ...]
     flavors: tuple[Flavor, ...] = ()
+    finished: FinishedService = NO_FINISHED_SERVICE
 
 
 class ReasonCode(StrEnum):

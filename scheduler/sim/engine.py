@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from scheduler.core import (
+    FinishedService,
     JobId,
     Node,
     PendingJob,
@@ -36,6 +37,7 @@ from scheduler.core import (
     VirtualCluster,
     decide,
 )
+from scheduler.core.service_history import FINISHED_WINDOW
 from scheduler.sim.trace import TraceJob
 
 
@@ -180,6 +182,9 @@ class Simulator:
         self.node_gpus = max(len(n.gpus) for n in nodes)
         self.vcs = build_vcs([j.vc for j in jobs], vc_quotas, self.capacity)
         self.history = RuntimeHistory()
+        # The service distribution the core learns from (Gittins index, estimated ends).
+        self.finished_window: deque[tuple[int, float]] = deque(maxlen=FINISHED_WINDOW)
+        self.finished = FinishedService()
         self.trace = list(jobs)
         # With the time-slicing plugin in the profile every job opts in (the traces say nothing).
         self.time_sliceable = "timeslice" in profile.post_cycle
@@ -238,6 +243,8 @@ class Simulator:
                     busy -= job.gpus
                     del running[job_id]
                     self.history.record(job.trace.vc, job.trace.user, job.gpus, job.trace.duration)
+                    self.finished_window.append((job.gpus, job.attained_gpu_s))
+                    self.finished = FinishedService(tuple(self.finished_window))
                 elif kind == _Event.RELEASE:
                     job = jobs[job_id]
                     if job.attempt != attempt or job_id not in running:
@@ -382,7 +389,9 @@ class Simulator:
                     spread_after_s=spread_after if job.gpus_per_replica > 1 else None,
                 )
             pending_view.append(job.pending_view)
-        return Snapshot(self.nodes, self.vcs, tuple(running_view), tuple(pending_view))
+        return Snapshot(
+            self.nodes, self.vcs, tuple(running_view), tuple(pending_view), finished=self.finished
+        )
 
     def _record_estimates(
         self, plan: Plan, submitted: list[SimJob], pending: Mapping[str, SimJob], t: float

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from scheduler.core import (
+    FinishedService,
     Gpu,
     JobId,
     Node,
@@ -46,6 +47,7 @@ class Snap:
         self._vcs: list[VirtualCluster] = []
         self._running: list[RunningJob] = []
         self._pending: list[PendingJob] = []
+        self._finished: list[tuple[int, float]] = []
 
     def node(
         self,
@@ -142,6 +144,11 @@ class Snap:
         )
         return self
 
+    def finished(self, gpus_: int, gpu_s: float, count: int = 1) -> Snap:
+        """`count` finished jobs of `gpus_` GPUs that attained `gpu_s` GPU-seconds each."""
+        self._finished.extend([(gpus_, gpu_s)] * count)
+        return self
+
     def build(self) -> Snapshot:
         vcs = self._vcs
         if not vcs:
@@ -149,7 +156,13 @@ class Snap:
             total = sum(len(n.gpus) for n in self._nodes)
             names = sorted({j.vc for j in self._running} | {j.vc for j in self._pending})
             vcs = [VirtualCluster(VcName(n), (Quota("*", total, total),)) for n in names]
-        return Snapshot(tuple(self._nodes), tuple(vcs), tuple(self._running), tuple(self._pending))
+        return Snapshot(
+            tuple(self._nodes),
+            tuple(vcs),
+            tuple(self._running),
+            tuple(self._pending),
+            finished=FinishedService(tuple(self._finished)),
+        )
 
 
 def profile(**plugins: Any) -> Profile:

@@ -1,0 +1,108 @@
+"""What finished jobs say about the service of running and waiting ones.
+
+The snapshot carries the width and attained GPU-seconds of recently finished jobs
+(`FinishedService`). Two users: the Gittins-index queue order, and the estimated end of a
+running job. Both condition on what a job has attained so far and on its width, which are
+known; never on its own duration, which is not. Derived tables are cached per
+`FinishedService` object, which producers reuse until a job finishes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+
+from scheduler.core.types import FinishedService
+
+# How many finished jobs a producer (the portal's store, the simulator) should hand the core:
+# enough for a distribution per job width, and cheap to sort again whenever one finishes.
+FINISHED_WINDOW = 5000
+
+
+@functools.lru_cache(maxsize=8)
+def samples_by_width(finished: FinishedService) -> tuple[dict[int, list[float]], list[float]]:
+    """Sorted GPU-seconds per width, and of all widths pooled."""
+    by_width: dict[int, list[float]] = {}
+    for gpus, service in finished.jobs:
+        by_width.setdefault(gpus, []).append(service)
+    for values in by_width.values():
+        values.sort()
+    return by_width, sorted(service for _, service in finished.jobs)
+
+
+def median_remaining_gpu_s(
+    finished: FinishedService, gpus: int, attained_gpu_s: float, min_samples: int = 20
+) -> float | None:
+    """Median service still to come for a job of `gpus` GPUs that has attained
+    `attained_gpu_s`, among finished jobs of its width (all widths when its own has fewer
+    than `min_samples` that ran this long). None when neither has enough."""
+    by_width, pooled = samples_by_width(finished)
+    for samples in (by_width.get(gpus, ()), pooled):
+        first = bisect.bisect_right(samples, attained_gpu_s)
+        alive = len(samples) - first
+        if alive >= min_samples:
+            return samples[first + alive // 2] - attained_gpu_s
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def gittins_table(
+    finished: FinishedService,
+    thresholds: tuple[float, ...],
+    by_width: bool,
+    min_samples: int,
+    per_gpu: bool = False,
+) -> tuple[dict[int, tuple[float, ...]], tuple[float, ...] | None]:
+    """Gittins index of each LAS queue, per job width and pooled, from `finished`.
+
+    A job in queue k has attained at least a = thresholds[k-1] GPU-seconds. Its index is the
+    best, over the next thresholds t (and running to the end), of the chance to finish by t
+    over the expected service spent until then, given that it ran past a: the return per
+    GPU-second of serving it a while longer. Serving the highest index first minimizes mean
+    completion time for a known service distribution (Gittins; Tiresias applies it to GPU
+    jobs); here the distribution is learned from finished jobs, never from the job itself.
+    Widths with fewer than `min_samples` finished jobs use the pooled table; the pooled table
+    is None until it has `min_samples` (the caller falls back to plain LAS). With `per_gpu`,
+    service is run time (GPU-seconds over width) and so are the thresholds."""
+    samples, pooled = samples_by_width(finished)
+    if per_gpu:
+        samples = {width: [s / max(width, 1) for s in values] for width, values in samples.items()}
+        pooled = sorted(s / max(gpus, 1) for gpus, s in finished.jobs)
+    if len(pooled) < min_samples:
+        return {}, None
+    tables = (
+        {
+            width: _gittins_levels(values, thresholds)
+            for width, values in sorted(samples.items())
+            if len(values) >= min_samples
+        }
+        if by_width
+        else {}
+    )
+    return tables, _gittins_levels(pooled, thresholds)
+
+
+def _gittins_levels(sorted_samples: list[float], thresholds: tuple[float, ...]) -> tuple[float, ...]:
+    n = len(sorted_samples)
+    prefix = [0.0]
+    for value in sorted_samples:
+        prefix.append(prefix[-1] + value)
+    indices: list[float] = []
+    for level in range(len(thresholds) + 1):
+        attained = thresholds[level - 1] if level else 0.0
+        first = bisect.bisect_right(sorted_samples, attained)
+        if first == n:
+            indices.append(0.0)  # outlived every finished job: nothing to go by
+            continue
+        best = 0.0
+        for horizon in (*thresholds[level:], math.inf):
+            last = n if horizon == math.inf else bisect.bisect_right(sorted_samples, horizon)
+            done = last - first
+            cost = prefix[last] - prefix[first] - done * attained
+            if horizon != math.inf:
+                cost += (n - last) * (horizon - attained)
+            if done and cost > 0:
+                best = max(best, done / cost)
+        indices.append(best)
+    return tuple(indices)

@@ -1,0 +1,49 @@
+"""The finished jobs the store hands the core: what history-based policies (the Gittins
+index, estimated ends) learn from. Only jobs that ran count, with the GPU-seconds of all
+their attempts, oldest first."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from portal.cluster.models import Node
+from portal.jobs.choices import JobState
+from portal.jobs.models import Job, JobAttempt
+from portal.jobs.services import transition_job
+from scheduler.store import finished_service, load_snapshot
+from scheduler.tasks import run_cycle
+from tests.portal.test_time_slicing_store import every_cycle_a_new_turn, submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def finish(job_id: int, run_s: float, finished_at: datetime) -> None:
+    job = Job.objects.get(pk=job_id)
+    assert transition_job(job, JobState.RUNNING, label="test")
+    job.refresh_from_db()
+    assert transition_job(job, JobState.SUCCEEDED, label="test")
+    attempt = JobAttempt.objects.get(job_id=job_id)
+    JobAttempt.objects.filter(pk=attempt.pk).update(started_at=T0, ended_at=T0 + timedelta(seconds=run_s))
+    Job.objects.filter(pk=job_id).update(finished_at=finished_at)
+
+
+def test_finished_jobs_with_their_gpu_seconds_oldest_first(api_for: Any, paused_loop: Any) -> None:
+    Node.objects.update(state="ready")
+    alice = api_for("alice")
+    later = submit(alice, "later")
+    earlier = submit(alice, "earlier")
+    run_cycle(every_cycle_a_new_turn())
+    never_ran = submit(alice, "never-ran")
+    assert alice.post(f"/api/v1/jobs/{never_ran}/cancel/").json()["state"] == "cancelled"
+    gpus = Job.objects.get(pk=later).total_gpus
+    finish(later, 600, T0 + timedelta(hours=2))
+    finish(earlier, 100, T0 + timedelta(hours=1))
+
+    finished = finished_service()
+    assert finished.jobs == ((gpus, gpus * 100.0), (gpus, gpus * 600.0))
+    assert load_snapshot(T0.timestamp()).snapshot.finished.jobs == finished.jobs

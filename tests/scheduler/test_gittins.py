@@ -1,0 +1,144 @@
+"""Table tests for the Gittins-index queue order (`gittins`): its index table, its queue
+order and its preemptions, against plain LAS on the same snapshots."""
+
+from __future__ import annotations
+
+import pytest
+from sched_builders import Snap, profile
+from test_queue_sort_plugins import queue_ids
+
+from scheduler.core import FinishedService, decide
+from scheduler.core.service_history import gittins_table
+
+
+def test_index_table_by_hand() -> None:
+    # Half the jobs need 100 GPU-s, half 10,000. A fresh job: serving it to 1,000 finishes
+    # half of them at an expected cost of 0.5 x 100 + 0.5 x 1,000 = 550 GPU-s; beyond 1,000
+    # only the long ones remain, 9,000 GPU-s to go each.
+    finished = FinishedService(((1, 100.0),) * 10 + ((1, 10_000.0),) * 10)
+    tables, pooled = gittins_table(finished, (1000.0,), by_width=True, min_samples=5)
+    assert pooled == pytest.approx((0.5 / 550, 1 / 9000))
+    assert tables[1] == pooled
+
+
+def test_widths_with_few_samples_use_the_pooled_table_and_no_history_means_none() -> None:
+    finished = FinishedService(((1, 100.0),) * 10 + ((8, 800.0),) * 2)
+    tables, pooled = gittins_table(finished, (1000.0,), by_width=True, min_samples=5)
+    assert set(tables) == {1}
+    assert pooled is not None
+    assert gittins_table(FinishedService(((1, 100.0),) * 4), (1000.0,), True, 5) == ({}, None)
+
+
+def _near_its_end() -> Snap:
+    # Every job of this kind needs 2,000 GPU-s, so one that has run 1,500 is the best use of
+    # the GPU: LAS takes it off for the fresh job, the Gittins index keeps it running.
+    return (
+        Snap()
+        .node("n0", 1)
+        .running("r", [("n0", (0,))], attained_gpu_s=1500)
+        .pending("fresh", gpus_=1, submitted_at=0)
+        .finished(1, 2000.0, count=60)
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "preempted"),
+    [pytest.param("las", ["r"], id="las-preempts"), pytest.param("gittins", [], id="gittins-keeps-it")],
+)
+def test_a_job_near_its_usual_end_keeps_its_gpu(policy: str, preempted: list[str]) -> None:
+    p = profile(
+        queue_sort=[policy],
+        preemption=[policy],
+        post_cycle=[policy],
+        plugin_args={policy: {"thresholds": [1000]}},
+    )
+    plan = decide(_near_its_end().build(), p, now=100.0)
+    assert [pr.job_id for pr in plan.preemptions] == preempted
+    if not preempted:
+        # It never falls behind a fresh job, so no cycle is asked for; the estimate is its end.
+        assert plan.wake_at is None
+        (status,) = plan.pending
+        assert status.estimated_start is not None and status.estimated_start > 100.0
+
+
+def test_without_history_it_is_las() -> None:
+    snap = _near_its_end()
+    snap._finished.clear()
+    args = {"thresholds": [1000]}
+    p = profile(queue_sort=["gittins"], preemption=["gittins"], plugin_args={"gittins": args})
+    plan = decide(snap.build(), p, now=100.0)
+    assert [pr.job_id for pr in plan.preemptions] == ["r"]
+
+
+def test_a_short_kind_goes_before_an_older_fresh_gang() -> None:
+    snap = (
+        Snap()
+        .node("n0")
+        .pending("wide-fresh", gpus_=8, submitted_at=1)
+        .pending("narrow-served", gpus_=1, submitted_at=2, attained_gpu_s=50)
+        .finished(1, 100.0, count=60)
+        .finished(8, 80_000.0, count=60)
+    )
+    args = {"thresholds": [1000]}
+    assert queue_ids(snap, queue_sort=["las", "fifo"], plugin_args={"las": args}) == [
+        "wide-fresh",
+        "narrow-served",
+    ]
+    assert queue_ids(snap, queue_sort=["gittins", "fifo"], plugin_args={"gittins": args}) == [
+        "narrow-served",
+        "wide-fresh",
+    ]
+
+
+def test_wakes_when_a_running_job_falls_behind() -> None:
+    # 1-GPU jobs end at 2,000 or at 20,000 GPU-s. A running one past 2,000 (queue 1 of
+    # thresholds 1,000 and 4,000) is likely a long one, but the fresh job has a better index
+    # only from queue 2 on: the cycle asks to be woken when r crosses 4,000.
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .running("r", [("n0", (0,))], attained_gpu_s=1500)
+        .pending("fresh", gpus_=1, submitted_at=0)
+        .finished(1, 2000.0, count=30)
+        .finished(1, 20_000.0, count=30)
+    )
+    args = {"thresholds": [1000, 4000]}
+    tables, _ = gittins_table(snap.build().finished, (1000.0, 4000.0), True, 50)
+    index = tables[1]
+    assert index[1] > index[0] > index[2]
+    p = profile(
+        queue_sort=["gittins"], preemption=["gittins"], post_cycle=["gittins"], plugin_args={"gittins": args}
+    )
+    plan = decide(snap.build(), p, now=100.0)
+    assert plan.preemptions == ()
+    assert plan.wake_at == pytest.approx(100.0 + 2500.0)
+
+
+def test_preempt_ratio_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="preempt_ratio"):
+        profile(queue_sort=["gittins"], plugin_args={"gittins": {"thresholds": [1000], "preempt_ratio": 0.5}})
+
+
+@pytest.mark.parametrize(
+    ("history", "expected_start"),
+    [
+        # Jobs of its width that ran past 1,000 GPU-s went on to 5,000: 4,000 s to go.
+        pytest.param(60, 100.0 + 4000.0, id="median-of-what-finished-jobs-still-ran"),
+        # Without history: about as long again as it has run (1,000 s).
+        pytest.param(0, 100.0 + 1000.0, id="as-long-again-without-history"),
+    ],
+)
+def test_a_running_job_is_expected_to_end_as_finished_jobs_of_its_width_did(
+    history: int, expected_start: float
+) -> None:
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .running("r", [("n0", (0,))], attained_gpu_s=1000)
+        .pending("p", gpus_=1, submitted_at=0)
+        .finished(1, 5000.0, count=history)
+        .finished(1, 500.0, count=history)  # ended before 1,000: says nothing about r
+    )
+    plan = decide(snap.build(), profile(queue_sort=["fifo"]), now=100.0)
+    (status,) = plan.pending
+    assert status.estimated_start == pytest.approx(expected_start)
