@@ -28,6 +28,7 @@ import tracemalloc
 from typing import Any
 
 from scheduler.core import (
+    FinishedService,
     Gpu,
     JobId,
     Node,
@@ -44,6 +45,7 @@ from scheduler.core import (
     decide,
     load_profile,
 )
+from scheduler.core.service_history import FINISHED_WINDOW
 
 SIZES = (1, 2, 4, 8)
 
@@ -104,7 +106,14 @@ def build_snapshot(nodes: int, pending: int, busy: float = 0.9, seed: int = 1) -
         )
         for k in range(pending)
     )
-    return Snapshot(node_list, vcs, tuple(running), queue)
+    # The history the portal hands the core (its last FINISHED_WINDOW ended jobs), heavy-tailed.
+    finished = FinishedService(
+        tuple(
+            (size, size * rng.lognormvariate(8.0, 2.0))
+            for size in (rng.choice(SIZES) for _ in range(FINISHED_WINDOW))
+        )
+    )
+    return Snapshot(node_list, vcs, tuple(running), queue, finished=finished)
 
 
 def fifo_first_fit(snapshot: Snapshot) -> int:

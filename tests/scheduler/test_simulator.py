@@ -239,7 +239,8 @@ def test_time_slicing_lets_a_short_job_through_a_long_one(tmp_path: Path) -> Non
 
 
 def test_without_quotas_the_vcs_share_one_pool_and_las_preempts_across_them(tmp_path: Path) -> None:
-    # One node of 4 GPUs, the default profile (first LAS threshold 900 GPU-s), free preemption.
+    # One node of 4 GPUs, the default profile (first threshold 900 GPU-s; with no job finished
+    # yet, its Gittins order is LAS's), free preemption.
     # VC a: 4 GPUs for 1,000 s at t=0; VC b: 1 GPU for 50 s at t=300, when a has 1,200 GPU-s
     # (second queue). Pooled, b preempts a and runs 300..350 (JCT 50); a resumes with 700 s
     # left and ends at 1,050. Had each VC the whole cluster as its guarantee, b could not take
@@ -252,7 +253,7 @@ def test_without_quotas_the_vcs_share_one_pool_and_las_preempts_across_them(tmp_
     )
     jobs = load_trace(trace, "philly").jobs
     s = summarize(Simulator(uniform_cluster(1, 4), load_profile("default"), jobs).run())
-    assert s["preemptions_by_reason"] == {"las": 1}
+    assert s["preemptions_by_reason"] == {"gittins": 1}
     assert s["per_vc"]["b"]["avg_jct_s"] == 50.0
     assert s["per_vc"]["a"]["avg_jct_s"] == 1050.0
     # With a quota file the guarantees hold: a owns the node, b may only borrow, so b waits.
