@@ -33,6 +33,9 @@ from scheduler.core.types import ANY_MODEL, FinishedService, PendingJob, Running
 # off by more than 2x).
 YOUNG_JOB_SHARE = 0.1
 
+# The horizon key of the kinds past `estimate_max_kinds`: running jobs release at their end only.
+_ENDS_ONLY: tuple[tuple[float, ...], ...] = ((),)
+
 # A quota row not looked up yet (None is an answer: no quota covers it).
 _UNASKED: tuple[int, int, int] = (-1, -1, -1)
 
@@ -145,6 +148,7 @@ def estimate_starts(
         list(zip(*columns, strict=True)) if columns else [()] * len(queue)
     )
     heappush, heappop = heapq.heappush, heapq.heappop
+    max_kinds = settings.estimate_max_kinds
     for position, job in enumerate(queue):
         job_id = job.id
         if settled and job_id in settled:
@@ -152,6 +156,8 @@ def estimate_starts(
                 estimates[job_id] = waiting[job_id][0]
             continue
         key = horizon_keys[position]
+        if key not in yields_by_key and len(yields_by_key) >= max_kinds:
+            key = _ENDS_ONLY
         if not all_gone and key != segment:
             # Once every running job is gone by its expected end, no kind of job can see one
             # later, so the remaining kinds need no recomputation (and that stays so: the
@@ -161,7 +167,10 @@ def estimate_starts(
                 segment = key
                 yields = yields_by_key.get(key)
                 if yields is None:
-                    yields = yields_by_key[key] = _yield_times(job, running, ctx, horizons, settings)
+                    if key is _ENDS_ONLY:
+                        yields = yields_by_key[key] = [end for _, end in running]
+                    else:
+                        yields = yields_by_key[key] = _yield_times(job, running, ctx, horizons, settings)
                 vc = job.vc
                 # Only work of the job's own VC and borrowed work yield to it before their end.
                 ats = [

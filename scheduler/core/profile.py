@@ -56,6 +56,11 @@ class CycleSettings:
     # Estimated starts cost a forward simulation per cycle; a caller that does not show them
     # every cycle (the simulator between arrivals) may switch them off: estimated_start is None.
     estimate_starts: bool = True
+    # Kinds of waiting job (preemption horizon keys) whose estimates count the running jobs
+    # that would yield to them; later kinds in queue order count only expected ends, which errs
+    # late. Each kind costs a pass over the running jobs, and the Gittins order can have a
+    # hundred in a long queue.
+    estimate_max_kinds: int = 16
     # A job that accepts any GPU model: "first" = the first model (by name) with room, "best" =
     # the model whose placement scores best (single-replica jobs; costs a trial per model).
     any_model: str = "first"

@@ -142,3 +142,31 @@ def test_a_running_job_is_expected_to_end_as_finished_jobs_of_its_width_did(
     plan = decide(snap.build(), profile(queue_sort=["fifo"]), now=100.0)
     (status,) = plan.pending
     assert status.estimated_start == pytest.approx(expected_start)
+
+
+def test_estimates_past_the_kinds_limit_count_only_expected_ends() -> None:
+    # r (LAS queue 1, time limit far off) yields at once to a (queue 0) and to b (queue 1)
+    # only when it crosses into queue 2. With one kind estimated in full, b's estimate counts
+    # r's end alone: later, never earlier.
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .running("r", [("n0", (0,))], attained_gpu_s=5000, time_limit_s=1_000_000)
+        .pending("a", gpus_=1, submitted_at=0, time_limit_s=100)
+        .pending("b", gpus_=1, submitted_at=1, attained_gpu_s=2000, time_limit_s=100)
+    )
+    las = {"thresholds": [1000, 10_000]}
+
+    def estimates(max_kinds: int) -> dict[str, float | None]:
+        p = profile(
+            queue_sort=["las", "fifo"],
+            preemption=["las"],
+            plugin_args={"las": las},
+            cycle={"max_preemption_attempts": 0, "estimate_max_kinds": max_kinds},
+        )
+        return {s.job_id: s.estimated_start for s in decide(snap.build(), p, now=0.0).pending}
+
+    full, capped = estimates(32), estimates(1)
+    assert full["a"] == capped["a"] == pytest.approx(0.0)
+    assert full["b"] == pytest.approx(5000.0)  # r crosses 10,000 GPU-s
+    assert capped["b"] == pytest.approx(1_000_000.0)  # r's end

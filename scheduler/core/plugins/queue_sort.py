@@ -12,7 +12,6 @@ a key takes few values (a priority class, a LAS queue), jobs of one value share 
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Mapping, Sequence
 from operator import attrgetter, lt
 from typing import Any
@@ -369,16 +368,6 @@ class GittinsIndex(DiscretizedLas):
             return 1.0 / (level + 1)  # plain LAS order until there is history
         return table[level]
 
-    def estimate_index(self, gpus: int, level: int) -> float:
-        """The index rounded down to a power of two, for estimated starts only: jobs of close
-        indices then share one horizon key, and so one pass of the forward simulation (a
-        queue of 50,000 had 130 keys unrounded). Rounding down lets fewer running jobs yield,
-        so estimates err late, as they do elsewhere."""
-        value = self.index(gpus, level)
-        if self._pooled is None or value <= 0:
-            return value
-        return 2.0 ** math.floor(math.log2(value))
-
     def _table(self, gpus: int) -> tuple[float, ...]:
         table = self._tables.get(gpus, self._pooled)
         if table is None:
@@ -409,7 +398,7 @@ class GittinsIndex(DiscretizedLas):
         return "gittins" if mine > self.preempt_ratio * theirs else None
 
     def horizon_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
-        return (float(job.priority), self.estimate_index(job.gpus, self.pending_level(job, ctx.now)))
+        return (float(job.priority), self.index(job.gpus, self.pending_level(job, ctx.now)))
 
     def horizon_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
         levels = self._levels(jobs, ctx.now)
@@ -419,7 +408,7 @@ class GittinsIndex(DiscretizedLas):
             kind = (job.priority, job.gpus, levels[job.id])
             key = shared.get(kind)
             if key is None:
-                key = shared[kind] = (float(job.priority), self.estimate_index(job.gpus, kind[2]))
+                key = shared[kind] = (float(job.priority), self.index(job.gpus, kind[2]))
             keys.append(key)
         return keys
 
@@ -454,15 +443,36 @@ class GittinsIndex(DiscretizedLas):
     def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
         if job.priority < victim.priority:
             return None
-        mine = self.estimate_index(job.gpus, self.pending_level(job, ctx.now))
+        mine = self.index(job.gpus, self.pending_level(job, ctx.now))
         return self._yields_after(mine, victim, ctx.now)
 
     def yields_at_all(
         self, job: PendingJob, victims: Sequence[RunningJob], ctx: CycleContext
     ) -> list[float | None]:
+        """yields_at for every victim, written out: the estimator asks it per kind of waiting
+        job about every running job."""
         now, priority = ctx.now, job.priority
-        mine = self.estimate_index(job.gpus, self.pending_level(job, now))
-        return [None if priority < v.priority else self._yields_after(mine, v, now) for v in victims]
+        mine = self.index(job.gpus, self.pending_level(job, now))
+        running_levels, yield_level = self._running_levels, self._yield_level
+        thresholds, by_gpu_time = self.thresholds, self.service == "gpu_time"
+        times: list[float | None] = []
+        for victim in victims:
+            if priority < victim.priority:
+                times.append(None)
+                continue
+            current = running_levels.get(victim.id)
+            if current is None:
+                current = self.running_level(victim)
+            level = yield_level(victim.gpus, current, mine)
+            if level is None:
+                times.append(None)
+            elif level == current:
+                times.append(now)
+            elif by_gpu_time:
+                times.append(now + max(thresholds[level - 1] - victim.attained_gpu_s, 0.0) / victim.gpus)
+            else:
+                times.append(now + max(thresholds[level - 1] - victim.attained_gpu_s / victim.gpus, 0.0))
+        return times
 
     def wake_at(self, ctx: CycleContext) -> float | None:
         """The next time a running job's crossing into a later queue lets a waiting job of at
