@@ -183,27 +183,28 @@ def load_snapshot(now: float) -> LoadedState:
 
 
 def finished_service() -> core.FinishedService:
-    """Width and GPU-seconds of service of the most recently ended jobs that ran, oldest
-    first. Service is the run time of all their attempts times the job's GPUs."""
+    """Width, GPU-seconds of service and owner of the most recently ended jobs that ran,
+    oldest first. Service is the run time of all their attempts times the job's GPUs."""
     recent = list(
         Job.objects.filter(state__in=TERMINAL_STATES, finished_at__isnull=False)
         .order_by("-finished_at", "-pk")
-        .values_list("pk", "replicas", "gpus_per_replica")[:FINISHED_WINDOW]
+        .values_list("pk", "replicas", "gpus_per_replica", "owner__username")[:FINISHED_WINDOW]
     )
     run_time = dict(
         JobAttempt.objects.filter(
-            job_id__in=[pk for pk, _, _ in recent], started_at__isnull=False, ended_at__isnull=False
+            job_id__in=[pk for pk, *_ in recent], started_at__isnull=False, ended_at__isnull=False
         )
         .values("job_id")
         .annotate(run=Sum(F("ended_at") - F("started_at")))
         .values_list("job_id", "run")
     )
-    jobs = []
-    for pk, replicas, gpus_per_replica in reversed(recent):
+    jobs, users = [], []
+    for pk, replicas, gpus_per_replica, username in reversed(recent):
         run = run_time.get(pk)
         if run is not None and run.total_seconds() > 0:
             jobs.append((replicas * gpus_per_replica, replicas * gpus_per_replica * run.total_seconds()))
-    return core.FinishedService(tuple(jobs))
+            users.append(username)
+    return core.FinishedService(tuple(jobs), tuple(users))
 
 
 def placement_of(replicas: dict[int, tuple[str, list[int]]]) -> tuple[core.ReplicaPlacement, ...]:

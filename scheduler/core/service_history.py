@@ -31,14 +31,27 @@ def samples_by_width(finished: FinishedService) -> tuple[dict[int, list[float]],
     return by_width, sorted(service for _, service in finished.jobs)
 
 
+@functools.lru_cache(maxsize=8)
+def samples_by_user_and_width(finished: FinishedService) -> dict[tuple[str, int], list[float]]:
+    """Sorted GPU-seconds per (user, width); empty when the producer gave no users."""
+    by_key: dict[tuple[str, int], list[float]] = {}
+    for user, (gpus, service) in zip(finished.users, finished.jobs, strict=False):
+        by_key.setdefault((user, gpus), []).append(service)
+    for values in by_key.values():
+        values.sort()
+    return by_key
+
+
 def median_remaining_gpu_s(
-    finished: FinishedService, gpus: int, attained_gpu_s: float, min_samples: int = 20
+    finished: FinishedService, gpus: int, attained_gpu_s: float, user: str = "", min_samples: int = 20
 ) -> float | None:
     """Median service still to come for a job of `gpus` GPUs that has attained
-    `attained_gpu_s`, among finished jobs of its width (all widths when its own has fewer
-    than `min_samples` that ran this long). None when neither has enough."""
+    `attained_gpu_s`, among finished jobs of the same user and width that ran this long, else
+    of its width, else of all widths: the first with at least `min_samples` such jobs (as
+    runtime estimates go from the user's own jobs to everyone's). None when none has."""
     by_width, pooled = samples_by_width(finished)
-    for samples in (by_width.get(gpus, ()), pooled):
+    own = samples_by_user_and_width(finished).get((user, gpus), ()) if finished.users else ()
+    for samples in (own, by_width.get(gpus, ()), pooled):
         first = bisect.bisect_right(samples, attained_gpu_s)
         alive = len(samples) - first
         if alive >= min_samples:

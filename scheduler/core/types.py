@@ -193,10 +193,13 @@ class FinishedService:
     object cheaply in every cycle that is handed the same history."""
 
     jobs: tuple[tuple[int, float], ...] = ()  # (GPUs, GPU-seconds)
+    users: tuple[str, ...] = ()  # the owner of each of `jobs`, or empty when not known
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash(self.jobs))
+        if self.users and len(self.users) != len(self.jobs):
+            raise ValueError("FinishedService: one user per job, or none")
+        object.__setattr__(self, "_hash", hash((self.jobs, self.users)))
 
     def __hash__(self) -> int:
         return self._hash

@@ -8,7 +8,7 @@ from sched_builders import Snap, profile
 from test_queue_sort_plugins import queue_ids
 
 from scheduler.core import FinishedService, decide
-from scheduler.core.service_history import gittins_table
+from scheduler.core.service_history import gittins_table, median_remaining_gpu_s
 
 
 def test_index_table_by_hand() -> None:
@@ -170,3 +170,21 @@ def test_estimates_past_the_kinds_limit_count_only_expected_ends() -> None:
     assert full["a"] == capped["a"] == pytest.approx(0.0)
     assert full["b"] == pytest.approx(5000.0)  # r crosses 10,000 GPU-s
     assert capped["b"] == pytest.approx(1_000_000.0)  # r's end
+
+
+def test_a_users_own_finished_jobs_come_first_when_there_are_enough() -> None:
+    # bob's 1-GPU jobs ran 5,000 GPU-s, everyone else's 2,000. With 20 of bob's past 1,000
+    # GPU-s his running job is expected to end as his did; with fewer, as everyone's did.
+    def rest(bobs: int) -> float | None:
+        jobs = ((1, 5000.0),) * bobs + ((1, 2000.0),) * 60
+        users = ("bob",) * bobs + ("carol",) * 60
+        return median_remaining_gpu_s(FinishedService(jobs, users), 1, 1000.0, "bob")
+
+    assert rest(20) == pytest.approx(4000.0)
+    assert rest(19) == pytest.approx(1000.0)
+    assert median_remaining_gpu_s(FinishedService(((1, 2000.0),) * 60), 1, 1000.0, "bob") == 1000.0
+
+
+def test_finished_service_wants_one_user_per_job_or_none() -> None:
+    with pytest.raises(ValueError, match="one user per job"):
+        FinishedService(((1, 10.0), (1, 20.0)), ("bob",))
