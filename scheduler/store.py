@@ -183,12 +183,14 @@ def load_snapshot(now: float) -> LoadedState:
 
 
 def finished_service() -> core.FinishedService:
-    """Width, GPU-seconds of service and owner of the most recently ended jobs that ran,
+    """Width, GPU-seconds, VC and owner of the most recently ended jobs that ran,
     oldest first. Service is the run time of all their attempts times the job's GPUs."""
     recent = list(
         Job.objects.filter(state__in=TERMINAL_STATES, finished_at__isnull=False)
         .order_by("-finished_at", "-pk")
-        .values_list("pk", "replicas", "gpus_per_replica", "owner__username")[:FINISHED_WINDOW]
+        .values_list("pk", "replicas", "gpus_per_replica", "virtual_cluster__name", "owner__username")[
+            :FINISHED_WINDOW
+        ]
     )
     run_time = dict(
         JobAttempt.objects.filter(
@@ -198,13 +200,13 @@ def finished_service() -> core.FinishedService:
         .annotate(run=Sum(F("ended_at") - F("started_at")))
         .values_list("job_id", "run")
     )
-    jobs, users = [], []
-    for pk, replicas, gpus_per_replica, username in reversed(recent):
+    jobs, owners = [], []
+    for pk, replicas, gpus_per_replica, vc, username in reversed(recent):
         run = run_time.get(pk)
         if run is not None and run.total_seconds() > 0:
             jobs.append((replicas * gpus_per_replica, replicas * gpus_per_replica * run.total_seconds()))
-            users.append(username)
-    return core.FinishedService(tuple(jobs), tuple(users))
+            owners.append((vc, username))
+    return core.FinishedService(tuple(jobs), tuple(owners))
 
 
 def placement_of(replicas: dict[int, tuple[str, list[int]]]) -> tuple[core.ReplicaPlacement, ...]:

@@ -349,10 +349,10 @@ def _has_nan(times: Sequence[float]) -> bool:
 
 def _running_end(job: RunningJob, now: float, default_s: float, finished: FinishedService) -> float:
     """A job without a time limit is expected to run for the median of what finished jobs of
-    its user and width (else its width) still ran after attaining as much service; without
-    enough history, as `running_end` guesses."""
+    its VC, user and width (else coarser groups) still ran after attaining as much service;
+    without enough history, as `running_end` guesses."""
     if job.time_limit_s is None:
-        rest = median_remaining_gpu_s(finished, job.gpus, job.attained_gpu_s, job.user)
+        rest = median_remaining_gpu_s(finished, job.gpus, job.attained_gpu_s, job.vc, job.user)
         if rest is not None:
             return now + max(rest / max(job.gpus, 1), 60.0)
     return running_end(job, now, default_s, YOUNG_JOB_SHARE)

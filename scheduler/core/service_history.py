@@ -32,26 +32,37 @@ def samples_by_width(finished: FinishedService) -> tuple[dict[int, list[float]],
 
 
 @functools.lru_cache(maxsize=8)
-def samples_by_user_and_width(finished: FinishedService) -> dict[tuple[str, int], list[float]]:
-    """Sorted GPU-seconds per (user, width); empty when the producer gave no users."""
-    by_key: dict[tuple[str, int], list[float]] = {}
-    for user, (gpus, service) in zip(finished.users, finished.jobs, strict=False):
-        by_key.setdefault((user, gpus), []).append(service)
-    for values in by_key.values():
+def samples_by_owner_and_width(
+    finished: FinishedService,
+) -> tuple[dict[tuple[str, str, int], list[float]], dict[tuple[str, int], list[float]]]:
+    """Sorted GPU-seconds per (VC, user, width) and per (VC, width); empty when the producer
+    gave no owners."""
+    by_user: dict[tuple[str, str, int], list[float]] = {}
+    by_vc: dict[tuple[str, int], list[float]] = {}
+    for (vc, user), (gpus, service) in zip(finished.owners, finished.jobs, strict=False):
+        by_user.setdefault((vc, user, gpus), []).append(service)
+        by_vc.setdefault((vc, gpus), []).append(service)
+    for values in (*by_user.values(), *by_vc.values()):
         values.sort()
-    return by_key
+    return by_user, by_vc
 
 
 def median_remaining_gpu_s(
-    finished: FinishedService, gpus: int, attained_gpu_s: float, user: str = "", min_samples: int = 20
+    finished: FinishedService,
+    gpus: int,
+    attained_gpu_s: float,
+    vc: str = "",
+    user: str = "",
+    min_samples: int = 20,
 ) -> float | None:
     """Median service still to come for a job of `gpus` GPUs that has attained
-    `attained_gpu_s`, among finished jobs of the same user and width that ran this long, else
-    of its width, else of all widths: the first with at least `min_samples` such jobs (as
+    `attained_gpu_s`, among finished jobs that ran this long: of the same VC, user and width,
+    else VC and width, else width, else all; the first with at least `min_samples` (as
     runtime estimates go from the user's own jobs to everyone's). None when none has."""
     by_width, pooled = samples_by_width(finished)
-    own = samples_by_user_and_width(finished).get((user, gpus), ()) if finished.users else ()
-    for samples in (own, by_width.get(gpus, ()), pooled):
+    by_user, by_vc = samples_by_owner_and_width(finished) if finished.owners else ({}, {})
+    own = by_user.get((vc, user, gpus), ())
+    for samples in (own, by_vc.get((vc, gpus), ()), by_width.get(gpus, ()), pooled):
         first = bisect.bisect_right(samples, attained_gpu_s)
         alive = len(samples) - first
         if alive >= min_samples:

@@ -193,13 +193,13 @@ class FinishedService:
     object cheaply in every cycle that is handed the same history."""
 
     jobs: tuple[tuple[int, float], ...] = ()  # (GPUs, GPU-seconds)
-    users: tuple[str, ...] = ()  # the owner of each of `jobs`, or empty when not known
+    owners: tuple[tuple[str, str], ...] = ()  # (VC, user) of each of `jobs`, or empty if unknown
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.users and len(self.users) != len(self.jobs):
-            raise ValueError("FinishedService: one user per job, or none")
-        object.__setattr__(self, "_hash", hash((self.jobs, self.users)))
+        if self.owners and len(self.owners) != len(self.jobs):
+            raise ValueError("FinishedService: one owner per job, or none")
+        object.__setattr__(self, "_hash", hash((self.jobs, self.owners)))
 
     def __hash__(self) -> int:
         return self._hash

@@ -184,7 +184,7 @@ class Simulator:
         self.history = RuntimeHistory()
         # The service distribution the core learns from (Gittins index, estimated ends).
         self.finished_window: deque[tuple[int, float]] = deque(maxlen=FINISHED_WINDOW)
-        self.finished_users: deque[str] = deque(maxlen=FINISHED_WINDOW)
+        self.finished_owners: deque[tuple[str, str]] = deque(maxlen=FINISHED_WINDOW)
         self.finished = FinishedService()
         self.trace = list(jobs)
         # With the time-slicing plugin in the profile every job opts in (the traces say nothing).
@@ -245,8 +245,8 @@ class Simulator:
                     del running[job_id]
                     self.history.record(job.trace.vc, job.trace.user, job.gpus, job.trace.duration)
                     self.finished_window.append((job.gpus, job.attained_gpu_s))
-                    self.finished_users.append(job.trace.user)
-                    self.finished = FinishedService(tuple(self.finished_window), tuple(self.finished_users))
+                    self.finished_owners.append((job.trace.vc, job.trace.user))
+                    self.finished = FinishedService(tuple(self.finished_window), tuple(self.finished_owners))
                 elif kind == _Event.RELEASE:
                     job = jobs[job_id]
                     if job.attempt != attempt or job_id not in running:

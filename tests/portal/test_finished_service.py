@@ -46,5 +46,5 @@ def test_finished_jobs_with_their_gpu_seconds_oldest_first(api_for: Any, paused_
 
     finished = finished_service()
     assert finished.jobs == ((gpus, gpus * 100.0), (gpus, gpus * 600.0))
-    assert finished.users == ("alice", "alice")
+    assert finished.owners == (("vision", "alice"), ("vision", "alice"))
     assert load_snapshot(T0.timestamp()).snapshot.finished.jobs == finished.jobs

@@ -172,19 +172,19 @@ def test_estimates_past_the_kinds_limit_count_only_expected_ends() -> None:
     assert capped["b"] == pytest.approx(1_000_000.0)  # r's end
 
 
-def test_a_users_own_finished_jobs_come_first_when_there_are_enough() -> None:
-    # bob's 1-GPU jobs ran 5,000 GPU-s, everyone else's 2,000. With 20 of bob's past 1,000
-    # GPU-s his running job is expected to end as his did; with fewer, as everyone's did.
-    def rest(bobs: int) -> float | None:
-        jobs = ((1, 5000.0),) * bobs + ((1, 2000.0),) * 60
-        users = ("bob",) * bobs + ("carol",) * 60
-        return median_remaining_gpu_s(FinishedService(jobs, users), 1, 1000.0, "bob")
+def test_the_jobs_own_vc_and_user_come_first_when_there_are_enough() -> None:
+    # bob's 1-GPU jobs in VC a ran 5,000 GPU-s, VC a's others 3,000, everyone else's 2,000.
+    def rest(bobs: int, others_in_a: int) -> float | None:
+        jobs = ((1, 5000.0),) * bobs + ((1, 3000.0),) * others_in_a + ((1, 2000.0),) * 100
+        owners = (("a", "bob"),) * bobs + (("a", "carol"),) * others_in_a + (("b", "dan"),) * 100
+        return median_remaining_gpu_s(FinishedService(jobs, owners), 1, 1000.0, "a", "bob")
 
-    assert rest(20) == pytest.approx(4000.0)
-    assert rest(19) == pytest.approx(1000.0)
-    assert median_remaining_gpu_s(FinishedService(((1, 2000.0),) * 60), 1, 1000.0, "bob") == 1000.0
+    assert rest(20, 0) == pytest.approx(4000.0)  # his own
+    assert rest(19, 30) == pytest.approx(2000.0)  # his VC's: 49 jobs, median 3,000
+    assert rest(19, 0) == pytest.approx(1000.0)  # everyone's of his width
+    assert median_remaining_gpu_s(FinishedService(((1, 2000.0),) * 60), 1, 1000.0, "a", "bob") == 1000.0
 
 
-def test_finished_service_wants_one_user_per_job_or_none() -> None:
-    with pytest.raises(ValueError, match="one user per job"):
-        FinishedService(((1, 10.0), (1, 20.0)), ("bob",))
+def test_finished_service_wants_one_owner_per_job_or_none() -> None:
+    with pytest.raises(ValueError, match="one owner per job"):
+        FinishedService(((1, 10.0), (1, 20.0)), (("a", "bob"),))
