@@ -29,7 +29,7 @@ def test_widths_with_few_samples_use_the_pooled_table_and_no_history_means_none(
     assert gittins_table(FinishedService(((1, 100.0),) * 4), (1000.0,), True, 5) == ({}, None)
 
 
-def _near_its_end() -> Snap:
+def _near_its_end(history: int = 60) -> Snap:
     # Every job of this kind needs 2,000 GPU-s, so one that has run 1,500 is the best use of
     # the GPU: LAS takes it off for the fresh job, the Gittins index keeps it running.
     return (
@@ -37,7 +37,7 @@ def _near_its_end() -> Snap:
         .node("n0", 1)
         .running("r", [("n0", (0,))], attained_gpu_s=1500)
         .pending("fresh", gpus_=1, submitted_at=0)
-        .finished(1, 2000.0, count=60)
+        .finished(1, 2000.0, count=history)
     )
 
 
@@ -62,8 +62,7 @@ def test_a_job_near_its_usual_end_keeps_its_gpu(policy: str, preempted: list[str
 
 
 def test_without_history_it_is_las() -> None:
-    snap = _near_its_end()
-    snap._finished.clear()
+    snap = _near_its_end(history=0)
     args = {"thresholds": [1000]}
     p = profile(queue_sort=["gittins"], preemption=["gittins"], plugin_args={"gittins": args})
     plan = decide(snap.build(), p, now=100.0)

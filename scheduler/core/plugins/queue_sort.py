@@ -350,6 +350,8 @@ class GittinsIndex(DiscretizedLas):
         self._tables: dict[int, tuple[float, ...]] = {}
         self._pooled: tuple[float, ...] | None = None
         self._yield_levels: dict[tuple[int, int, float], int | None] = {}
+        # Until there is history: falling indices by queue, which is LAS's order.
+        self._las_order = tuple(1.0 / (level + 1) for level in range(len(self.thresholds) + 1))
 
     def prepare(self, ctx: CycleContext) -> None:
         super().prepare(ctx)
@@ -363,16 +365,11 @@ class GittinsIndex(DiscretizedLas):
         self._yield_levels = {}
 
     def index(self, gpus: int, level: int) -> float:
-        table = self._tables.get(gpus, self._pooled)
-        if table is None:
-            return 1.0 / (level + 1)  # plain LAS order until there is history
-        return table[level]
+        return self._table(gpus)[level]
 
     def _table(self, gpus: int) -> tuple[float, ...]:
         table = self._tables.get(gpus, self._pooled)
-        if table is None:
-            return tuple(1.0 / (level + 1) for level in range(len(self.thresholds) + 1))
-        return table
+        return self._las_order if table is None else table
 
     def sort_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
         level = self.pending_level(job, ctx.now)
