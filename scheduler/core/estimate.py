@@ -133,6 +133,9 @@ def estimate_starts(
     # other kinds and reuses its answers.
     yields_by_key: dict[tuple[tuple[float, ...], ...], list[float]] = {}
     borrowing = [ctx.borrowed_gpus.get(r.id, 0) > 0 for r, _ in running]
+    victims = [r for r, _ in running]
+    min_runtime = settings.min_runtime_s
+    floors = [r.started_at + min_runtime if r.preemptible else None for r in victims]
 
     any_model: dict[int, str | None] = {}  # GPUs -> model an any-model job is estimated on
     estimates: dict[str, float | None] = {}
@@ -170,7 +173,8 @@ def estimate_starts(
                     if key is _ENDS_ONLY:
                         yields = yields_by_key[key] = [end for _, end in running]
                     else:
-                        yields = yields_by_key[key] = _yield_times(job, running, ctx, horizons, settings)
+                        yields = _yield_times(job, running, victims, floors, ctx, horizons)
+                        yields_by_key[key] = yields
                 vc = job.vc
                 # Only work of the job's own VC and borrowed work yield to it before their end.
                 ats = [
@@ -313,22 +317,18 @@ def _by_vc(passing: Sequence[tuple[float, int, RunningJob]]) -> dict[str, list[t
 def _yield_times(
     job: PendingJob,
     running: Sequence[tuple[RunningJob, float]],
+    victims: Sequence[RunningJob],
+    floors: Sequence[float | None],
     ctx: CycleContext,
     horizons: Sequence[PreemptionHorizonPlugin],
-    settings: CycleSettings,
 ) -> list[float]:
     """When each running job's GPUs become available to `job` if the victim's VC rule lets
     it yield (same VC, or borrowed work; the walk applies that rule): its expected end, or
     earlier if the job may preempt it. The same for every job of one horizon key. Each
-    horizon answers for all running jobs in one call where it offers `yields_at_all`."""
+    horizon answers for all running jobs in one call where it offers `yields_at_all`.
+    `victims` are the running jobs and `floors` the earliest each may be stopped (None: it
+    may not be), the same lists for every kind, so a horizon may group them once."""
     best = [end for _, end in running]
-    if not horizons:
-        return best
-    victims = [r for r, _ in running]
-    min_runtime = settings.min_runtime_s
-    # The earliest each victim may be stopped, None if it may not be (worked out once, not once
-    # per horizon).
-    floors = [victim.started_at + min_runtime if victim.preemptible else None for victim in victims]
     for horizon in horizons:
         bulk = getattr(horizon, "yields_at_all", None)
         if bulk is not None:

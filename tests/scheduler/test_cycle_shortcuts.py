@@ -23,6 +23,7 @@ from sched_builders import Snap, profile, with_cycle
 
 from bench.scheduler_scale import build_snapshot
 from scheduler.core import (
+    FinishedService,
     Gpu,
     JobId,
     Node,
@@ -32,6 +33,7 @@ from scheduler.core import (
     Plan,
     Profile,
     ReasonCode,
+    ReplicaPlacement,
     RunningJob,
     Snapshot,
     UserName,
@@ -55,6 +57,7 @@ from scheduler.core.plugins.queue_sort import (
     DiscretizedLas,
     DominantResourceFairness,
     Fifo,
+    GittinsIndex,
     GuaranteeFirst,
     PriorityClass,
     ShortestExpectedFirst,
@@ -133,6 +136,41 @@ def test_whole_queue_keys_equal_one_call_per_job(seed: int) -> None:
             for job in pending[:20]:
                 expected = [plugin.yields_at(job, victim, ctx) for victim in running]
                 assert plugin.yields_at_all(job, running, ctx) == expected
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("service", ["gpu_time", "time"])
+def test_gittins_yields_for_a_whole_list_equal_one_call_per_victim(seed: int, service: str) -> None:
+    """The Gittins plugin groups the victims once per list; every kind asking about the same
+    list must get what it would get victim by victim, in the list's order."""
+    rng = random.Random(seed)
+    pending = random_jobs(rng, 60)
+    running = [
+        dataclasses.replace(
+            job,
+            placement=(ReplicaPlacement(NodeName("node00000"), tuple(range(rng.choice([1, 2, 4, 8])))),),
+        )
+        for job in random_running(rng, 80)
+    ]
+    history = FinishedService(
+        tuple((w, w * rng.lognormvariate(8.0, 2.0)) for w in (rng.choice([1, 2, 4, 8]) for _ in range(400)))
+    )
+    ctx = context(pending, running)
+    ctx = dataclasses.replace(ctx, snapshot=dataclasses.replace(ctx.snapshot, finished=history))
+    plugin = GittinsIndex({"thresholds": [900 * 2**k for k in range(10)], "service": service})
+    plugin.prepare(ctx)
+    victims = list(running)
+    answers = set()
+    for job in pending:
+        expected = [plugin.yields_at(job, victim, ctx) for victim in victims]
+        assert plugin.yields_at_all(job, victims, ctx) == expected
+        answers.add(tuple(expected))
+    assert len(answers) > 3  # the kinds asked about do differ
+    # A different list (one job fewer) is grouped anew, not answered from the first one.
+    shorter = victims[1:]
+    assert plugin.yields_at_all(pending[0], shorter, ctx) == [
+        plugin.yields_at(pending[0], victim, ctx) for victim in shorter
+    ]
 
 
 def slot(idx: int, free: set[int], nvlink: int = 4) -> NodeSlot:

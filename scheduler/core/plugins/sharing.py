@@ -29,7 +29,7 @@ from typing import Any
 
 from scheduler.core.framework import CycleContext
 from scheduler.core.state import GpuHold, NodeSlot
-from scheduler.core.types import ANY_MODEL, PendingJob
+from scheduler.core.types import ANY_MODEL, Gpu, PendingJob
 
 WHOLE = 1000  # a GPU in thousandths
 
@@ -140,6 +140,10 @@ class FragmentationGradient:
         self._memo: dict[tuple[Any, ...], float] = {}
         # Scores of this cycle by everything they are computed from (see score).
         self._scores: dict[tuple[Any, ...], float] = {}
+        # Per node of this cycle: its healthy GPUs (index, model) and where each sits in the
+        # free vector (see _free_vector).
+        self._healthy: dict[int, tuple[dict[int, Gpu], tuple[tuple[int, str], ...], dict[int, int]]] = {}
+        self._names_models = any(s.model for s in self.shapes)
 
     def _key(
         self, share_milli: int, gpus: int, cpu_milli: int, memory_mib: int, model: str
@@ -164,6 +168,7 @@ class FragmentationGradient:
 
     def prepare(self, ctx: CycleContext) -> None:
         self._scores = {}
+        self._healthy = {}
         if self.given is not None:
             self._memo = _shared_memo(self.given, self.use_memory, self.feed)
             return
@@ -194,6 +199,7 @@ class FragmentationGradient:
             counts[key] += len(running.placement)
         self.shapes = self._typical(counts)
         self.mix = _mix(self.shapes)
+        self._names_models = any(s.model for s in self.shapes)
         self._memo = {}
 
     # -- share chooser -------------------------------------------------------------------
@@ -248,7 +254,7 @@ class FragmentationGradient:
     def score(
         self, node: NodeSlot, model: str, gpus: tuple[int, ...], placed: list[GpuHold], ctx: CycleContext
     ) -> float:
-        free, positions = _free_vector_and_positions(node)
+        free, positions = self._free_vector(node)
         if not free:
             return 50.0
         taken = tuple(positions[i] for i in gpus)  # chosen from the free set: healthy GPUs
@@ -267,9 +273,25 @@ class FragmentationGradient:
             score = self._scores[key] = self.score_of(delta)
         return score
 
+    def _free_vector(self, node: NodeSlot) -> tuple[list[int], dict[int, int]]:
+        """`_free_vector_and_positions`, for the many nodes a cycle scores: a node's GPUs and
+        their health do not change during a cycle, so its healthy GPUs and their positions are
+        worked out once (for its GPU table, told by identity), and a node without shares then
+        needs only a look at its free sets."""
+        if node.shared:
+            return _free_vector_and_positions(node)
+        known = self._healthy.get(node.idx)
+        if known is None or known[0] is not node.gpus:
+            _, positions = _free_vector_and_positions(node)
+            healthy = tuple((i, node.gpus[i].model) for i in positions)
+            known = self._healthy[node.idx] = (node.gpus, healthy, positions)
+        _, healthy, positions = known
+        free_sets = node.free
+        return [WHOLE if i in free_sets.get(model, ()) else 0 for i, model in healthy], positions
+
     def _models_of(self, node: NodeSlot) -> frozenset[str]:
         """The node's models as node_fragmentation reads them (only if a task type names one)."""
-        return _node_models(node) if any(s.model for s in self.shapes) else frozenset()
+        return _node_models(node) if self._names_models else frozenset()
 
     def score_of(self, delta: float) -> float:
         """Less fragmentation added scores higher: 100 * sigmoid(-delta / scale), 50 for none.
