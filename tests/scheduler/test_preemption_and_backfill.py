@@ -178,6 +178,43 @@ def test_backfill(limit: float, gpus: int, starts: bool) -> None:
         assert later.message.startswith("held for the reservation of job head")
 
 
+@pytest.mark.parametrize(
+    ("guaranteed", "borrow", "reason", "held"),
+    [
+        pytest.param(0, 9, ReasonCode.INSUFFICIENT_GPUS, True, id="vc-may-borrow-the-whole-cluster"),
+        pytest.param(9, 0, ReasonCode.INSUFFICIENT_GPUS, True, id="vc-guaranteed-the-whole-cluster"),
+        pytest.param(0, 8, ReasonCode.VC_QUOTA, False, id="vc-limit-below-the-cluster"),
+    ],
+)
+def test_a_vc_limit_that_covers_the_cluster_does_not_hide_the_wait_for_gpus(
+    guaranteed: int, borrow: int, reason: ReasonCode, held: bool
+) -> None:
+    """With quotas on, a job of a VC that may take the whole cluster waits for the cluster's
+    GPUs, not for its quota: the reason says so and it gets the reservation. Only a limit
+    below the cluster binds by itself (no reservation helps then: the VC's own jobs must end)."""
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .running("r", [("n0", (0, 1, 2, 3, 4, 5))], time_limit_s=1000.0, vc="team")
+        .node("n1", 1)
+        .vc("team", guaranteed, borrow)
+        .pending("head", 8, submitted_at=1)
+        .pending("later", 2, submitted_at=2, time_limit_s=5000.0)
+    )
+    quotas_and_backfill = profile(queue_sort=["fifo"], admission=["vc_quota"], backfill="backfill")
+    plan = decide(snap.build(), quotas_and_backfill, 0.0)
+    head = next(p for p in plan.pending if p.job_id == "head")
+    assert head.reason is reason
+    if held:
+        assert head.message.startswith("needs 8 A100, 3 of 9 free")
+        assert plan.reservation == "head"
+        assert not plan.starts
+    else:
+        assert head.message.startswith("VC team: 6 of 0 guaranteed A100 in use, borrow limit 8")
+        assert plan.reservation is None
+        assert [s.job_id for s in plan.starts] == ["later"]
+
+
 def test_without_backfill_plugin_later_jobs_start_greedily() -> None:
     snap = (
         Snap()

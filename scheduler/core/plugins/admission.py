@@ -14,8 +14,15 @@ def model_label(model: str) -> str:
     return "GPUs" if model in ("", "*") else model
 
 
-def quota_fits(state: ClusterState, vc: str, model: str, gpus: int, borrowing: bool) -> Status:
-    """The pure VC-quota predicate: guaranteed first, then borrowing up to the borrow limit."""
+def quota_fits(
+    state: ClusterState, vc: str, model: str, gpus: int, borrowing: bool, cluster_gpus: int | None = None
+) -> Status:
+    """The pure VC-quota predicate: guaranteed first, then borrowing up to the borrow limit.
+
+    A limit of at least `cluster_gpus` (every GPU of the cluster, healthy or not) cannot bind
+    by itself: a job it would turn away does not fit in the cluster either, so placement
+    explains the wait by the cluster's free GPUs, which is what the job waits for (and a
+    reservation or a preemption from any VC can help it, as they can only for capacity)."""
     quota = state.quota_for(vc, model)
     label = model_label(model)
     if quota is None:
@@ -24,7 +31,7 @@ def quota_fits(state: ClusterState, vc: str, model: str, gpus: int, borrowing: b
     if used + gpus <= guaranteed:
         return SUCCESS
     limit = guaranteed + (borrow_limit if borrowing else 0)
-    if used + gpus <= limit:
+    if used + gpus <= limit or (cluster_gpus is not None and limit >= cluster_gpus):
         return SUCCESS
     return Status(
         Code.UNSCHEDULABLE,
@@ -51,12 +58,15 @@ class VcQuota:
 
     def __init__(self, args: Mapping[str, Any]) -> None:
         self.borrowing = bool(args.get("borrowing", True))
+        self.cluster_gpus: int | None = None
+
+    def prepare(self, ctx: CycleContext) -> None:
+        self.cluster_gpus = sum(len(node.gpus) for node in ctx.snapshot.nodes)
 
     def admit(self, job: PendingJob, model: str, ctx: CycleContext) -> Status:
         quota_model = job.gpu_model if job.gpu_model != ANY_MODEL else model
-        return quota_fits(
-            ctx.state, job.vc, quota_model, quota_gpus(ctx.state, job, quota_model)[0], self.borrowing
-        )
+        gpus = quota_gpus(ctx.state, job, quota_model)[0]
+        return quota_fits(ctx.state, job.vc, quota_model, gpus, self.borrowing, self.cluster_gpus)
 
 
 def quota_gpus(state: ClusterState, job: PendingJob, model: str) -> tuple[int, int]:
