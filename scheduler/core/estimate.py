@@ -19,19 +19,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
-from scheduler.core.plugins.backfill import running_end
+from scheduler.core.plugins.backfill import expected_end
 from scheduler.core.plugins.queue_sort import expected_runtime
 from scheduler.core.profile import CycleSettings
-from scheduler.core.service_history import median_remaining_gpu_s
 from scheduler.core.state import GpuHold
-from scheduler.core.types import ANY_MODEL, FinishedService, PendingJob, RunningJob
-
-# A running job is expected to run on for at least this share of its history-based estimate
-# (see running_end). Without it a job that started seconds ago counts as ending in a minute,
-# and jobs queued behind a burst of fresh starts were told "in a minute" when the GPUs came
-# free only as the burst crossed its first LAS threshold (cluster02: 20 of the 22 estimates
-# off by more than 2x).
-YOUNG_JOB_SHARE = 0.1
+from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob
 
 # The horizon key of the kinds past `estimate_max_kinds`: running jobs release at their end only.
 _ENDS_ONLY: tuple[tuple[float, ...], ...] = ((),)
@@ -76,7 +68,7 @@ def estimate_starts(
             for hold in holds.get(job.id, ()):
                 fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), job.vc))
         else:
-            running.append((job, _running_end(job, now, default_s, finished)))
+            running.append((job, expected_end(job, now, default_s, finished)))
     # Jobs started or waiting for their victims in this cycle: their releases are fixed, and
     # the walk below passes over them (looked up only when there are any).
     settled = started.keys() | waiting.keys()
@@ -345,17 +337,6 @@ def _yield_times(
 def _has_nan(times: Sequence[float]) -> bool:
     """Whether a release time is NaN (then the walk sorts its releases as tuples)."""
     return any(map(math.isnan, times))
-
-
-def _running_end(job: RunningJob, now: float, default_s: float, finished: FinishedService) -> float:
-    """A job without a time limit is expected to run for the median of what finished jobs of
-    its VC, user and width (else coarser groups) still ran after attaining as much service;
-    without enough history, as `running_end` guesses."""
-    if job.time_limit_s is None:
-        rest = median_remaining_gpu_s(finished, job.gpus, job.attained_gpu_s, job.vc, job.user)
-        if rest is not None:
-            return now + max(rest / max(job.gpus, 1), 60.0)
-    return running_end(job, now, default_s, YOUNG_JOB_SHARE)
 
 
 def _remaining(job: PendingJob, default_s: float) -> float:

@@ -215,6 +215,31 @@ def test_a_vc_limit_that_covers_the_cluster_does_not_hide_the_wait_for_gpus(
         assert [s.job_id for s in plan.starts] == ["later"]
 
 
+@pytest.mark.parametrize("history", [False, True], ids=["no-history", "finished-jobs"])
+def test_the_reservation_counts_running_jobs_ends_as_the_estimated_starts_do(history: bool) -> None:
+    """A user reads both "reserved, expected in N s" and the estimated start: the reservation
+    takes a running job without time limit to end when the estimator does (history first),
+    so the two agree and backfill is judged against the same time."""
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .running("r", [("n0", tuple(range(8)))], started_at=0.0, attained_gpu_s=8 * 600.0)
+        .pending("head", 8, submitted_at=1)
+    )
+    if history:
+        # Half the 8-GPU jobs that ran 600 s ended at 2,000 s, half at 20,000 s.
+        snap.finished(8, 8 * 2000.0, 30).finished(8, 8 * 20000.0, 30)
+    now = 600.0
+    plan = decide(snap.build(), BACKFILL, now)
+    head = next(p for p in plan.pending if p.job_id == "head")
+    assert plan.reservation == "head"
+    expected_in = float(head.message.rsplit("expected in ", 1)[1].split(" s")[0])
+    assert head.estimated_start is not None
+    assert head.estimated_start == pytest.approx(now + expected_in, abs=1.0)
+    if history:
+        assert expected_in == pytest.approx(19400.0)  # the median of what is left: 20,000 - 600
+
+
 def test_without_backfill_plugin_later_jobs_start_greedily() -> None:
     snap = (
         Snap()

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from scheduler.core.framework import CycleContext
-from scheduler.core.plugins.backfill import running_end
+from scheduler.core.plugins.backfill import expected_end
 from scheduler.core.state import NodeSlot
 from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob
 
@@ -189,8 +189,9 @@ class Defragment:
         slots = {slot.node.name: slot for slot in ctx.state.nodes}
         # When each held GPU is expected back, per (node, model).
         ends: dict[tuple[str, str], list[float]] = {}
+        finished = ctx.snapshot.finished
         for job in ctx.snapshot.running:
-            end = ctx.now if job.stopping else running_end(job, ctx.now, self.default_runtime_s)
+            end = ctx.now if job.stopping else expected_end(job, ctx.now, self.default_runtime_s, finished)
             for replica in job.placement:
                 slot = slots.get(replica.node)
                 if slot is None:
