@@ -142,8 +142,8 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "shared_avg_queue_s": shared_q,
                 "alone_avg_queue_s": alone["avg_queue_s"],
                 "jobs_wider_than_guarantee": alone["jobs_dropped"],
-                "no_more_than_5pct_worse": shared_q is not None
-                and shared_q <= 1.05 * alone["avg_queue_s"] + 1.0,
+                # Strictly as the goal reads: a VC that never waits alone may not wait at all.
+                "no_more_than_5pct_worse": shared_q is not None and shared_q <= 1.05 * alone["avg_queue_s"],
             }
         report["philly-vc"] = {
             "per_vc": per_vc,
