@@ -139,8 +139,11 @@ def estimate_starts(
     next_passing = passing_end = 0
     cursor = now
     columns = [_horizon_keys(h, queue, ctx) for h in horizons]
+    # One key object per kind (the walk then tells a job of the kind it is already on by
+    # identity, without hashing or comparing its key).
+    kinds: dict[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]] = {}
     horizon_keys: list[tuple[tuple[float, ...], ...]] = (
-        list(zip(*columns, strict=True)) if columns else [()] * len(queue)
+        [kinds.setdefault(k, k) for k in zip(*columns, strict=True)] if columns else [()] * len(queue)
     )
     heappush, heappop = heapq.heappush, heapq.heappop
     max_kinds = settings.estimate_max_kinds
@@ -151,9 +154,9 @@ def estimate_starts(
                 estimates[job_id] = waiting[job_id][0]
             continue
         key = horizon_keys[position]
-        if key not in yields_by_key and len(yields_by_key) >= max_kinds:
+        if key is not segment and key not in yields_by_key and len(yields_by_key) >= max_kinds:
             key = _ENDS_ONLY
-        if not all_gone and key != segment:
+        if not all_gone and key is not segment and key != segment:
             # Once every running job is gone by its expected end, no kind of job can see one
             # later, so the remaining kinds need no recomputation (and that stays so: the
             # cursor only moves on, and nothing is taken back any more).
