@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
-from scheduler.core.plugins.backfill import expected_end
+from scheduler.core.plugins.backfill import expected_ends
 from scheduler.core.plugins.queue_sort import expected_runtime
 from scheduler.core.profile import CycleSettings
 from scheduler.core.state import GpuHold
@@ -60,7 +60,7 @@ def estimate_starts(
     # Releases that do not depend on who is asking: jobs stopping, started or about to start
     # in this cycle, and the bookings of jobs estimated earlier in the queue.
     fixed: list[tuple[float, str, int, str]] = []
-    running: list[tuple[RunningJob, float]] = []
+    going_on: list[RunningJob] = []
     for job in ctx.snapshot.running:
         if job.id in released:
             continue
@@ -68,7 +68,9 @@ def estimate_starts(
             for hold in holds.get(job.id, ()):
                 fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), job.vc))
         else:
-            running.append((job, expected_end(job, now, default_s, finished)))
+            going_on.append(job)
+    ends = expected_ends(going_on, now, default_s, finished)
+    running: list[tuple[RunningJob, float]] = list(zip(going_on, ends, strict=True))
     # Jobs started or waiting for their victims in this cycle: their releases are fixed, and
     # the walk below passes over them (looked up only when there are any).
     settled = started.keys() | waiting.keys()

@@ -59,6 +59,20 @@ def median_remaining_gpu_s(
     `attained_gpu_s`, among finished jobs that ran this long: of the same VC, user and width,
     else VC and width, else width, else all; the first with at least `min_samples` (as
     runtime estimates go from the user's own jobs to everyone's). None when none has."""
+    return remaining_gpu_s(finished, gpus, attained_gpu_s, 0.5, vc, user, min_samples)
+
+
+def remaining_gpu_s(
+    finished: FinishedService,
+    gpus: int,
+    attained_gpu_s: float,
+    quantile: float,
+    vc: str = "",
+    user: str = "",
+    min_samples: int = 20,
+) -> float | None:
+    """The `quantile` (0 to 1) of the service still to come, from the same groups and with
+    the same fallback as `median_remaining_gpu_s`."""
     by_width, pooled = samples_by_width(finished)
     by_user, by_vc = samples_by_owner_and_width(finished) if finished.owners else ({}, {})
     own = by_user.get((vc, user, gpus), ())
@@ -66,7 +80,7 @@ def median_remaining_gpu_s(
         first = bisect.bisect_right(samples, attained_gpu_s)
         alive = len(samples) - first
         if alive >= min_samples:
-            return samples[first + alive // 2] - attained_gpu_s
+            return samples[first + min(int(alive * quantile), alive - 1)] - attained_gpu_s
     return None
 
 

@@ -143,6 +143,22 @@ def test_a_running_job_is_expected_to_end_as_finished_jobs_of_its_width_did(
     assert status.estimated_start == pytest.approx(expected_start)
 
 
+def test_running_jobs_alike_release_one_after_another_not_all_at_their_median() -> None:
+    # Ten 1-GPU jobs that have just started, and history where 1-GPU jobs ran 100 to 10,000
+    # GPU-s (median 5,100). Each at its median would free all ten GPUs at 5,100; spread over
+    # the middle half of the distribution, the first GPU comes free at its 27.5 % point
+    # (2,800) and the next at its 32.5 % point (3,300).
+    snap = Snap().node("n0", 10)
+    for i in range(10):
+        snap.running(f"r{i}", [("n0", (i,))], attained_gpu_s=0)
+    snap.pending("p", gpus_=1, submitted_at=0).pending("q", gpus_=1, submitted_at=1)
+    for k in range(1, 101):
+        snap.finished(1, 100.0 * k)
+    plan = decide(snap.build(), profile(queue_sort=["fifo"]), now=0.0)
+    starts = {s.job_id: s.estimated_start for s in plan.pending}
+    assert starts == {"p": pytest.approx(2800.0), "q": pytest.approx(3300.0)}
+
+
 def test_estimates_past_the_kinds_limit_count_only_expected_ends() -> None:
     # r (LAS queue 1, time limit far off) yields at once to a (queue 0) and to b (queue 1)
     # only when it crosses into queue 2. With one kind estimated in full, b's estimate counts

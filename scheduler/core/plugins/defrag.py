@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from scheduler.core.framework import CycleContext
-from scheduler.core.plugins.backfill import expected_end
+from scheduler.core.plugins.backfill import expected_ends
 from scheduler.core.state import NodeSlot
 from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob
 
@@ -189,9 +189,16 @@ class Defragment:
         slots = {slot.node.name: slot for slot in ctx.state.nodes}
         # When each held GPU is expected back, per (node, model).
         ends: dict[tuple[str, str], list[float]] = {}
-        finished = ctx.snapshot.finished
+        going_on = [job for job in ctx.snapshot.running if not job.stopping]
+        ends = dict(
+            zip(
+                (job.id for job in going_on),
+                expected_ends(going_on, ctx.now, self.default_runtime_s, ctx.snapshot.finished),
+                strict=True,
+            )
+        )
         for job in ctx.snapshot.running:
-            end = ctx.now if job.stopping else expected_end(job, ctx.now, self.default_runtime_s, finished)
+            end = ends.get(job.id, ctx.now)  # a stopping job's GPUs are back at once
             for replica in job.placement:
                 slot = slots.get(replica.node)
                 if slot is None:
