@@ -127,7 +127,7 @@ def estimate_starts(
     # other kinds and reuses its answers.
     yields_by_key: dict[tuple[tuple[float, ...], ...], list[float]] = {}
     borrowing = [ctx.borrowed_gpus.get(r.id, 0) > 0 for r, _ in running]
-    victims = [r for r, _ in running]
+    victims = going_on
     min_runtime = settings.min_runtime_s
     floors = [r.started_at + min_runtime if r.preemptible else None for r in victims]
 

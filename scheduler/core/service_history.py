@@ -47,32 +47,20 @@ def samples_by_owner_and_width(
     return by_user, by_vc
 
 
-def median_remaining_gpu_s(
-    finished: FinishedService,
-    gpus: int,
-    attained_gpu_s: float,
-    vc: str = "",
-    user: str = "",
-    min_samples: int = 20,
-) -> float | None:
-    """Median service still to come for a job of `gpus` GPUs that has attained
-    `attained_gpu_s`, among finished jobs that ran this long: of the same VC, user and width,
-    else VC and width, else width, else all; the first with at least `min_samples` (as
-    runtime estimates go from the user's own jobs to everyone's). None when none has."""
-    return remaining_gpu_s(finished, gpus, attained_gpu_s, 0.5, vc, user, min_samples)
-
-
 def remaining_gpu_s(
     finished: FinishedService,
     gpus: int,
     attained_gpu_s: float,
-    quantile: float,
     vc: str = "",
     user: str = "",
     min_samples: int = 20,
+    quantile: float = 0.5,
 ) -> float | None:
-    """The `quantile` (0 to 1) of the service still to come, from the same groups and with
-    the same fallback as `median_remaining_gpu_s`."""
+    """The `quantile` (0 to 1; the median by default) of the service still to come for a job
+    of `gpus` GPUs that has attained `attained_gpu_s`, among finished jobs that ran this long:
+    of the same VC, user and width, else VC and width, else width, else all; the first with
+    at least `min_samples` (as runtime estimates go from the user's own jobs to everyone's).
+    None when none has."""
     by_width, pooled = samples_by_width(finished)
     by_user, by_vc = samples_by_owner_and_width(finished) if finished.owners else ({}, {})
     own = by_user.get((vc, user, gpus), ())

@@ -8,7 +8,7 @@ from sched_builders import Snap, profile
 from test_queue_sort_plugins import queue_ids
 
 from scheduler.core import FinishedService, decide
-from scheduler.core.service_history import gittins_table, median_remaining_gpu_s
+from scheduler.core.service_history import gittins_table, remaining_gpu_s
 
 
 def test_index_table_by_hand() -> None:
@@ -192,12 +192,12 @@ def test_the_jobs_own_vc_and_user_come_first_when_there_are_enough() -> None:
     def rest(bobs: int, others_in_a: int) -> float | None:
         jobs = ((1, 5000.0),) * bobs + ((1, 3000.0),) * others_in_a + ((1, 2000.0),) * 100
         owners = (("a", "bob"),) * bobs + (("a", "carol"),) * others_in_a + (("b", "dan"),) * 100
-        return median_remaining_gpu_s(FinishedService(jobs, owners), 1, 1000.0, "a", "bob")
+        return remaining_gpu_s(FinishedService(jobs, owners), 1, 1000.0, "a", "bob")
 
     assert rest(20, 0) == pytest.approx(4000.0)  # his own
     assert rest(19, 30) == pytest.approx(2000.0)  # his VC's: 49 jobs, median 3,000
     assert rest(19, 0) == pytest.approx(1000.0)  # everyone's of his width
-    assert median_remaining_gpu_s(FinishedService(((1, 2000.0),) * 60), 1, 1000.0, "a", "bob") == 1000.0
+    assert remaining_gpu_s(FinishedService(((1, 2000.0),) * 60), 1, 1000.0, "a", "bob") == 1000.0
 
 
 def test_finished_service_wants_one_owner_per_job_or_none() -> None:

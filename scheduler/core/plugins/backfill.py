@@ -89,7 +89,9 @@ def expected_ends(
     for job, quantile in zip(jobs, quantiles, strict=True):
         rest = None
         if job.time_limit_s is None:
-            rest = remaining_gpu_s(finished, job.gpus, job.attained_gpu_s, quantile, job.vc, job.user)
+            rest = remaining_gpu_s(
+                finished, job.gpus, job.attained_gpu_s, job.vc, job.user, quantile=quantile
+            )
         if rest is not None:
             ends.append(now + max(rest / max(job.gpus, 1), 60.0))
         else:

@@ -9,7 +9,7 @@ from typing import Any
 from scheduler.core.framework import CycleContext
 from scheduler.core.plugins.backfill import expected_ends
 from scheduler.core.state import NodeSlot
-from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob
+from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob, Snapshot
 
 
 class Defragment:
@@ -42,6 +42,8 @@ class Defragment:
         self.min_interval_s = float(args.get("min_interval_s", 1800.0))
         self.default_runtime_s = float(args.get("default_runtime_s", 3600.0))
         self._gains: dict[tuple[float, str], float] = {}
+        self._ends_of: Snapshot | None = None
+        self._job_end_by_id: dict[str, float] = {}
 
     def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
         if not victim.checkpointable or len(victim.placement) != 1:
@@ -183,22 +185,25 @@ class Defragment:
             self._gains[key] = preemptor.gpus * max(self._wait(preemptor, ctx), 0.0)
         return self._gains[key]
 
+    def _job_ends(self, ctx: CycleContext) -> dict[str, float]:
+        """Each running job's expected end (stopping ones left out), once per snapshot: every
+        blocked job's gain asks for them."""
+        if self._ends_of is not ctx.snapshot:
+            going_on = [job for job in ctx.snapshot.running if not job.stopping]
+            ends = expected_ends(going_on, ctx.now, self.default_runtime_s, ctx.snapshot.finished)
+            self._job_end_by_id = {job.id: end for job, end in zip(going_on, ends, strict=True)}
+            self._ends_of = ctx.snapshot
+        return self._job_end_by_id
+
     def _wait(self, preemptor: PendingJob, ctx: CycleContext) -> float:
         model = preemptor.gpu_model
         need = preemptor.gpus_per_replica
         slots = {slot.node.name: slot for slot in ctx.state.nodes}
         # When each held GPU is expected back, per (node, model).
         ends: dict[tuple[str, str], list[float]] = {}
-        going_on = [job for job in ctx.snapshot.running if not job.stopping]
-        ends = dict(
-            zip(
-                (job.id for job in going_on),
-                expected_ends(going_on, ctx.now, self.default_runtime_s, ctx.snapshot.finished),
-                strict=True,
-            )
-        )
+        job_ends = self._job_ends(ctx)
         for job in ctx.snapshot.running:
-            end = ends.get(job.id, ctx.now)  # a stopping job's GPUs are back at once
+            end = job_ends.get(job.id, ctx.now)  # a stopping job's GPUs are back at once
             for replica in job.placement:
                 slot = slots.get(replica.node)
                 if slot is None:
