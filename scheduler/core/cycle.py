@@ -938,9 +938,10 @@ class _CycleRun:
     ) -> list[tuple[RunningJob, str | None]]:
         """Running jobs whose GPUs may go to `job`, cheapest loss first. Jobs already stopping
         cost nothing and come first. Rules for every plugin: whole gangs only, preemptible,
-        past the minimum runtime, and of the same VC or borrowing (a guarantee is never
-        taken for someone else's work). With `migrate` only the migration plugin is asked,
-        about every running job (it keeps few: see _try_preempt); otherwise all the others."""
+        past the minimum runtime, and for evictions of the same VC or borrowing (a guarantee
+        is never taken for someone else's work). With `migrate` only the migration plugin is
+        asked, about every running job of any VC (it keeps few: see _try_preempt; a moved job
+        keeps its GPU count); otherwise all the others."""
         ctx = self.ctx
         asked = [self._migrator] if migrate else self._evictors
         limit = len(ctx.snapshot.running) if migrate else self.settings.max_victims
@@ -959,7 +960,9 @@ class _CycleRun:
                 continue
             if victim.stopping:
                 victims.append((victim, None))
-            elif victim.vc == job.vc or ctx.borrowed_gpus.get(victim.id, 0) > 0:
+            elif migrate or victim.vc == job.vc or ctx.borrowed_gpus.get(victim.id, 0) > 0:
+                # A moved job restarts elsewhere on as many GPUs as it gave up, so its VC
+                # loses nothing: the VC rule binds evictions only.
                 for plugin in asked:
                     reason = plugin.may_preempt(job, victim, ctx)
                     if reason:

@@ -271,6 +271,29 @@ def test_defrag_moves_a_small_job_when_enough_gpus_stay_free() -> None:
     assert "defragmentation" in plan.preemptions[0].message
 
 
+def test_defrag_moves_another_vcs_job_inside_its_guarantee() -> None:
+    """s and t run inside VC speech's guarantee, one on each node, so no node has the 4 GPUs
+    free that vision's job needs. Evicting either would take speech's guarantee for vision's
+    work; moving one does not (it restarts at once on the other node's free GPUs)."""
+    now, later = 10_000.0, 100_000.0
+    snap = (
+        Snap()
+        .node("a", 4)
+        .node("b", 4)
+        .vc("speech", 4, borrow=4)
+        .vc("vision", 4, borrow=4)
+        .running("s", [("a", (0,))], vc="speech", last_checkpoint_at=now - 10, time_limit_s=later)
+        .running("t", [("b", (0,))], vc="speech", last_checkpoint_at=now - 10, time_limit_s=later)
+        .pending("wide", 4, vc="vision", submitted_at=now)
+    )
+    plan = decide(snap.build(), DEFRAG, now=now)
+    assert [p.reason for p in plan.preemptions] == ["defrag"]
+    assert plan.preemptions[0].job_id in {"s", "t"}
+    assert plan.pending[0].reason is ReasonCode.WAITING_FOR_PREEMPTION
+    evicting = profile(queue_sort=["priority", "las", "fifo"], admission=["vc_quota"], preemption=["las"])
+    assert decide(snap.build(), evicting, now=now).preemptions == ()
+
+
 @pytest.mark.parametrize(
     ("c_busy", "moves"),
     [
