@@ -162,9 +162,15 @@ def test_list_status_queue_cancel_and_nodes(run_cli, tokens, tmp_path) -> None: 
         "starts_now": True,
         "estimated_start_at": None,
     }
-    Job.objects.filter(pk=job_id).update(whatif_hints=[hint])
-    hinted = run_cli(tokens["alice"], "status", str(job_id))
-    assert "What would help" in hinted.stdout and hint["message"] in hinted.stdout
+
+    # The scheduling loop keeps running and writes the job's hints (none: no node is ready)
+    # every cycle, so one may land between this write and the CLI's read: write again then.
+    def shows_hint() -> bool:
+        Job.objects.filter(pk=job_id).update(whatif_hints=[hint])
+        hinted = run_cli(tokens["alice"], "status", str(job_id))
+        return "What would help" in hinted.stdout and hint["message"] in hinted.stdout
+
+    wait_for(shows_hint, 60, "the hint in `status`")
 
     nodes = run_cli(tokens["alice"], "nodes")
     assert nodes.returncode == 0
