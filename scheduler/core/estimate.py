@@ -69,7 +69,7 @@ def estimate_starts(
                 fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), job.vc))
         else:
             going_on.append(job)
-    ends = expected_ends(going_on, now, default_s, finished)
+    ends = expected_ends(going_on, now, default_s, finished, ctx.snapshot.running)
     running: list[tuple[RunningJob, float]] = list(zip(going_on, ends, strict=True))
     # Jobs started or waiting for their victims in this cycle: their releases are fixed, and
     # the walk below passes over them (looked up only when there are any).

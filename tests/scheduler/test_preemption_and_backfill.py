@@ -240,6 +240,28 @@ def test_the_reservation_counts_running_jobs_ends_as_the_estimated_starts_do(his
         assert expected_in == pytest.approx(19400.0)  # the median of what is left: 20,000 - 600
 
 
+def test_the_reservation_and_the_estimate_agree_when_other_jobs_hold_other_gpus() -> None:
+    """The reservation looks only at jobs holding the reserved model, the estimator at every
+    running job. Each running job's end is at a quantile set by its rank among all of them,
+    so a job on other GPUs moves nobody's end, and the two still agree."""
+    snap = (
+        Snap()
+        .node("a", 8)
+        .node("t", 8, model="T4")
+        .running("r", [("a", tuple(range(8)))], started_at=0.0, attained_gpu_s=8 * 600.0)
+        .running("v", [("t", tuple(range(8)))], started_at=0.0, attained_gpu_s=8 * 600.0)
+        .pending("head", 8, submitted_at=1, gpu_model="A100")
+    )
+    for k in range(1, 101):  # 8-GPU jobs that ran 700 to 10,600 s
+        snap.finished(8, 8 * (600.0 + 100.0 * k))
+    now = 600.0
+    plan = decide(snap.build(), BACKFILL, now)
+    head = next(p for p in plan.pending if p.job_id == "head")
+    assert plan.reservation == "head"
+    expected_in = float(head.message.rsplit("expected in ", 1)[1].split(" s")[0])
+    assert head.estimated_start == pytest.approx(now + expected_in, abs=1.0)
+
+
 def test_without_backfill_plugin_later_jobs_start_greedily() -> None:
     snap = (
         Snap()

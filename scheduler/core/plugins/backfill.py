@@ -65,30 +65,34 @@ END_SPREAD = 0.5
 
 
 def expected_ends(
-    jobs: Sequence[RunningJob], now: float, default_runtime_s: float, finished: FinishedService
+    jobs: Sequence[RunningJob],
+    now: float,
+    default_runtime_s: float,
+    finished: FinishedService,
+    running: Sequence[RunningJob],
 ) -> list[float]:
-    """When each running job is expected to release its GPUs, as the estimated starts, the
+    """When each of `jobs` is expected to release its GPUs, as the estimated starts, the
     backfill reservation and the migration plugin all count it: at its time limit if it has
     one; otherwise at a quantile of what finished jobs of its VC, user and width (else coarser
     groups) still ran after attaining as much service; without enough history, as
     `running_end` guesses.
 
     The quantiles are spread evenly over the middle `END_SPREAD` of the distribution, in an
-    order that says nothing about a job's service (a checksum of its id). What a waiting job
-    needs is the time of the k-th release, not each job's most likely end: with every job at
-    its median, n jobs alike would release all their GPUs at one time. Spread over all
-    quantiles the releases by any time would number their expected count if jobs ended
-    independently, but jobs alike often end together (a sweep's jobs), so the spread is
-    narrowed around the median."""
-    order = sorted(range(len(jobs)), key=lambda i: (zlib.crc32(jobs[i].id.encode()), jobs[i].id))
-    low = 0.5 - END_SPREAD / 2
-    quantiles = [0.5] * len(jobs)
-    for rank, i in enumerate(order):
-        quantiles[i] = low + END_SPREAD * (rank + 0.5) / len(jobs)
+    order that says nothing about a job's service (a checksum of its id) among all `running`
+    jobs of the snapshot, so a job ends at the same time whichever part of them a caller
+    asks about. What a waiting job needs is the time of the k-th release, not each job's most
+    likely end: with every job at its median, n jobs alike would release all their GPUs at
+    one time. Spread over all quantiles the releases by any time would number their expected
+    count if jobs ended independently, but jobs alike often end together (a sweep's jobs), so
+    the spread is narrowed around the median."""
+    order = sorted(running, key=lambda job: (zlib.crc32(job.id.encode()), job.id))
+    low, step = 0.5 - END_SPREAD / 2, END_SPREAD / max(len(order), 1)
+    quantile_of = {job.id: low + step * (rank + 0.5) for rank, job in enumerate(order)}
     ends = []
-    for job, quantile in zip(jobs, quantiles, strict=True):
+    for job in jobs:
         rest = None
         if job.time_limit_s is None:
+            quantile = quantile_of.get(job.id, 0.5)
             rest = remaining_gpu_s(
                 finished, job.gpus, job.attained_gpu_s, job.vc, job.user, quantile=quantile
             )
@@ -117,7 +121,8 @@ class BackfillReservation:
             if gpus:
                 holding.append((running, gpus))
         jobs = [running for running, _ in holding]
-        ends = expected_ends(jobs, ctx.now, self.default_runtime_s, ctx.snapshot.finished)
+        snapshot = ctx.snapshot
+        ends = expected_ends(jobs, ctx.now, self.default_runtime_s, snapshot.finished, snapshot.running)
         releases = [(end, gpus) for end, (_, gpus) in zip(ends, holding, strict=True)]
         releases.sort()
         at = ctx.now
