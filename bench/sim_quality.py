@@ -1,7 +1,7 @@
 """Scheduling quality on real traces: runs the simulator CLI and compares with the peer.
 
     python -m bench.sim_quality --suite itp|philly|philly-vc|all [--traces DIR] [--jobs N]
-        [--only TEXT] [--vc-until SECONDS] [--json]
+        [--only TEXT] [--vc-until SECONDS] [--vc-overhead SECONDS] [--json]
 
 Every run is one `python -m scheduler.sim ... --json` command (printed with its result), so
 each figure can be reproduced alone. `--traces` is the folder holding the shared traces
@@ -12,7 +12,8 @@ Suites:
   default without preemption cost (the peer's assumption) and default with 30 s per preemption.
 - philly: the Philly Sep-Oct job log with VCs pooled, on 83x8, same profiles.
 - philly-vc: the same log on 88x8 with per-VC guarantees (bench/data/philly_vc_quotas.csv),
-  fifo and default, and every listed VC replayed alone on its guarantee with default.
+  fifo and default, and every listed VC replayed alone on its guarantee with default, all
+  with `--vc-overhead` seconds per preemption (default 30; 0 is free, as in the peer comparison).
 Prints one JSON object last: every run's figures plus the comparisons with the goals.
 """
 
@@ -83,7 +84,9 @@ def run(cmd: list[str]) -> dict[str, Any]:
     return result
 
 
-def plan_runs(suite: str, traces: Path, vc_until: float | None = None) -> dict[str, list[str]]:
+def plan_runs(
+    suite: str, traces: Path, vc_until: float | None = None, vc_overhead: float = 30.0
+) -> dict[str, list[str]]:
     runs: dict[str, list[str]] = {}
     if suite in ("itp", "all"):
         for name, (file, cluster) in ITP.items():
@@ -100,13 +103,20 @@ def plan_runs(suite: str, traces: Path, vc_until: float | None = None) -> dict[s
         window = ["--until", f"{vc_until:.0f}"] if vc_until is not None else []
         for profile in ("fifo", "default"):
             runs[f"philly-vc/{profile}"] = command(
-                traces / PHILLY, "philly", "88x8", profile, 30.0, "--vc-quotas", quota_file, *window
+                traces / PHILLY, "philly", "88x8", profile, vc_overhead, "--vc-quotas", quota_file, *window
             )
         with QUOTAS.open(newline="") as f:
             for row in csv.DictReader(f):
                 nodes = int(row["guaranteed"]) // 8
                 runs[f"philly-vc-alone/{row['vc']}"] = command(
-                    traces / PHILLY, "philly", f"{nodes}x8", "default", 30.0, "--vc", row["vc"], *window
+                    traces / PHILLY,
+                    "philly",
+                    f"{nodes}x8",
+                    "default",
+                    vc_overhead,
+                    "--vc",
+                    row["vc"],
+                    *window,
                 )
     return runs
 
@@ -162,9 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vc-until", type=float, help="philly-vc: replay only jobs submitted in the first SECONDS of the log"
     )
+    parser.add_argument(
+        "--vc-overhead",
+        type=float,
+        default=30.0,
+        help="philly-vc: preemption cost in seconds, shared and alone (0: free, as in the peer comparison)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    runs = plan_runs(args.suite, Path(args.traces), args.vc_until)
+    runs = plan_runs(args.suite, Path(args.traces), args.vc_until, args.vc_overhead)
     if args.only:
         runs = {k: v for k, v in runs.items() if args.only in k}
     with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:

@@ -19,11 +19,15 @@ from agents.protocol import CheckpointRequest, StopRequest, encode
 from portal.agentgw.desired import agent_attempt_id
 from portal.agentgw.outbox import desired_set_changed, send_request
 from portal.cluster.models import Flavor, Gpu, Node, Quota, VirtualCluster
-from portal.jobs.choices import ACTIVE_STATES, TERMINAL_STATES, AttemptState, JobState
+from portal.jobs.choices import ACTIVE_STATES, PENDING_MOVED, TERMINAL_STATES, AttemptState, JobState
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
 from portal.jobs.services import transition_job, transition_jobs
 from scheduler import core
 from scheduler.core.service_history import FINISHED_WINDOW
+
+# Pending codes that put a job first in line in the next cycle (core.PendingJob.first_in_line):
+# the last cycle preempted jobs for it, or a migration moved it.
+FIRST_IN_LINE = frozenset({core.ReasonCode.WAITING_FOR_PREEMPTION.value, PENDING_MOVED})
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +142,7 @@ def load_snapshot(now: float) -> LoadedState:
                     replicas=job.replicas,
                     gpus_per_replica=job.gpus_per_replica,
                     spread_after_s=job.spec.get("spread_after"),
+                    first_in_line=job.pending_reason in FIRST_IN_LINE,
                     **common,
                 )
             )

@@ -103,4 +103,6 @@ ATTEMPT_ENDED_STATES = frozenset(
 # code instead (scheduler.core.ReasonCode: vc-quota, fragmentation, gang-nodes, ...).
 PENDING_NEW = "new"
 PENDING_REQUEUED = "requeued"
+# Requeued after a migration moved it (the scheduler's `defrag`): it restarts first in line.
+PENDING_MOVED = "moved"
 PENDING_BACKOFF = "backoff"

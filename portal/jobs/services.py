@@ -21,6 +21,7 @@ from portal.jobs.choices import (
     ACTIVE_STATES,
     ATTEMPT_ENDED_STATES,
     PENDING_BACKOFF,
+    PENDING_MOVED,
     PENDING_NEW,
     PENDING_REQUEUED,
     TERMINAL_STATES,
@@ -32,6 +33,7 @@ from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent
 from portal.jobs.spec import SECRET_MASK
 from portal.lib.db import insert_together
 from portal.live.publish import publish_job_change, publish_log_lines
+from scheduler.core.plugins.defrag import Defragment
 
 
 class JobRejected(Exception):
@@ -536,7 +538,10 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
                 and not attempt.checkpoints.filter(created_at__gte=asked.created_at).exists()
             ):
                 report_failed_checkpoint(job, attempt, label, asked.data.get("preemption") or "preemption")
-            requeue_job(job, "requeued after preemption")
+            if asked is not None and asked.data.get("preemption") == Defragment.name:
+                requeue_job(job, "requeued after a migration: it restarts first", PENDING_MOVED)
+            else:
+                requeue_job(job, "requeued after preemption")
         return
     ended = [s for s in reported if s["state"] in ("exited", "vanished")]
     if job.state == JobState.SCHEDULED and ended:
@@ -675,14 +680,14 @@ def record_job_event(job: Job, label: str, reason: str, data: dict[str, Any] | N
     JobEvent.objects.create(job=job, actor_label=label, reason=reason[:500], data=data or {})
 
 
-def requeue_job(job: Job, reason: str) -> None:
+def requeue_job(job: Job, reason: str, code: str = PENDING_REQUEUED) -> None:
     """Puts a lost or preempted job back in the queue with its original submit time."""
     transition_job(
         job,
         JobState.PENDING,
         label="portal",
         reason=reason,
-        pending_reason=PENDING_REQUEUED,
+        pending_reason=code,
         pending_message=reason,
     )
 

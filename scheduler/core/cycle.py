@@ -283,6 +283,9 @@ def order_queue(
         own.sort(key=lambda job: -job.priority)
         for i, job in zip(positions, own, strict=True):
             queue[i] = job
+    if any(job.first_in_line for job in queue):
+        # Jobs that GPUs were freed for go first (stable: among themselves in the order above).
+        queue.sort(key=lambda job: not job.first_in_line)
     return queue
 
 

@@ -29,6 +29,7 @@ from scheduler.core import (
     Plan,
     Profile,
     Quota,
+    ReasonCode,
     ReplicaPlacement,
     RunningJob,
     Snapshot,
@@ -37,6 +38,7 @@ from scheduler.core import (
     VirtualCluster,
     decide,
 )
+from scheduler.core.plugins.defrag import Defragment
 from scheduler.core.service_history import FINISHED_WINDOW
 from scheduler.sim.trace import TraceJob
 
@@ -98,6 +100,7 @@ class SimJob:
     pending_view: PendingJob | None = None
     suspended_on: tuple[ReplicaPlacement, ...] = ()  # time-slicing: waits to resume there
     suspensions: int = 0
+    first_in_line: bool = False  # GPUs were freed for it (PendingJob.first_in_line)
 
     @property
     def gpus(self) -> int:
@@ -272,11 +275,20 @@ class Simulator:
                     job.running_since = t
                     job.pending_view = None
                     job.suspended_on = ()
+                    job.first_in_line = False
                     if job.first_start is None:
                         job.first_start = t
                     running[start.job_id] = job
                     busy += job.gpus
                     push(t + job.remaining, _Event.FINISH, start.job_id, job.attempt)
+                for status in plan.pending:
+                    # As the portal does: a job the plan told to wait for its victims goes
+                    # first in the next cycle, any other reason ends that.
+                    job = pending[status.job_id]
+                    first = status.reason is ReasonCode.WAITING_FOR_PREEMPTION
+                    if job.first_in_line is not first:
+                        job.first_in_line = first
+                        job.pending_view = None
                 for suspend in plan.suspends:
                     # Its GPUs went to the job started above; it keeps its progress and pays
                     # the cost of saving and restoring its state when it resumes.
@@ -297,6 +309,8 @@ class Simulator:
                     job = running[preemption.job_id]
                     self._advance(job, t)
                     job.stopping = True
+                    # A moved job restarts first: the move found it room (as the portal does).
+                    job.first_in_line = preemption.reason == Defragment.name
                     job.preemptions += 1
                     preemptions += 1
                     by_reason[preemption.reason] = by_reason.get(preemption.reason, 0) + 1
@@ -389,6 +403,7 @@ class Simulator:
                     time_sliceable=self.time_sliceable,
                     suspended_on=job.suspended_on,
                     spread_after_s=spread_after if job.gpus_per_replica > 1 else None,
+                    first_in_line=job.first_in_line,
                 )
             pending_view.append(job.pending_view)
         return Snapshot(

@@ -303,6 +303,9 @@ def test_a_migration_frees_a_node_for_a_blocked_gang(api, a100_agents, users) ->
     moved_job = moved[0]
     preemption = Job.objects.get(pk=moved_job).events.filter(to_state="checkpointing").get()
     assert preemption.data["preemption"] == "defrag" and preemption.data["for_job"] == str(gang)
+    # Requeued as moved, so the next cycle restarts it first in line.
+    requeued = Job.objects.get(pk=moved_job).events.filter(to_state="pending").order_by("created_at").last()
+    assert requeued is not None and requeued.reason.startswith("requeued after a migration")
     wait_for(lambda: state(moved_job) == "running", 60, "the moved job to run again")
     second = JobAttempt.objects.get(job_id=moved_job, number=2)
     assert second.resume

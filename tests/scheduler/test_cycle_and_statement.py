@@ -149,3 +149,19 @@ def test_zero_gpu_job_is_reported_not_placed() -> None:
     job = PendingJob(id="cpu", vc="team", user="u", replicas=1, gpus_per_replica=0, submitted_at=0)  # type: ignore[arg-type]
     plan = decide(Snapshot(snapshot.nodes, snapshot.vcs, (), (job,)), profile(admission=[]), 0.0)
     assert not plan.starts and plan.pending[0].reason is ReasonCode.NO_MATCHING_GPU
+
+
+@pytest.mark.parametrize("first_in_line", [False, True])
+def test_a_job_gpus_were_freed_for_is_placed_before_the_queue(first_in_line: bool) -> None:
+    """One GPU free and two jobs that want it: FIFO gives it to `early`, unless `claimant` is
+    first in line (jobs were preempted or it was moved for it in an earlier cycle)."""
+    snap = (
+        Snap()
+        .node("a", 2)
+        .running("busy", [("a", (0,))])
+        .pending("early", 1, submitted_at=1.0)
+        .pending("claimant", 1, submitted_at=2.0, first_in_line=first_in_line)
+    )
+    plan = decide(snap.build(), profile(queue_sort=["priority", "fifo"]), now=10.0)
+    assert [s.job_id for s in plan.starts] == (["claimant"] if first_in_line else ["early"])
+    assert [p.job_id for p in plan.pending] == (["early"] if first_in_line else ["claimant"])

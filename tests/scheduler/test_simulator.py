@@ -284,3 +284,32 @@ def test_spread_after_waiting_relaxes_locality(tmp_path: Path) -> None:
     # Not yet waited long enough at t=200: nothing changes.
     late = summarize(Simulator(uniform_cluster(2, 4), fifo, jobs, spread_after_s=500).run())
     assert late["avg_jct_s"] == required["avg_jct_s"]
+
+
+@pytest.mark.parametrize("overhead", [0.0, 30.0])
+def test_gpus_reclaimed_for_a_job_go_to_that_job(overhead: float) -> None:
+    """One node of 2 GPUs, both borrowed by VC other (b1, b2). q (other, borrowing) waits from
+    t=5; p (own, inside its guarantee of 2) comes at t=10 and reclaims one GPU. When it is
+    free, q is ahead of p in FIFO order and would borrow it again, so p would have to reclaim
+    once more: p goes first in line instead, and there is one preemption, not two."""
+    from scheduler.sim.trace import TraceJob
+
+    jobs = [
+        TraceJob("b1", 0.0, 1000.0, 1, vc="other"),
+        TraceJob("b2", 1.0, 1000.0, 1, vc="other"),
+        TraceJob("q", 5.0, 1000.0, 1, vc="other"),
+        TraceJob("p", 10.0, 100.0, 1, vc="own"),
+    ]
+    profile = Profile.from_dict(
+        {
+            "name": "fifo-reclaim",
+            "plugins": {"queue_sort": ["fifo"], "admission": ["vc_quota"], "preemption": ["reclaim"]},
+        }
+    )
+    result = Simulator(
+        uniform_cluster(1, 2), profile, jobs, vc_quotas={"own": (2, 0)}, preempt_overhead_s=overhead
+    ).run()
+    by_id = {job.trace.id: job for job in result.jobs}
+    assert by_id["p"].first_start == 10.0 + overhead
+    assert result.preemptions == 1
+    assert by_id["q"].preemptions == 0
