@@ -20,6 +20,7 @@ from scheduler.core import (
     Plan,
     Profile,
     Quota,
+    ReasonCode,
     RunningJob,
     Snapshot,
     UserName,
@@ -70,6 +71,7 @@ class Portal:
     pending: dict[str, PendingJob] = field(default_factory=dict)
     next_id: int = 0
     finished: list[tuple[int, float]] = field(default_factory=lambda: list(HISTORY))
+    moved: set[str] = field(default_factory=set)  # stopping for a migration
 
     def snapshot(self) -> Snapshot:
         vcs = tuple(
@@ -157,7 +159,9 @@ class Portal:
             gpu_share_milli=job.gpu_share_milli,
             gpu_memory_mib=job.gpu_memory_mib,
             time_sliceable=job.time_sliceable,
+            first_in_line=job.id in self.moved,  # like the portal's pending code `moved`
         )
+        self.moved.discard(job.id)
 
     def apply_plan(self, plan: Plan) -> None:
         for suspend in plan.suspends:
@@ -176,9 +180,16 @@ class Portal:
                 time_sliceable=True,
                 suspended_on=job.placement,
             )
+        for status in plan.pending:
+            # Like the portal: a job told to wait for its victims is first in line next time.
+            if status.job_id in self.pending:
+                first = status.reason is ReasonCode.WAITING_FOR_PREEMPTION
+                self.pending[status.job_id] = replace(self.pending[status.job_id], first_in_line=first)
         for preemption in plan.preemptions:
             # Like the portal: signal, keep the GPUs through the grace period, then requeue.
             self.running[preemption.job_id] = replace(self.running[preemption.job_id], stopping=True)
+            if preemption.reason == "defrag":
+                self.moved.add(preemption.job_id)
         for start in plan.starts:
             job = self.pending.pop(start.job_id)
             self.running[job.id] = RunningJob(
