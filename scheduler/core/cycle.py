@@ -284,8 +284,11 @@ def order_queue(
         for i, job in zip(positions, own, strict=True):
             queue[i] = job
     if any(job.first_in_line for job in queue):
-        # Jobs that GPUs were freed for go first (stable: among themselves in the order above).
-        queue.sort(key=lambda job: not job.first_in_line)
+        # Jobs that GPUs were freed for go first, widest first among themselves (then in the
+        # order above): a gang before the jobs moved out of its way, so that a moved job does
+        # not land in the block freed for the gang, and big blocks before the small ones.
+        first = sorted((job for job in queue if job.first_in_line), key=lambda job: -job.gpus)
+        queue = first + [job for job in queue if not job.first_in_line]
     return queue
 
 

@@ -165,3 +165,20 @@ def test_a_job_gpus_were_freed_for_is_placed_before_the_queue(first_in_line: boo
     plan = decide(snap.build(), profile(queue_sort=["priority", "fifo"]), now=10.0)
     assert [s.job_id for s in plan.starts] == (["claimant"] if first_in_line else ["early"])
     assert [p.job_id for p in plan.pending] == (["early"] if first_in_line else ["claimant"])
+
+
+def test_jobs_first_in_line_go_widest_first() -> None:
+    """A gang and a job moved out of its way are both first in line. Placed in queue order,
+    the moved job would take a GPU of the only free 4-GPU block (the spread score sends it to
+    the emptiest node) and the gang would wait again; widest first, both start."""
+    snap = (
+        Snap()
+        .node("a", 4)
+        .node("c", 2)
+        .running("busy", [("c", (0,))])
+        .pending("moved", 1, submitted_at=1.0, first_in_line=True)
+        .pending("gang", 4, submitted_at=2.0, first_in_line=True)
+    )
+    plan = decide(snap.build(), profile(queue_sort=["fifo"], score=["spread"]), now=10.0)
+    placed = {s.job_id: [r.node for r in s.placement] for s in plan.starts}
+    assert placed == {"gang": ["a"], "moved": ["c"]}
