@@ -25,10 +25,6 @@ from portal.jobs.services import transition_job, transition_jobs
 from scheduler import core
 from scheduler.core.service_history import FINISHED_WINDOW
 
-# Pending codes that put a job first in line in the next cycle (core.PendingJob.first_in_line):
-# the last cycle preempted jobs for it, or a migration moved it.
-FIRST_IN_LINE = frozenset({core.ReasonCode.WAITING_FOR_PREEMPTION.value, PENDING_MOVED})
-
 logger = logging.getLogger(__name__)
 
 
@@ -142,7 +138,9 @@ def load_snapshot(now: float) -> LoadedState:
                     replicas=job.replicas,
                     gpus_per_replica=job.gpus_per_replica,
                     spread_after_s=job.spec.get("spread_after"),
-                    first_in_line=job.pending_reason in FIRST_IN_LINE,
+                    # The last cycle preempted jobs for it, or a migration moved it.
+                    first_in_line=job.pending_reason == core.ReasonCode.WAITING_FOR_PREEMPTION,
+                    moved=job.pending_reason == PENDING_MOVED,
                     **common,
                 )
             )

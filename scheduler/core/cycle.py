@@ -283,12 +283,9 @@ def order_queue(
         own.sort(key=lambda job: -job.priority)
         for i, job in zip(positions, own, strict=True):
             queue[i] = job
-    if any(job.first_in_line for job in queue):
-        # Jobs that GPUs were freed for go first, widest first among themselves (then in the
-        # order above): a gang before the jobs moved out of its way, so that a moved job does
-        # not land in the block freed for the gang, and big blocks before the small ones.
-        first = sorted((job for job in queue if job.first_in_line), key=lambda job: -job.gpus)
-        queue = first + [job for job in queue if not job.first_in_line]
+    if any(job.first_in_line or job.moved for job in queue):
+        # Jobs that GPUs were freed for go first, then moved jobs, each in the order above.
+        queue.sort(key=lambda job: 0 if job.first_in_line else 1 if job.moved else 2)
     return queue
 
 

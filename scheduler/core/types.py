@@ -163,11 +163,14 @@ class PendingJob:
     # spread over nodes than wait on for whole ones. None = never.
     spread_after_s: float | None = None
     # GPUs were freed for this job: other jobs were preempted for it (the last cycle said
-    # `waiting-for-preemption`), or a migration moved it out of another job's way, which the
-    # core does only where it has room to restart. It is placed before the rest of the queue,
-    # so that the GPUs freed for it are not taken by jobs that gave nothing up, which would
-    # leave it to preempt again (and a moved job to wait as well as move).
+    # `waiting-for-preemption`). It is placed before the rest of the queue, so that the GPUs
+    # freed for it are not taken by jobs that gave nothing up, which would leave it to preempt
+    # again.
     first_in_line: bool = False
+    # A migration moved it out of another job's way, which the core does only where it has room
+    # to restart: it is placed right after the jobs first in line (the job it made room for
+    # among them), so that it neither waits as well as moves nor lands in the freed block.
+    moved: bool = False
 
     @property
     def gpus(self) -> int:

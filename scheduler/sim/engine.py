@@ -101,6 +101,7 @@ class SimJob:
     suspended_on: tuple[ReplicaPlacement, ...] = ()  # time-slicing: waits to resume there
     suspensions: int = 0
     first_in_line: bool = False  # GPUs were freed for it (PendingJob.first_in_line)
+    moved: bool = False  # requeued after a migration (PendingJob.moved)
 
     @property
     def gpus(self) -> int:
@@ -275,7 +276,7 @@ class Simulator:
                     job.running_since = t
                     job.pending_view = None
                     job.suspended_on = ()
-                    job.first_in_line = False
+                    job.first_in_line = job.moved = False
                     if job.first_start is None:
                         job.first_start = t
                     running[start.job_id] = job
@@ -286,8 +287,8 @@ class Simulator:
                     # first in the next cycle, any other reason ends that.
                     job = pending[status.job_id]
                     first = status.reason is ReasonCode.WAITING_FOR_PREEMPTION
-                    if job.first_in_line is not first:
-                        job.first_in_line = first
+                    if job.first_in_line is not first or job.moved:
+                        job.first_in_line, job.moved = first, False
                         job.pending_view = None
                 for suspend in plan.suspends:
                     # Its GPUs went to the job started above; it keeps its progress and pays
@@ -309,8 +310,9 @@ class Simulator:
                     job = running[preemption.job_id]
                     self._advance(job, t)
                     job.stopping = True
-                    # A moved job restarts first: the move found it room (as the portal does).
-                    job.first_in_line = preemption.reason == Defragment.name
+                    # A moved job restarts right after the jobs first in line (as in the portal).
+                    job.first_in_line = False
+                    job.moved = preemption.reason == Defragment.name
                     job.preemptions += 1
                     preemptions += 1
                     by_reason[preemption.reason] = by_reason.get(preemption.reason, 0) + 1
@@ -404,6 +406,7 @@ class Simulator:
                     suspended_on=job.suspended_on,
                     spread_after_s=spread_after if job.gpus_per_replica > 1 else None,
                     first_in_line=job.first_in_line,
+                    moved=job.moved,
                 )
             pending_view.append(job.pending_view)
         return Snapshot(

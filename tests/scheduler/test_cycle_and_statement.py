@@ -167,16 +167,17 @@ def test_a_job_gpus_were_freed_for_is_placed_before_the_queue(first_in_line: boo
     assert [p.job_id for p in plan.pending] == (["early"] if first_in_line else ["claimant"])
 
 
-def test_jobs_first_in_line_go_widest_first() -> None:
-    """A gang and a job moved out of its way are both first in line. Placed in queue order,
-    the moved job would take a GPU of the only free 4-GPU block (the spread score sends it to
-    the emptiest node) and the gang would wait again; widest first, both start."""
+def test_a_moved_job_goes_after_the_jobs_first_in_line() -> None:
+    """A gang waited for a job moved out of its way. Placed first in queue order, the moved job
+    would take a GPU of the only free 4-GPU block (the spread score sends it to the emptiest
+    node) and the gang would wait again; after the gang, both start, before `early`."""
     snap = (
         Snap()
         .node("a", 4)
         .node("c", 2)
         .running("busy", [("c", (0,))])
-        .pending("moved", 1, submitted_at=1.0, first_in_line=True)
+        .pending("early", 1, submitted_at=0.0)
+        .pending("moved", 1, submitted_at=1.0, moved=True)
         .pending("gang", 4, submitted_at=2.0, first_in_line=True)
     )
     plan = decide(snap.build(), profile(queue_sort=["fifo"], score=["spread"]), now=10.0)

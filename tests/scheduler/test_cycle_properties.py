@@ -159,7 +159,7 @@ class Portal:
             gpu_share_milli=job.gpu_share_milli,
             gpu_memory_mib=job.gpu_memory_mib,
             time_sliceable=job.time_sliceable,
-            first_in_line=job.id in self.moved,  # like the portal's pending code `moved`
+            moved=job.id in self.moved,  # like the portal's pending code `moved`
         )
         self.moved.discard(job.id)
 
@@ -184,7 +184,9 @@ class Portal:
             # Like the portal: a job told to wait for its victims is first in line next time.
             if status.job_id in self.pending:
                 first = status.reason is ReasonCode.WAITING_FOR_PREEMPTION
-                self.pending[status.job_id] = replace(self.pending[status.job_id], first_in_line=first)
+                self.pending[status.job_id] = replace(
+                    self.pending[status.job_id], first_in_line=first, moved=False
+                )
         for preemption in plan.preemptions:
             # Like the portal: signal, keep the GPUs through the grace period, then requeue.
             self.running[preemption.job_id] = replace(self.running[preemption.job_id], stopping=True)
