@@ -103,6 +103,7 @@ ATTEMPT_ENDED_STATES = frozenset(
 # code instead (scheduler.core.ReasonCode: vc-quota, fragmentation, gang-nodes, ...).
 PENDING_NEW = "new"
 PENDING_REQUEUED = "requeued"
-# Requeued after a migration moved it (the scheduler's `defrag`): it restarts first in line.
+# Requeued after a migration moved it (the scheduler's `defrag`): the next cycle places it
+# right after the jobs whose victims it waited for, ahead of the rest of the queue.
 PENDING_MOVED = "moved"
 PENDING_BACKOFF = "backoff"

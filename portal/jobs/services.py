@@ -539,7 +539,7 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
             ):
                 report_failed_checkpoint(job, attempt, label, asked.data.get("preemption") or "preemption")
             if asked is not None and asked.data.get("preemption") == Defragment.name:
-                requeue_job(job, "requeued after a migration: it restarts first", PENDING_MOVED)
+                requeue_job(job, "requeued after a migration: it restarts ahead of the queue", PENDING_MOVED)
             else:
                 requeue_job(job, "requeued after preemption")
         return
