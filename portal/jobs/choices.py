@@ -104,6 +104,6 @@ ATTEMPT_ENDED_STATES = frozenset(
 PENDING_NEW = "new"
 PENDING_REQUEUED = "requeued"
 # Requeued after a migration moved it (the scheduler's `defrag`): the next cycle places it
-# right after the jobs whose victims it waited for, ahead of the rest of the queue.
+# right after the jobs that waited for their victims, ahead of the rest of the queue.
 PENDING_MOVED = "moved"
 PENDING_BACKOFF = "backoff"
