@@ -54,7 +54,6 @@ def estimate_starts(
     service crosses into a lower queue."""
     now, state = ctx.now, ctx.state
     default_s = settings.default_runtime_s
-    finished = ctx.snapshot.finished
     released = released or set()
     probes = probes or {}
     # Releases that do not depend on who is asking: jobs stopping, started or about to start
@@ -69,7 +68,7 @@ def estimate_starts(
                 fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), job.vc))
         else:
             going_on.append(job)
-    ends = expected_ends(going_on, now, default_s, finished, ctx.snapshot.running)
+    ends = expected_ends(going_on, ctx, default_s)
     running: list[tuple[RunningJob, float]] = list(zip(going_on, ends, strict=True))
     # Jobs started or waiting for their victims in this cycle: their releases are fixed, and
     # the walk below passes over them (looked up only when there are any).

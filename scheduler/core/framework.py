@@ -53,6 +53,9 @@ class CycleContext:
     running_by_id: dict[str, RunningJob]
     borrowed_gpus: dict[str, int]  # running job id -> GPUs above its VC's guarantee
     placing: PendingJob | None = None  # the job being placed while score plugins run
+    # Each running job's quantile for its expected end (backfill.end_quantiles), made once per
+    # cycle on first use: the estimator, the reservation and migration all ask for it.
+    end_quantiles: dict[str, float] | None = None
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ from scheduler.core.framework import CycleContext
 from scheduler.core.plugins.queue_sort import expected_runtime
 from scheduler.core.service_history import remaining_gpu_s
 from scheduler.core.state import GpuHold
-from scheduler.core.types import FinishedService, PendingJob, RunningJob
+from scheduler.core.types import PendingJob, RunningJob
 
 # A running job is expected to run on for at least this share of its history-based estimate
 # (see running_end). Without it a job that started seconds ago counts as ending in a minute,
@@ -64,13 +64,17 @@ def running_end(job: RunningJob, now: float, default_runtime_s: float, min_share
 END_SPREAD = 0.5
 
 
-def expected_ends(
-    jobs: Sequence[RunningJob],
-    now: float,
-    default_runtime_s: float,
-    finished: FinishedService,
-    running: Sequence[RunningJob],
-) -> list[float]:
+def end_quantiles(ctx: CycleContext) -> dict[str, float]:
+    """The quantile of its remaining service at which each running job of the snapshot is
+    expected to end (see expected_ends), computed once per cycle."""
+    if ctx.end_quantiles is None:
+        order = sorted(ctx.snapshot.running, key=lambda job: (zlib.crc32(job.id.encode()), job.id))
+        low, step = 0.5 - END_SPREAD / 2, END_SPREAD / max(len(order), 1)
+        ctx.end_quantiles = {job.id: low + step * (rank + 0.5) for rank, job in enumerate(order)}
+    return ctx.end_quantiles
+
+
+def expected_ends(jobs: Sequence[RunningJob], ctx: CycleContext, default_runtime_s: float) -> list[float]:
     """When each of `jobs` is expected to release its GPUs, as the estimated starts, the
     backfill reservation and the migration plugin all count it: at its time limit if it has
     one; otherwise at a quantile of what finished jobs of its VC, user and width (else coarser
@@ -78,20 +82,21 @@ def expected_ends(
     `running_end` guesses.
 
     The quantiles are spread evenly over the middle `END_SPREAD` of the distribution, in an
-    order that says nothing about a job's service (a checksum of its id) among all `running`
+    order that says nothing about a job's service (a checksum of its id) among all running
     jobs of the snapshot, so a job ends at the same time whichever part of them a caller
     asks about. What a waiting job needs is the time of the k-th release, not each job's most
     likely end: with every job at its median, n jobs alike would release all their GPUs at
     one time. Spread over all quantiles the releases by any time would number their expected
     count if jobs ended independently, but jobs alike often end together (a sweep's jobs), so
     the spread is narrowed around the median."""
-    order = sorted(running, key=lambda job: (zlib.crc32(job.id.encode()), job.id))
-    low, step = 0.5 - END_SPREAD / 2, END_SPREAD / max(len(order), 1)
-    quantile_of = {job.id: low + step * (rank + 0.5) for rank, job in enumerate(order)}
+    now, finished = ctx.now, ctx.snapshot.finished
+    quantile_of: dict[str, float] | None = None  # only jobs without a time limit need it
     ends = []
     for job in jobs:
         rest = None
         if job.time_limit_s is None:
+            if quantile_of is None:
+                quantile_of = end_quantiles(ctx)
             quantile = quantile_of.get(job.id, 0.5)
             rest = remaining_gpu_s(
                 finished, job.gpus, job.attained_gpu_s, job.vc, job.user, quantile=quantile
@@ -121,8 +126,7 @@ class BackfillReservation:
             if gpus:
                 holding.append((running, gpus))
         jobs = [running for running, _ in holding]
-        snapshot = ctx.snapshot
-        ends = expected_ends(jobs, ctx.now, self.default_runtime_s, snapshot.finished, snapshot.running)
+        ends = expected_ends(jobs, ctx, self.default_runtime_s)
         releases = [(end, gpus) for end, (_, gpus) in zip(ends, holding, strict=True)]
         releases.sort()
         at = ctx.now

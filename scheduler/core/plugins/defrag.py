@@ -189,11 +189,8 @@ class Defragment:
         """Each running job's expected end (stopping ones left out), once per snapshot: every
         blocked job's gain asks for them."""
         if self._ends_of is not ctx.snapshot:
-            snapshot = ctx.snapshot
-            going_on = [job for job in snapshot.running if not job.stopping]
-            ends = expected_ends(
-                going_on, ctx.now, self.default_runtime_s, snapshot.finished, snapshot.running
-            )
+            going_on = [job for job in ctx.snapshot.running if not job.stopping]
+            ends = expected_ends(going_on, ctx, self.default_runtime_s)
             self._job_end_by_id = {job.id: end for job, end in zip(going_on, ends, strict=True)}
             self._ends_of = ctx.snapshot
         return self._job_end_by_id
