@@ -1,6 +1,6 @@
-"""GPUs freed for a job go to that job: the store offers a job first in line when the last cycle
-told it to wait for its victims, or when a migration moved it, and the cycle places it before
-jobs ahead of it in the queue."""
+"""GPUs freed for a job go to that job: the store marks a job first in line when the last cycle
+told it to wait for its victims, and moved when a migration stopped it, and the cycle places
+either before jobs ahead of it in the queue."""
 
 from __future__ import annotations
 
