@@ -28,9 +28,6 @@ from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob
 # The horizon key of the kinds past `estimate_max_kinds`: running jobs release at their end only.
 _ENDS_ONLY: tuple[tuple[float, ...], ...] = ((),)
 
-# A quota row not looked up yet (None is an answer: no quota covers it).
-_UNASKED: tuple[int, int, int] = (-1, -1, -1)
-
 
 def estimate_starts(
     ctx: CycleContext,
@@ -110,16 +107,24 @@ def estimate_starts(
     # The working state does not change during the estimate: read its per-model figures and
     # quota rows once instead of once per job.
     capacity = state.capacity_total
-    max_node = {model: state.max_node_gpus(model) for model in state.buckets}
-    quotas: dict[tuple[str, str], tuple[int, int, int] | None] = {}
-    # Bookings are appended to their VC's list and the list is sorted only when read (a job
-    # held back by its quota, a probe): most bookings are never read back.
-    unsorted_vcs: set[str] = set()
+    # Per model: (GPUs in all, most on one node); a model not listed has none.
+    sizes = {model: (gpus, state.max_node_gpus(model)) for model, gpus in capacity.items()}
+    # Per (VC, model): guarantee plus borrow limit, or None where no quota covers it.
+    limits: dict[tuple[str, str], int | None] = {}
+    # Bookings of VCs with a quota, (VC, end, GPUs), go to their VC's list only when one is
+    # read (a job held back by its quota, a probe): most bookings are never read back.
+    unfiled: list[tuple[str, float, int]] = []
 
     def sort_booked() -> None:
-        for vc in unsorted_vcs:
+        if not unfiled:
+            return
+        touched = set()
+        for vc, at, gpus in unfiled:
+            vc_booked[vc].append((at, gpus))
+            touched.add(vc)
+        unfiled.clear()
+        for vc in touched:
             vc_booked[vc].sort()
-        unsorted_vcs.clear()
 
     # When each running job would yield to a kind of job (horizon key), before the VC rule:
     # the queue is sorted by more than the horizon key, so the same kind comes back after
@@ -148,13 +153,12 @@ def estimate_starts(
     )
     heappush, heappop = heapq.heappush, heapq.heappop
     max_kinds = settings.estimate_max_kinds
-    for position, job in enumerate(queue):
+    for job, key in zip(queue, horizon_keys, strict=True):
         job_id = job.id
         if settled and job_id in settled:
             if job_id not in started:
                 estimates[job_id] = waiting[job_id][0]
             continue
-        key = horizon_keys[position]
         if key is not segment and key not in yields_by_key and len(yields_by_key) >= max_kinds:
             key = _ENDS_ONLY
         if not all_gone and key is not segment and key != segment:
@@ -224,7 +228,8 @@ def estimate_starts(
             model = any_model.get(need, ANY_MODEL)
             if model == ANY_MODEL:
                 model = any_model[need] = _pick_model(job, capacity)
-        if model is None or capacity.get(model, 0) < need or max_node.get(model, 0) < per_replica:
+        size = sizes.get(model) if model is not None else None
+        if size is None or size[0] < need or size[1] < per_replica:
             estimates[job_id] = None
             continue
         have = free[model]
@@ -255,11 +260,11 @@ def estimate_starts(
         start = cursor
         vc = job.vc
         quota_key = (vc, asked if asked != ANY_MODEL else model)
-        quota = quotas.get(quota_key, _UNASKED)
-        if quota is _UNASKED:
-            quota = quotas[quota_key] = state.quota_for(*quota_key)
-        if quota is not None:
-            limit = quota[0] + quota[1]
+        limit = limits.get(quota_key, -1)
+        if limit == -1:
+            quota = state.quota_for(*quota_key)
+            limit = limits[quota_key] = None if quota is None else quota[0] + quota[1]
+        if limit is not None:
             if need > limit:
                 estimates[job_id] = None
                 continue
@@ -283,9 +288,8 @@ def estimate_starts(
             vc_used[vc] += need
         seq += 1
         heappush(booked, (end, seq, model, need, vc))
-        if quota is not None:
-            vc_booked[vc].append((end, need))
-            unsorted_vcs.add(vc)
+        if limit is not None:
+            unfiled.append((vc, end, need))
     return estimates
 
 
