@@ -29,7 +29,7 @@ import dataclasses
 import gc
 import heapq
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from scheduler.core.estimate import estimate_starts
@@ -147,9 +147,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     queue = order_queue(snapshot.pending, plugins, ctx, profile)
     # 4.-6. Admission, placement, preemption, reservation.
     run = _CycleRun(ctx, plugins, profile, holds)
-    consider = run.consider
-    for job in queue:
-        consider(job)
+    run.consider_all(queue)
     # 6b. Time-slicing: waiting jobs take turns on the GPUs of their VC's jobs whose quantum is up.
     suspends = run.rotate(queue)
     # 7. Post-cycle hooks.
@@ -317,6 +315,10 @@ def _sort_keys(
     return [sorter.sort_key(job, ctx) for job in jobs]
 
 
+# What decides whether a blocked job's outcome holds for a later job (see consider_all).
+_OUTCOME_KEY = attrgetter("gpu_model", "vc", "user", "gpus_per_replica", "replicas", "priority")
+
+
 class _CycleRun:
     """Mutable bookkeeping of one cycle. Lives only inside `decide`."""
 
@@ -353,7 +355,7 @@ class _CycleRun:
         # Blocked jobs' outcomes, by what decides them when the job was turned away before
         # any node was looked at (by _never_fits, admission or _quick_fit), with the state
         # version they hold for. Only without backfill, whose gate has side effects.
-        self._outcomes: dict[tuple[str, str, str, int, int, int], tuple[int, Status]] = {}
+        self._outcomes: dict[tuple[Any, ...], tuple[int, Status]] = {}
         self._reuse_outcomes = plugins.backfill is None
         self._disjoint: bool | None = None  # see _holds_disjoint
         # Fixed for the cycle: the bucket lists never grow, the usable capacity never changes.
@@ -370,24 +372,39 @@ class _CycleRun:
             and self.preemption_attempts < self.settings.max_preemption_attempts
         )
 
-    def consider(self, job: PendingJob) -> None:
+    def consider_all(self, queue: Sequence[PendingJob]) -> None:
+        """Steps 4-6 for each job in queue order.
+
+        Most of a long queue is turned away for the same reason as a job just before it with
+        the same request, while nothing changed: that outcome is reused, in this loop rather
+        than in a call per job, which would cost more than the lookup. Fractional jobs are
+        left out (their quota use depends on the shares already held). Only outcomes that may
+        not preempt are kept, and none of them may later in the cycle (the preemption attempts
+        only grow), so a kept one needs no second check."""
+        consider = self._consider
+        if not self._reuse_outcomes:
+            for job in queue:
+                consider(job, None)
+            return
+        outcomes, reasons, state = self._outcomes, self.reasons, self.state
+        for job in queue:
+            if job.gpu_share_milli:
+                consider(job, None)
+                continue
+            outcome_key = _OUTCOME_KEY(job)
+            known = outcomes.get(outcome_key)
+            if known is not None and known[0] == state.version:
+                reasons[job.id] = known[1]
+            else:
+                consider(job, outcome_key)
+
+    def _consider(self, job: PendingJob, outcome_key: tuple[Any, ...] | None) -> None:
+        """Steps 4-6 for one job; its outcome is kept under `outcome_key` when it may be reused."""
         if job.replicas <= 0 or job.gpus_per_replica <= 0:
             self.reasons[job.id] = Status(
                 Code.UNRESOLVABLE, ReasonCode.NO_MATCHING_GPU, "requests no GPUs; nothing to place"
             )
             return
-        # Most of a long queue is turned away for the same reason as a job just before it
-        # with the same request, while nothing changed: reuse that outcome. Fractional jobs
-        # are left out (their quota use depends on the shares already held). Only outcomes
-        # that may not preempt are kept, and none of them may later in the cycle (the
-        # preemption attempts only grow), so a kept one needs no second check.
-        outcome_key = None
-        if self._reuse_outcomes and not job.gpu_share_milli:
-            outcome_key = (job.gpu_model, job.vc, job.user, job.gpus_per_replica, job.replicas, job.priority)
-            known = self._outcomes.get(outcome_key)
-            if known is not None and known[0] == self.state.version:
-                self.reasons[job.id] = known[1]
-                return
         looked_at_nodes = False
         models = [job.gpu_model] if job.gpu_model != ANY_MODEL else self.state.models
         if not models:
@@ -544,7 +561,7 @@ class _CycleRun:
         return propose(trials, self.state.models, self.ctx.snapshot.flavors, self.ctx.now, self.fits_now)
 
     def fits_now(self, job: PendingJob) -> bool:
-        """Would `job` start in what this cycle left free? The checks of `consider`, through a
+        """Would `job` start in what this cycle left free? The checks of `_consider`, through a
         statement that is always discarded, so nothing of the trial stays in the state."""
         if job.replicas <= 0 or job.gpus_per_replica <= 0:
             return False
