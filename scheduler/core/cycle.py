@@ -46,7 +46,7 @@ from scheduler.core.plugins.admission import model_label
 from scheduler.core.plugins.sharing import WHOLE, ShareCandidate
 from scheduler.core.profile import PluginSet, Profile
 from scheduler.core.registry import build_plugin
-from scheduler.core.state import ClusterState, GpuHold, build_state, whole_gpus
+from scheduler.core.state import ClusterState, GpuHold, NodeSlot, build_state, whole_gpus
 from scheduler.core.statement import Statement
 from scheduler.core.types import (
     ALL_MODELS,
@@ -315,6 +315,9 @@ def _sort_keys(
     return [sorter.sort_key(job, ctx) for job in jobs]
 
 
+# A node not assessed yet for a request (None is an answer: no GPUs chosen there).
+_UNASKED = object()
+
 # What decides whether a blocked job's outcome holds for a later job (see consider_all).
 _OUTCOME_KEY = attrgetter("gpu_model", "vc", "user", "gpus_per_replica", "replicas", "priority")
 
@@ -358,6 +361,13 @@ class _CycleRun:
         self._outcomes: dict[tuple[Any, ...], tuple[int, Status]] = {}
         self._reuse_outcomes = plugins.backfill is None
         self._disjoint: bool | None = None  # see _holds_disjoint
+        # What a node offers a first replica, by (node, its changes, model, GPUs, CPU and memory
+        # per replica): a filter's refusal, None (no GPUs chosen), or (score, GPUs). Only when
+        # every filter and score plugin is node-local (see FilterPlugin).
+        plugins_asked = [*plugins.filter, *(plugin for plugin, _ in plugins.score)]
+        self._node_answers: dict[tuple[int, int, str, int, int, int], Any] | None = (
+            {} if all(getattr(p, "node_local", False) for p in plugins_asked) else None
+        )
         # Fixed for the cycle: the bucket lists never grow, the usable capacity never changes.
         self._max_node_gpus = {model: self.state.max_node_gpus(model) for model in self.state.buckets}
 
@@ -717,28 +727,30 @@ class _CycleRun:
         self._placement_score = 0.0
         limit = self.settings.max_candidates * (4 if replicas > 1 else 1)
         first_fit = any_fit and replicas == 1
+        answers = None if first_fit else self._node_answers
+        shape = (model, per_replica, job.cpu_milli_per_replica, job.memory_mib_per_replica)
         for _ in range(replicas):
             best: tuple[float, int, tuple[int, ...]] | None = None
             filter_failure: Status | None = None
             feasible = 0
             for idx in self._candidates(model, per_replica, placed):
                 slot = state.nodes[idx]
-                rejected = None
-                for plugin in self.plugins.filter:
-                    status = plugin.filter(job, slot, model, self.ctx)
-                    if not status.ok:
-                        rejected = status
-                        break
-                if rejected is not None:
-                    filter_failure = rejected
+                if answers is not None and not placed:
+                    key = (idx, slot.changes, *shape)
+                    answer = answers.get(key, _UNASKED)
+                    if answer is _UNASKED:
+                        answer = answers[key] = self._assess(job, slot, model, placed, first_fit)
+                else:
+                    answer = self._assess(job, slot, model, placed, first_fit)
+                if answer is None:
                     continue
-                gpus = self.plugins.gpu_chooser.choose(slot.free[model], slot, per_replica)
-                if gpus is None:
+                if isinstance(answer, Status):
+                    filter_failure = answer
                     continue
+                score, gpus = answer
                 if first_fit:
                     best = (0.0, idx, gpus)
                     break
-                score = sum([w * p.score(slot, model, gpus, placed, self.ctx) for p, w in self.plugins.score])
                 if best is None or score > best[0]:
                     best = (score, idx, gpus)
                 feasible += 1
@@ -762,6 +774,22 @@ class _CycleRun:
             placed.append(hold)
             self._placement_score += best[0]
         return SUCCESS
+
+    def _assess(
+        self, job: PendingJob, slot: NodeSlot, model: str, placed: list[GpuHold], first_fit: bool
+    ) -> Status | tuple[float, tuple[int, ...]] | None:
+        """What the node offers the job's next replica: the first filter's refusal, None when
+        the GPU chooser picks nothing there, else (score, GPUs); unscored with `first_fit`."""
+        for plugin in self.plugins.filter:
+            status = plugin.filter(job, slot, model, self.ctx)
+            if not status.ok:
+                return status
+        gpus = self.plugins.gpu_chooser.choose(slot.free[model], slot, job.gpus_per_replica)
+        if gpus is None:
+            return None
+        if first_fit:
+            return 0.0, gpus
+        return sum([w * p.score(slot, model, gpus, placed, self.ctx) for p, w in self.plugins.score]), gpus
 
     def _placeable(self, hold: GpuHold) -> bool:
         slot = self.state.nodes[hold.node_idx]

@@ -83,7 +83,14 @@ class AdmissionPlugin(Protocol):
 @runtime_checkable
 class FilterPlugin(Protocol):
     """Can one replica of the job go on this node? Called only for nodes that already have
-    enough free GPUs of the model, so it checks everything else (CPU, memory, topology)."""
+    enough free GPUs of the model, so it checks everything else (CPU, memory, topology).
+
+    A filter or score plugin may declare `node_local = True`: its answer for a job's first
+    replica depends only on the node's state (free GPUs, shares, CPU and memory), the model,
+    the GPUs chosen and the replica's GPUs, CPU and memory, never on anything else about the
+    job or the cluster. When every filter and score plugin of the profile says so, the cycle
+    reuses a node's answer for a request of the same shape until that node changes (most of
+    a long queue looks at the same few nodes)."""
 
     def filter(self, job: PendingJob, node: NodeSlot, model: str, ctx: CycleContext) -> Status: ...
 

@@ -86,6 +86,9 @@ class NodeSlot:
     memory_free: int | None
     shared: dict[int, SharedGpu] = field(default_factory=dict)  # GPU index -> its shares
     layout: NodeLayout = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    # Bumped by every take and give on this node: the cycle reuses what it worked out about
+    # a node (its placement answer for a request) until the node changes.
+    changes: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.layout is None:
@@ -210,6 +213,7 @@ class ClusterState:
         slot = self.nodes[hold.node_idx]
         index = hold.gpu_indices[0]
         self.version += 1
+        slot.changes += 1
         entry = slot.shared.get(index)
         if entry is None:
             free = slot.free.setdefault(hold.model, set())
@@ -234,6 +238,7 @@ class ClusterState:
         slot = self.nodes[hold.node_idx]
         index = hold.gpu_indices[0]
         self.version += 1
+        slot.changes += 1
         entry = slot.shared[index]
         entry.used_milli -= hold.share_milli
         entry.memory_mib -= hold.gpu_memory_mib
@@ -289,6 +294,7 @@ class ClusterState:
         slot = self.nodes[hold.node_idx]
         free = slot.free.setdefault(hold.model, set())
         self.version += 1
+        slot.changes += 1
         present = [i for i in hold.gpu_indices if i in free]
         if slot.usable:
             self._move_bucket(hold.model, hold.node_idx, len(free), len(free) - len(present))
@@ -307,6 +313,7 @@ class ClusterState:
         slot = self.nodes[hold.node_idx]
         free = slot.free.setdefault(hold.model, set())
         self.version += 1
+        slot.changes += 1
         returned = [i for i in hold.gpu_indices if i in slot.gpus and slot.gpus[i].healthy]
         if slot.usable:
             self._move_bucket(hold.model, hold.node_idx, len(free), len(free) + len(returned))

@@ -1,14 +1,14 @@
 """The cycle's shortcuts give the same answers as the long way round.
 
 A long queue is decided fast because the cycle reuses answers: a blocked job's outcome for
-later jobs with the same request while the state is unchanged, GPU choices and scores per
-node layout and free GPUs, queue keys and preemption horizons computed for the whole queue
-at once, a preemption search that takes one victim back per trial and asks only whether a
-single replica fits (first feasible node, unscored), sort keys concatenated column by
-column, pending statuses written through their slots, a queue already in arrival order not
-sorted again, shared key tuples, and the estimate's releases ordered by sorting positions by
-time. Each is checked here against the plain computation, including a state that changes in
-the middle of the walk.
+later jobs with the same request while the state is unchanged, what a node offers a request
+of one shape until that node changes, GPU choices and scores per node layout and free GPUs,
+queue keys and preemption horizons computed for the whole queue at once, a preemption search
+that takes one victim back per trial and asks only whether a single replica fits (first
+feasible node, unscored), sort keys concatenated column by column, pending statuses written
+through their slots, a queue already in arrival order not sorted again, shared key tuples,
+and the estimate's releases ordered by sorting positions by time. Each is checked here
+against the plain computation, including a state that changes in the middle of the walk.
 """
 
 from __future__ import annotations
@@ -272,16 +272,18 @@ def test_remembered_fgd_scores_equal_the_gradient_computed_anew() -> None:
 def decide_the_long_way(
     snapshot: Snapshot, profile_: Profile, now: float, monkeypatch: pytest.MonkeyPatch
 ) -> Plan:
-    """decide() with outcome reuse off, the preemption search releasing all victims anew and
-    placing every trial in full (scored), sort keys added up job by job, pending statuses
-    built by their constructor, the queue sorted by arrival every time, and the estimate's
-    running releases sorted as (time, position, job) tuples at each change of horizon key."""
+    """decide() with outcome reuse off, every node assessed anew for every job, the
+    preemption search releasing all victims anew and placing every trial in full (scored),
+    sort keys added up job by job, pending statuses built by their constructor, the queue
+    sorted by arrival every time, and the estimate's running releases sorted as (time,
+    position, job) tuples at each change of horizon key."""
     original_init = cycle_module._CycleRun.__init__
     original_place = cycle_module._CycleRun._place
 
     def init(self: cycle_module._CycleRun, *args: object) -> None:
         original_init(self, *args)  # type: ignore[arg-type]
         self._reuse_outcomes = False
+        self._node_answers = None
 
     def place(
         self: cycle_module._CycleRun, job: PendingJob, model: str, statement: object, any_fit: bool = False
@@ -461,3 +463,21 @@ def test_a_blocked_outcome_is_not_reused_after_a_start_changes_the_free_gpus() -
     messages = {status.job_id: status.message for status in plan.pending}
     assert "3 of 8 free" in messages["big-1"]
     assert "2 of 8 free" in messages["big-2"]
+
+
+def test_a_node_s_answer_is_not_reused_once_a_job_lands_on_it() -> None:
+    """Jobs of one shape look at the same node in turn: each must see the GPUs the one before
+    took, so the answers the cycle keeps per node are dropped when the node changes."""
+    snapshot = (
+        Snap()
+        .node("n0", gpus_=8)
+        .pending("a", gpus_=2, submitted_at=1.0)
+        .pending("b", gpus_=2, submitted_at=2.0)
+        .pending("c", gpus_=2, submitted_at=3.0)
+        .pending("d", gpus_=2, submitted_at=4.0)
+        .build()
+    )
+    plan = decide(snapshot, load_profile("default"), NOW)
+    assert len(plan.starts) == 4
+    taken = [i for start in plan.starts for replica in start.placement for i in replica.gpu_indices]
+    assert sorted(taken) == list(range(8))

@@ -27,6 +27,7 @@ def node_resources_fit(job: PendingJob, node: NodeSlot) -> bool:
 
 class NodeResources:
     name = "node_resources"
+    node_local = True  # see FilterPlugin / ScorePlugin
 
     def __init__(self, args: Mapping[str, Any]) -> None:
         pass
@@ -184,6 +185,7 @@ class BinPack:
     """Prefer the node that is fullest after placement: keeps whole nodes free for gangs."""
 
     name = "binpack"
+    node_local = True  # see FilterPlugin / ScorePlugin
 
     def __init__(self, args: Mapping[str, Any]) -> None:
         pass
@@ -200,6 +202,7 @@ class Spread:
     """Prefer the emptiest node: fewer co-located jobs, less interference."""
 
     name = "spread"
+    node_local = True  # see FilterPlugin / ScorePlugin
 
     def __init__(self, args: Mapping[str, Any]) -> None:
         pass
@@ -218,6 +221,7 @@ class TopologyAffinity:
     across racks)."""
 
     name = "topology"
+    node_local = True  # for a first replica; gangs' later replicas are never reused
     _INTRA = {SAME_NVLINK: 100.0, SAME_PCIE_SWITCH: 75.0, SAME_NUMA: 60.0, SAME_NODE: 50.0}
 
     def __init__(self, args: Mapping[str, Any]) -> None:
@@ -247,6 +251,7 @@ class BuddyCells:
     the placement: 100 when the replica goes into an already split block."""
 
     name = "buddy_cells"
+    node_local = True  # see FilterPlugin / ScorePlugin
 
     def __init__(self, args: Mapping[str, Any]) -> None:
         self._memo: dict[tuple[NodeLayout, str, frozenset[int], tuple[int, ...]], float] = {}

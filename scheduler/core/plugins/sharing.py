@@ -49,6 +49,7 @@ class BestFitShare:
     room left after it. Args: `cpu_weight` (default 0.5; 0 = GPUs only)."""
 
     name = "best_fit_share"
+    node_local = True  # see ScorePlugin
 
     def __init__(self, args: Mapping[str, Any]) -> None:
         self.cpu_weight = float(args.get("cpu_weight", 0.5))
@@ -116,6 +117,7 @@ class FragmentationGradient:
       paper's normalisation (50 = fragmentation unchanged)."""
 
     name = "fgd"
+    node_local = True  # see ScorePlugin
 
     def __init__(self, args: Mapping[str, Any]) -> None:
         self.popularity = float(args.get("popularity", 0.95))
