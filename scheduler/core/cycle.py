@@ -144,7 +144,8 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
         if prepare is not None:
             prepare(ctx)
     # 3. Queue order.
-    queue = order_queue(snapshot.pending, plugins, ctx, profile)
+    positions = queue_positions(snapshot.pending, plugins, ctx, profile)
+    queue = [snapshot.pending[i] for i in positions]
     # 4.-6. Admission, placement, preemption, reservation.
     run = _CycleRun(ctx, plugins, profile, holds)
     run.consider_all(queue)
@@ -169,6 +170,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
             run.released,
             horizons,
             probes=proposals.probes,
+            positions=positions,
         )
         hints = choose(proposals, estimates, now)
     return Plan(
@@ -254,15 +256,27 @@ def borrowed_by_job(
 def order_queue(
     pending: Sequence[PendingJob], plugins: PluginSet, ctx: CycleContext, profile: Profile
 ) -> list[PendingJob]:
-    def ordered(jobs: Sequence[PendingJob], sorters: Sequence[QueueSortPlugin]) -> list[PendingJob]:
+    return [pending[i] for i in queue_positions(pending, plugins, ctx, profile)]
+
+
+def queue_positions(
+    pending: Sequence[PendingJob], plugins: PluginSet, ctx: CycleContext, profile: Profile
+) -> list[int]:
+    """The queue order as positions in `pending`: what stands first in the queue, then second,
+    and so on. The cycle keeps them so that work on every job that does not depend on the
+    order (the estimator's horizon keys) can run over `pending`, in the order the jobs were
+    made, which reads them from memory several times faster than in queue order."""
+
+    def ordered(positions: Sequence[int], sorters: Sequence[QueueSortPlugin]) -> list[int]:
         # One column of keys per plugin, then one concatenated tuple per job: cheaper than
         # building each job's key piece by piece when the queue is long.
+        jobs = pending if len(positions) == len(pending) else [pending[i] for i in positions]
         columns = [_sort_keys(sorter, jobs, ctx) for sorter in sorters]
         keys = _concatenated_keys(columns, jobs)
         order = sorted(range(len(jobs)), key=keys.__getitem__)
-        return [jobs[i] for i in order]
+        return order if isinstance(positions, range) else [positions[k] for k in order]
 
-    queue = ordered(pending, plugins.queue_sort)
+    order = ordered(range(len(pending)), plugins.queue_sort)
     for vc in ctx.snapshot.vcs:
         if not vc.queueing_policy:
             continue
@@ -274,17 +288,17 @@ def order_queue(
             sorter.prepare(ctx)
             plugins.by_name[vc.queueing_policy] = sorter
         assert isinstance(sorter, QueueSortPlugin)
-        positions = [i for i, job in enumerate(queue) if job.vc == vc.name]
-        own = ordered([queue[i] for i in positions], [sorter])
+        places = [k for k, i in enumerate(order) if pending[i].vc == vc.name]
+        own = ordered([order[k] for k in places], [sorter])
         # A VC's policy orders its jobs within a priority class, never across classes: a
         # production job preempts for its GPUs and must not lose them to the job it preempted.
-        own.sort(key=lambda job: -job.priority)
-        for i, job in zip(positions, own, strict=True):
-            queue[i] = job
-    if any(job.first_in_line or job.moved for job in queue):
+        own.sort(key=lambda i: -pending[i].priority)
+        for k, i in zip(places, own, strict=True):
+            order[k] = i
+    if any(job.first_in_line or job.moved for job in pending):
         # Jobs that GPUs were freed for go first, then moved jobs, each in the order above.
-        queue.sort(key=lambda job: 0 if job.first_in_line else 1 if job.moved else 2)
-    return queue
+        order.sort(key=lambda i: 0 if pending[i].first_in_line else 1 if pending[i].moved else 2)
+    return order
 
 
 def _concatenated_keys(

@@ -39,6 +39,7 @@ def estimate_starts(
     released: set[str] | None = None,
     horizons: Sequence[PreemptionHorizonPlugin] = (),
     probes: Mapping[str, Sequence[PendingJob]] | None = None,
+    positions: Sequence[int] | None = None,
 ) -> dict[str, float | None]:
     """Estimated start per pending job id (None when it cannot start on this cluster).
 
@@ -48,7 +49,11 @@ def estimate_starts(
 
     With preemption in the profile, a running job stops counting as an obstacle for a pending
     job from the moment the job could preempt it (`yields_at`), e.g. when a LAS victim's
-    service crosses into a lower queue."""
+    service crosses into a lower queue.
+
+    `positions`, when given, says where each job of `queue` stands in the snapshot's pending
+    list (queue_positions): the horizon keys are then worked out over that list, read in the
+    order the jobs were made, and put in queue order by position."""
     now, state = ctx.now, ctx.state
     default_s = settings.default_runtime_s
     released = released or set()
@@ -144,7 +149,14 @@ def estimate_starts(
     vc_passing: dict[str, list[tuple[float, int]]] | None = {}  # by VC, made when first read
     next_passing = passing_end = 0
     cursor = now
-    columns = [_horizon_keys(h, queue, ctx) for h in horizons]
+    if positions is not None:
+        pending = ctx.snapshot.pending
+        columns = [
+            list(map(keys.__getitem__, positions))
+            for keys in (_horizon_keys(h, pending, ctx) for h in horizons)
+        ]
+    else:
+        columns = [_horizon_keys(h, queue, ctx) for h in horizons]
     # One key object per kind (the walk then tells a job of the kind it is already on by
     # identity, without hashing or comparing its key).
     kinds: dict[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]] = {}
