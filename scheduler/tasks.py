@@ -44,10 +44,14 @@ def load_profile() -> core.Profile:
     return core.load_profile(settings.SCHEDULER_PROFILE)
 
 
-def run_cycle(profile: core.Profile | None = None, wait: bool = False) -> dict[str, Any] | None:
+def run_cycle(
+    profile: core.Profile | None = None, wait: bool = False, unless_paused: bool = False
+) -> dict[str, Any] | None:
     """One cycle: snapshot -> decide -> apply, in one transaction under the advisory lock.
 
     With wait, it queues behind a cycle that holds the lock; otherwise it returns None then.
+    With unless_paused, the pause is checked again once the lock is held: a cycle that queued
+    behind another before the loop was paused does not run after it.
     """
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -57,6 +61,8 @@ def run_cycle(profile: core.Profile | None = None, wait: bool = False) -> dict[s
                 cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [CYCLE_LOCK])
                 if not cursor.fetchone()[0]:
                     return None
+        if unless_paused and loop_paused():
+            return {"paused": True}
         now = time.time()
         started = time.perf_counter()
         loaded = load_snapshot(now)
@@ -72,4 +78,4 @@ def schedule_cycle() -> dict[str, Any] | None:
         return {"paused": True}
     # From here on a new request queues another cycle: this one may start too early to see it.
     get_redis().delete(QUEUED_KEY)
-    return run_cycle(wait=True)
+    return run_cycle(wait=True, unless_paused=True)

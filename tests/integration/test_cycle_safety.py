@@ -121,6 +121,40 @@ def test_a_worker_killed_mid_cycle_leaves_nothing_half_applied(ready_cluster_wit
     assert_invariants()
 
 
+def test_a_cycle_queued_behind_another_does_not_run_once_the_loop_is_paused(ready_cluster_with_jobs) -> None:  # type: ignore[no-untyped-def]
+    """A worker's cycle that passed the pause check and waits for the lock sees the pause once
+    it has the lock: pausing for maintenance stops cycles already queued, not only new ones."""
+    from scheduler.tasks import CYCLE_LOCK, schedule_cycle, set_loop_paused
+
+    set_loop_paused(False)
+    results: list[Any] = []
+
+    def worker() -> None:
+        try:
+            results.append(schedule_cycle())
+        finally:
+            connection.close()
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [CYCLE_LOCK])  # a cycle in progress
+        thread = threading.Thread(target=worker)
+        thread.start()
+        waiting = 0
+        for _ in range(400):
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            waiting = cursor.fetchone()[0]
+            if waiting:
+                break
+            time.sleep(0.05)
+        assert waiting == 1, "the worker's cycle should be waiting for the lock"
+        set_loop_paused(True)
+        cursor.execute("SELECT pg_advisory_unlock(%s)", [CYCLE_LOCK])
+    thread.join(timeout=60)
+    assert results == [{"paused": True}]
+    assert Job.objects.filter(state="pending").count() == 6
+    assert not Allocation.objects.exists()
+
+
 def test_a_paused_loop_starts_nothing(ready_cluster_with_jobs, capsys) -> None:  # type: ignore[no-untyped-def]
     from scheduler.tasks import schedule_cycle
 
