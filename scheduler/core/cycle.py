@@ -270,11 +270,12 @@ def queue_positions(
     def ordered(positions: Sequence[int], sorters: Sequence[QueueSortPlugin]) -> list[int]:
         # One column of keys per plugin, then one concatenated tuple per job: cheaper than
         # building each job's key piece by piece when the queue is long.
-        jobs = pending if len(positions) == len(pending) else [pending[i] for i in positions]
+        whole = isinstance(positions, range)  # all of `pending`, in its own order
+        jobs = pending if whole else [pending[i] for i in positions]
         columns = [_sort_keys(sorter, jobs, ctx) for sorter in sorters]
         keys = _concatenated_keys(columns, jobs)
         order = sorted(range(len(jobs)), key=keys.__getitem__)
-        return order if isinstance(positions, range) else [positions[k] for k in order]
+        return order if whole else [positions[k] for k in order]
 
     order = ordered(range(len(pending)), plugins.queue_sort)
     for vc in ctx.snapshot.vcs:

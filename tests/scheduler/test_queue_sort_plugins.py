@@ -126,6 +126,21 @@ def test_vc_queueing_policy_reorders_only_inside_its_own_slots() -> None:
     assert queue_ids(snap, queue_sort=["fifo"]) == ["s-short", "f-1", "s-long", "f-2"]
 
 
+def test_a_vc_policy_over_the_whole_queue_orders_the_jobs_in_queue_order() -> None:
+    """Every pending job is the VC's, and the profile's order differs from the snapshot's: the
+    VC's policy must rank the jobs standing in the queue, not the snapshot's list."""
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .vc("sef-team", 8, queueing_policy="sef")
+        .pending("a", vc="sef-team", submitted_at=1, estimated_runtime_s=300)
+        .pending("b", vc="sef-team", submitted_at=2, estimated_runtime_s=100)
+        .pending("c", vc="sef-team", submitted_at=3, estimated_runtime_s=200, priority=100)
+    )
+    # Priority first (c); inside a class shortest expected first (b before a).
+    assert queue_ids(snap, queue_sort=["priority", "fifo"]) == ["c", "b", "a"]
+
+
 def test_las_asks_for_a_cycle_when_a_running_job_crosses_a_threshold() -> None:
     snap = (
         Snap()
