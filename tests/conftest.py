@@ -330,25 +330,12 @@ def start_agent(live_stack: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
-def paused_loop(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+def paused_loop() -> Iterator[None]:
     """For tests that drive scheduling cycles by hand: the live stack's worker and beat (started
-    by another test of the session, on the same database) must not run cycles of their own.
-    A cycle of theirs that is running when the loop is paused is waited for: it holds the
-    cycle lock, and a cycle the test runs without waiting would find the lock taken and do
-    nothing. (One that queued behind it sees the pause once it has the lock.)"""
-    from django.db import connection
-
-    from scheduler.tasks import CYCLE_LOCK, set_loop_paused
+    by another test of the session, on the same database) must not run cycles of their own."""
+    from scheduler.tasks import set_loop_paused
 
     set_loop_paused(True)
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            cursor.execute("SELECT pg_try_advisory_lock(%s)", [CYCLE_LOCK])
-            if cursor.fetchone()[0]:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [CYCLE_LOCK])
-                break
-            time.sleep(0.05)
     yield  # and it stays paused: see background_only_in_live_tests
 
 

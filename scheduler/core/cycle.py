@@ -253,12 +253,6 @@ def borrowed_by_job(
     return borrowed
 
 
-def order_queue(
-    pending: Sequence[PendingJob], plugins: PluginSet, ctx: CycleContext, profile: Profile
-) -> list[PendingJob]:
-    return [pending[i] for i in queue_positions(pending, plugins, ctx, profile)]
-
-
 def queue_positions(
     pending: Sequence[PendingJob], plugins: PluginSet, ctx: CycleContext, profile: Profile
 ) -> list[int]:

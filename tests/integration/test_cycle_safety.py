@@ -20,7 +20,7 @@ from portal.jobs.models import Allocation, Job, JobAttempt
 from scheduler import core
 from scheduler.store import apply_plan, load_snapshot
 from scheduler.tasks import load_profile, run_cycle
-from tests.conftest import database_url_of_tests
+from tests.conftest import database_url_of_tests, wait_for
 from tests.integration.invariants import assert_invariants
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -139,14 +139,12 @@ def test_a_cycle_queued_behind_another_does_not_run_once_the_loop_is_paused(read
         cursor.execute("SELECT pg_advisory_lock(%s)", [CYCLE_LOCK])  # a cycle in progress
         thread = threading.Thread(target=worker)
         thread.start()
-        waiting = 0
-        for _ in range(400):
+
+        def waiting_for_the_lock() -> int:
             cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-            waiting = cursor.fetchone()[0]
-            if waiting:
-                break
-            time.sleep(0.05)
-        assert waiting == 1, "the worker's cycle should be waiting for the lock"
+            return int(cursor.fetchone()[0])
+
+        assert wait_for(waiting_for_the_lock, 20, "the worker's cycle to wait for the lock") == 1
         set_loop_paused(True)
         cursor.execute("SELECT pg_advisory_unlock(%s)", [CYCLE_LOCK])
     thread.join(timeout=60)

@@ -6,7 +6,7 @@ import pytest
 from sched_builders import Snap, profile
 
 from scheduler.core import decide
-from scheduler.core.cycle import order_queue
+from scheduler.core.cycle import queue_positions
 from scheduler.core.framework import CycleContext
 from scheduler.core.state import build_state
 
@@ -21,7 +21,7 @@ def queue_ids(snap: Snap, now: float = 1000.0, **plugins: object) -> list[str]:
         prepare = getattr(plugin, "prepare", None)
         if prepare:
             prepare(ctx)
-    return [j.id for j in order_queue(snapshot.pending, built, ctx, p)]
+    return [snapshot.pending[i].id for i in queue_positions(snapshot.pending, built, ctx, p)]
 
 
 CASES = [
