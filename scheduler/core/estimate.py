@@ -189,6 +189,8 @@ def estimate_starts(
                         yields_by_key[key] = yields
                 vc = job.vc
                 # Only work of the job's own VC and borrowed work yield to it before their end.
+                # The VC is the first job's of this run of one kind: later jobs of the run from
+                # another VC share its releases (an approximation, see docs/scheduler.md).
                 ats = [
                     at if at == end or r.vc == vc or lends else end
                     for at, (r, end), lends in zip(yields, running, borrowing, strict=True)
