@@ -345,9 +345,21 @@ def start_demo_cluster(
     manage(env, "migrate", "--no-input", "-v", "0")
     manage(env, "seed_demo", "--agent-token-dir", str(run_dir / "agents"))
     supervisor = Supervisor(env, quiet=quiet)
-    supervisor.start(
-        "web",
-        [
+    commands = portal_commands(host, port, f"worker-{port}", run_dir / "celerybeat-schedule")
+    for name, cmd in commands.items():
+        supervisor.start(name, cmd)
+    for name, cmd in demo_agent_commands(port, run_dir):
+        supervisor.start(name, cmd)
+    wait_until(lambda: port_open(port), 30, "the web server")
+    return supervisor
+
+
+def portal_commands(host: str, port: int, worker_name: str, beat_schedule: Path) -> dict[str, list[str]]:
+    """The portal's own processes: the ASGI web server (websockets included), a Celery worker
+    named `worker_name` on this host, and Celery beat keeping its schedule in `beat_schedule`.
+    `make up`, the live tests and the fault tests start the same three."""
+    return {
+        "web": [
             str(VENV_BIN / "uvicorn"),
             "portal.asgi:application",
             "--host",
@@ -357,10 +369,7 @@ def start_demo_cluster(
             "--lifespan",
             "off",
         ],
-    )
-    supervisor.start(
-        "worker",
-        [
+        "worker": [
             str(VENV_BIN / "celery"),
             "-A",
             "portal",
@@ -370,26 +379,10 @@ def start_demo_cluster(
             "--concurrency",
             "2",
             "-n",
-            f"worker-{port}@%h",
+            f"{worker_name}@%h",
         ],
-    )
-    supervisor.start(
-        "beat",
-        [
-            str(VENV_BIN / "celery"),
-            "-A",
-            "portal",
-            "beat",
-            "-l",
-            "info",
-            "-s",
-            str(run_dir / "celerybeat-schedule"),
-        ],
-    )
-    for name, cmd in demo_agent_commands(port, run_dir):
-        supervisor.start(name, cmd)
-    wait_until(lambda: port_open(port), 30, "the web server")
-    return supervisor
+        "beat": [str(VENV_BIN / "celery"), "-A", "portal", "beat", "-l", "info", "-s", str(beat_schedule)],
+    }
 
 
 def demo_agent_commands(port: int, run_dir: Path) -> list[tuple[str, list[str]]]:

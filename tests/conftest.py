@@ -155,40 +155,9 @@ def live_stack(
         # The default profile plus time-slicing (6 s turns, so tests see them) and migration.
         "SCHEDULER_PROFILE": str(REPO / "tests" / "testdata" / "live-profile.json"),
     }
-    commands = {
-        "web": [
-            str(VENV_BIN / "uvicorn"),
-            "portal.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--lifespan",
-            "off",
-        ],
-        "worker": [
-            str(VENV_BIN / "celery"),
-            "-A",
-            "portal",
-            "worker",
-            "-l",
-            "info",
-            "--concurrency",
-            "2",
-            "-n",
-            f"test-{port}@%h",
-        ],
-        "beat": [
-            str(VENV_BIN / "celery"),
-            "-A",
-            "portal",
-            "beat",
-            "-l",
-            "info",
-            "-s",
-            str(logs / "beat-schedule"),
-        ],
-    }
+    from portal.devstack import portal_commands
+
+    commands = portal_commands("127.0.0.1", port, f"test-{port}", logs / "beat-schedule")
     from scheduler.tasks import set_loop_paused
 
     set_loop_paused(True)  # until a live test runs (background_only_in_live_tests)

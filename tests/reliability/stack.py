@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from portal.devstack import Services, pg_os_user, postgres_bin, start_redis
-from tests.conftest import REPO, VENV_BIN, free_port, wait_for
+from portal.devstack import Services, pg_os_user, portal_commands, postgres_bin, start_redis
+from tests.conftest import REPO, free_port, wait_for
 
 PROCESSES = ("web", "worker", "beat")
 
@@ -43,40 +43,10 @@ class PortalStack:
         self._celery: Any = None
 
     def command(self, name: str) -> list[str]:
-        if name == "web":
-            return [
-                str(VENV_BIN / "uvicorn"),
-                "portal.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--lifespan",
-                "off",
-            ]
-        if name == "worker":
-            return [
-                str(VENV_BIN / "celery"),
-                "-A",
-                "portal",
-                "worker",
-                "-l",
-                "info",
-                "--concurrency",
-                "2",
-                "-n",
-                f"faults-{self.port}@%h",
-            ]
-        return [
-            str(VENV_BIN / "celery"),
-            "-A",
-            "portal",
-            "beat",
-            "-l",
-            "info",
-            "-s",
-            str(self.run_dir / "beat-schedule"),
-        ]
+        commands = portal_commands(
+            "127.0.0.1", self.port, f"faults-{self.port}", self.run_dir / "beat-schedule"
+        )
+        return commands[name]
 
     def start(self, *names: str) -> None:
         """Starts the named processes (all by default) and waits until each one serves."""
