@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from bench.portal_stack import (
     start_web,
     stop,
 )
+from bench.report import print_result
 from portal.devstack import free_port
 
 SPEC = {"name": "bench", "vc": "vision", "flavor": "s-A100", "command": ["python", "train.py"]}
@@ -161,10 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "p99_ms_at_70pct": result["p99_ms_at_70pct"] <= 50,
         "bulk_jobs_per_s": result["bulk_jobs_per_s"] >= 1000,
     }
-    if not args.json:
-        for key, value in result.items():
-            print(f"{key:>24}: {value}", file=sys.stderr)
-    print(json.dumps(result))
+    print_result(result, args.json)
     return 0
 
 

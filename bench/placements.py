@@ -11,12 +11,12 @@ scheduling decision, no events and no agent messages. Prints one JSON object las
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
 
 from bench.django_setup import portal_database
+from bench.report import print_result
 
 
 def build_cluster(nodes: int, jobs: int) -> None:
@@ -157,10 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_to_baseline": round((ours_placed / ours_s) / (base_placed / base_s), 3),
         "goal_placements_per_s": 1000,
     }
-    if not args.json:
-        for key, value in result.items():
-            print(f"{key:>28}: {value}", file=sys.stderr)
-    print(json.dumps(result))
+    print_result(result, args.json)
     return 0
 
 

@@ -45,6 +45,7 @@ from bench.portal_stack import (
     start_web,
     stop,
 )
+from bench.report import print_result
 from bench.sim_agents import SimAgent
 from portal.devstack import free_port
 
@@ -289,10 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_after": load_average(),
         "goal": {"jobs_lost": 0, "rate_per_s": args.rate},
     }
-    if not args.json:
-        for key, value in result.items():
-            print(f"{key:>22}: {value}", file=sys.stderr)
-    print(json.dumps(result))
+    print_result(result, args.json)
     return 0
 
 

@@ -12,7 +12,6 @@ object last.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from bench.report import print_result
 from portal.devstack import free_port, private_services, start_demo_cluster
 
 
@@ -87,10 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "goal_p50_s": 0.5,
         "goal_p99_s": 5.0,
     }
-    if not args.json:
-        for key, value in result.items():
-            print(f"{key:>12}: {value}", file=sys.stderr)
-    print(json.dumps(result))
+    print_result(result, args.json)
     return 0
 
 

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from bench.api_submit import ENDPOINTS, SPEC
 from bench.django_setup import REPO, portal_database
 from bench.portal_stack import PRODUCTION, WEB_ENV, cpu_seconds, postmaster_pid, process_tree
+from bench.report import print_result
 
 TOKEN_ENV = "BENCH_API_TOKEN"
 
@@ -285,10 +286,7 @@ def measure(args: argparse.Namespace) -> int:
     }
     if args.profile:
         profile_endpoint(ENDPOINTS[args.profile][1], body, token, args)
-    if not args.json:
-        for key, value in result.items():
-            print(f"{key:>30}: {value}", file=sys.stderr)
-    print(json.dumps(result))
+    print_result(result, args.json)
     return 0
 
 

@@ -44,6 +44,7 @@ from agents.protocol import (
     encode,
 )
 from bench.django_setup import portal_database
+from bench.report import print_result
 from portal.devstack import free_port, port_open, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -386,10 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         "web_errors_logged": errors,
         "goal": {"lag_p99_s": 2.0, "samples_dropped": 0, "web_cpu_share_of_one_core": 0.5},
     }
-    if not args.json:
-        for key, value in result.items():
-            print(f"{key:>28}: {value}", file=sys.stderr)
-    print(json.dumps(result))
+    print_result(result, args.json)
     return 0
 
 

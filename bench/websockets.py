@@ -39,6 +39,7 @@ from bench.portal_stack import (
     start_web,
     stop,
 )
+from bench.report import print_result
 from portal.devstack import free_port
 
 
@@ -218,10 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "latency_p99_ms": result["latency_p99_ms"] <= 250,
         "disconnects": not lost and result["messages_missed"] == 0,
     }
-    if not args.json:
-        for key, value in result.items():
-            print(f"{key:>28}: {value}", file=sys.stderr)
-    print(json.dumps(result))
+    print_result(result, args.json)
     return 0
 
 
