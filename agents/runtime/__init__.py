@@ -96,6 +96,38 @@ def split_long_line(text: str) -> list[str]:
     return [text[i : i + MAX_LOG_LINE] for i in range(0, len(text), MAX_LOG_LINE)]
 
 
+class LineNumbering:
+    """Cuts one stream's output, as its bytes arrive, into numbered lines (longer ones split at
+    MAX_LOG_LINE) and keeps those from `from_seq` on. Every runtime reads output this way, so a
+    line has the same number however the bytes came in, and a reader that resumes from a
+    number gets the rest without a gap or a repeat."""
+
+    def __init__(self, stream: LogStream, from_seq: int = 0) -> None:
+        self.stream = stream
+        self.from_seq = from_seq
+        self.seq = 0
+        self._partial = b""
+
+    def feed(self, data: bytes) -> list[LogLine]:
+        """The lines that `data` completes."""
+        *complete, self._partial = (self._partial + data).split(b"\n")
+        return self._number(complete)
+
+    def finish(self) -> list[LogLine]:
+        """The last line, when the output ended without a newline."""
+        rest, self._partial = self._partial, b""
+        return self._number([rest] if rest else [])
+
+    def _number(self, raw_lines: list[bytes]) -> list[LogLine]:
+        lines = []
+        for raw in raw_lines:
+            for piece in split_long_line(raw.decode("utf-8", "replace")):
+                if self.seq >= self.from_seq:
+                    lines.append(LogLine(self.stream, self.seq, piece))
+                self.seq += 1
+        return lines
+
+
 def chunk_lines(attempt_id: str, lines: list[LogLine]) -> list[LogChunk]:
     """Group consecutive lines of one stream into log chunks of at most MAX_CHUNK_CHARS."""
     chunks: list[LogChunk] = []

@@ -29,12 +29,12 @@ from docker.types import Mount as DockerMount
 
 from agents.protocol import AttemptState, DesiredAttempt, RuntimeInfo
 from agents.runtime import (
+    LineNumbering,
     LogLine,
     LogStream,
     ObservedAttempt,
     RuntimeFailure,
     UnknownAttemptError,
-    split_long_line,
 )
 from agents.runtime.policy import HostPolicy, LaunchPlan, PolicyError, image_problems, prepare
 
@@ -251,22 +251,13 @@ class DockerRuntime:
                 loop.call_soon_threadsafe(queue.put_nowait, None)
 
         threading.Thread(target=pump, name=f"logs-{attempt_id}-{stream}", daemon=True).start()
-        seq = 0
-        pending = b""
+        numbering = LineNumbering(stream, from_seq)
         try:
             while (chunk := await queue.get()) is not None:
-                pending += chunk
-                *complete, pending = pending.split(b"\n")
-                for raw in complete:
-                    for piece in split_long_line(raw.decode("utf-8", "replace")):
-                        if seq >= from_seq:
-                            yield LogLine(stream, seq, piece)
-                        seq += 1
-            if pending:
-                for piece in split_long_line(pending.decode("utf-8", "replace")):
-                    if seq >= from_seq:
-                        yield LogLine(stream, seq, piece)
-                    seq += 1
+                for line in numbering.feed(chunk):
+                    yield line
+            for line in numbering.finish():
+                yield line
         finally:
             source.close()
 

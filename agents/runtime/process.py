@@ -31,12 +31,12 @@ from typing import Any, Literal
 
 from agents.protocol import AttemptState, DesiredAttempt, RuntimeInfo
 from agents.runtime import (
+    LineNumbering,
     LogLine,
     LogStream,
     ObservedAttempt,
     RuntimeFailure,
     UnknownAttemptError,
-    split_long_line,
 )
 from agents.runtime.policy import HostPolicy, PolicyError, prepare
 from agents.runtime.wrapper import write_exit_code
@@ -150,27 +150,18 @@ class ProcessRuntime:
     async def logs(self, attempt_id: str, stream: LogStream, from_seq: int = 0) -> AsyncIterator[LogLine]:
         record = self._record(attempt_id)
         path = self._dir(attempt_id) / f"{stream}.log"
-        seq = 0
-        pending = b""
+        numbering = LineNumbering(stream, from_seq)
         with open(path, "rb") as file:
             while True:
                 ended = not self._observe(record).state.is_live  # checked before reading: no lost tail
                 data = file.read(1 << 16)
                 if data:
-                    pending += data
-                    *complete, pending = pending.split(b"\n")
-                    for raw in complete:
-                        for piece in split_long_line(raw.decode("utf-8", "replace")):
-                            if seq >= from_seq:
-                                yield LogLine(stream, seq, piece)
-                            seq += 1
+                    for line in numbering.feed(data):
+                        yield line
                     continue
                 if ended:
-                    if pending:
-                        for piece in split_long_line(pending.decode("utf-8", "replace")):
-                            if seq >= from_seq:
-                                yield LogLine(stream, seq, piece)
-                            seq += 1
+                    for line in numbering.finish():
+                        yield line
                     return
                 await asyncio.sleep(POLL_S)
 

@@ -1,4 +1,5 @@
-"""Log lines become bounded chunks; the outbox stays bounded while the portal is away."""
+"""Output becomes numbered log lines, and lines bounded chunks; the outbox stays bounded while the
+portal is away."""
 
 from __future__ import annotations
 
@@ -11,9 +12,33 @@ from agents.agent import Agent
 from agents.config import AgentConfig
 from agents.devices.simulated import SimulatedBackend, load_description
 from agents.protocol import Heartbeat, LogChunk
-from agents.runtime import MAX_CHUNK_CHARS, LogLine, chunk_lines
+from agents.runtime import MAX_CHUNK_CHARS, MAX_LOG_LINE, LineNumbering, LogLine, chunk_lines
 from agents.runtime.policy import HostPolicy
 from agents.runtime.process import ProcessRuntime
+
+
+def numbered(pieces: list[bytes], from_seq: int = 0) -> list[tuple[int, str]]:
+    numbering = LineNumbering("stdout", from_seq)
+    lines = [line for piece in pieces for line in numbering.feed(piece)] + numbering.finish()
+    assert all(line.stream == "stdout" for line in lines)
+    return [(line.seq, line.text) for line in lines]
+
+
+def test_lines_are_numbered_the_same_however_the_bytes_arrive() -> None:
+    output = b"first\nsecond line\n\nthird, without a newline"
+    whole = numbered([output])
+    assert whole == [(0, "first"), (1, "second line"), (2, ""), (3, "third, without a newline")]
+    assert numbered([output[i : i + 1] for i in range(len(output))]) == whole
+    # A character of several bytes cut between two reads is decoded whole.
+    accented = "d\u00e9j\u00e0\n".encode()
+    assert numbered([accented[:2], accented[2:]]) == [(0, "d\u00e9j\u00e0")]
+
+
+def test_a_long_line_takes_several_numbers_and_a_reader_resumes_without_gap() -> None:
+    output = ("x" * (2 * MAX_LOG_LINE + 5) + "\nnext\n").encode()
+    lines = numbered([output])
+    assert [(seq, len(text)) for seq, text in lines] == [(0, MAX_LOG_LINE), (1, MAX_LOG_LINE), (2, 5), (3, 4)]
+    assert numbered([output], from_seq=2) == lines[2:]
 
 
 def test_chunks_follow_streams_and_sequence_runs() -> None:
