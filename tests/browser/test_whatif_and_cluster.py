@@ -78,6 +78,12 @@ async def test_the_grid_shows_gpu_load_and_admins_cordon_a_node(
     await expect(node.locator(".gpu-util").first).to_contain_text("%", timeout=LONG)
     # Researchers get no node actions.
     await expect(page.get_by_role("button", name="Cordon")).to_have_count(0)
+    # The per-model bar counts the job's GPUs as allocated, here and on the dashboard.
+    a100_in_use = re.compile(r"^A100 GPUs: [1-9]\d* allocated, \d+ free, \d+ unavailable$")
+    await expect(page.get_by_role("img", name=a100_in_use)).to_be_visible(timeout=LONG)
+    await page.goto(live_stack["http"] + "/")
+    utilization = page.get_by_role("region", name="Cluster utilization")
+    await expect(utilization.get_by_role("img", name=a100_in_use)).to_be_visible(timeout=LONG)
 
     await page.context.clear_cookies()
     await sign_in(page, live_stack["http"], "admin")

@@ -1,5 +1,7 @@
 // Small SVG charts: a quota bar, a stacked bar and a multi-series line chart.
 
+import type { ModelUse } from "../lib/cluster";
+
 export function QuotaBar({ inUse, guaranteed, borrowLimit, label }: {
   inUse: number;
   guaranteed: number;
@@ -129,5 +131,24 @@ export function LineChart({ title, unit, series, yMax }: { title: string; unit: 
         ))}
       </ul>
     </figure>
+  );
+}
+
+/** One GPU model's GPUs in use, free and unavailable, under its name and total. */
+export function GpuModelUse({ use, className }: { use: ModelUse; className?: string }) {
+  return (
+    <div className={className}>
+      <h3>
+        {use.model} <span className="muted">{use.total} GPUs</span>
+      </h3>
+      <StackedBar
+        label={`${use.model} GPUs`}
+        parts={[
+          { label: "allocated", value: use.allocated, className: "part-allocated" },
+          { label: "free", value: use.free, className: "part-free" },
+          { label: "unavailable", value: use.unhealthy, className: "part-unavailable" },
+        ]}
+      />
+    </div>
   );
 }

@@ -3,7 +3,7 @@ import { useState } from "react";
 import { api, fetchAll } from "../api/client";
 import { useLive } from "../api/live";
 import type { ClusterNode, Gpu } from "../api/types";
-import { StackedBar } from "../components/charts";
+import { GpuModelUse } from "../components/charts";
 import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/common";
 import { type NodeAction, gpuReadingText, gpuUseByModel, nodeActions } from "../lib/cluster";
 import { formatRelative } from "../lib/format";
@@ -38,19 +38,7 @@ export function ClusterPage() {
           <Section title="GPUs by model">
             <div className="grid-2 tight">
               {gpuUseByModel(nodes.data).map((use) => (
-                <div key={use.model}>
-                  <h3>
-                    {use.model} <span className="muted">{use.total} GPUs</span>
-                  </h3>
-                  <StackedBar
-                    label={`${use.model} GPUs`}
-                    parts={[
-                      { label: "allocated", value: use.allocated, className: "part-allocated" },
-                      { label: "free", value: use.free, className: "part-free" },
-                      { label: "unavailable", value: use.unhealthy, className: "part-unavailable" },
-                    ]}
-                  />
-                </div>
+                <GpuModelUse key={use.model} use={use} />
               ))}
             </div>
           </Section>

@@ -1,7 +1,7 @@
 import { api, fetchAll, query } from "../api/client";
 import { useLive } from "../api/live";
 import { ACTIVE_STATES, type ClusterNode, type Job, type Page, type VirtualCluster } from "../api/types";
-import { QuotaBar, StackedBar } from "../components/charts";
+import { GpuModelUse, QuotaBar } from "../components/charts";
 import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/common";
 import { JobTable } from "../components/JobTable";
 import { gpuUseByModel } from "../lib/cluster";
@@ -83,19 +83,7 @@ export function DashboardPage() {
           {nodes.loading && !nodes.data && <Spinner />}
           {nodes.data &&
             gpuUseByModel(nodes.data).map((use) => (
-              <div key={use.model} className="model-use">
-                <h3>
-                  {use.model} <span className="muted">{use.total} GPUs</span>
-                </h3>
-                <StackedBar
-                  label={`${use.model} GPUs`}
-                  parts={[
-                    { label: "allocated", value: use.allocated, className: "part-allocated" },
-                    { label: "free", value: use.free, className: "part-free" },
-                    { label: "unavailable", value: use.unhealthy, className: "part-unavailable" },
-                  ]}
-                />
-              </div>
+              <GpuModelUse key={use.model} use={use} className="model-use" />
             ))}
         </Section>
       </div>
