@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from bench.django_setup import portal_database
+from bench.portal_stack import add_a100_gpus
 from bench.report import print_result
 
 
@@ -26,7 +27,7 @@ def build_cluster(nodes: int, jobs: int) -> None:
     from django.db import connection
 
     from portal.accounts.models import Tenant
-    from portal.cluster.models import Gpu, Node, PriorityClass, Quota, VirtualCluster
+    from portal.cluster.models import Node, PriorityClass, Quota, VirtualCluster
     from portal.jobs.models import Job, JobAttempt, JobEvent
 
     with connection.cursor() as cursor:
@@ -46,21 +47,7 @@ def build_cluster(nodes: int, jobs: int) -> None:
             for i in range(nodes)
         ]
     )
-    Gpu.objects.bulk_create(
-        [
-            Gpu(
-                node=node,
-                index=g,
-                uuid=f"GPU-{node.name}-{g}",
-                model="A100",
-                memory_mb=81920,
-                pcie_switch=g // 2,
-                numa_node=g // 4,
-            )
-            for node in created
-            for g in range(8)
-        ]
-    )
+    add_a100_gpus(created, 8)
     spec = {"name": "burst", "vc": "bench", "command": ["true"], "resources": {"gpus": 1}}
     batch = Job.objects.bulk_create(
         [

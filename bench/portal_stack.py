@@ -159,7 +159,7 @@ def add_bench_cluster(nodes: int, gpus: int = 8, tenant: str = "bench") -> dict[
 
     from portal.accounts.choices import Role
     from portal.accounts.models import Membership, Tenant, hash_secret
-    from portal.cluster.models import Gpu, Node, Quota, VirtualCluster
+    from portal.cluster.models import Node, Quota, VirtualCluster
 
     user = User.objects.create(username=tenant)
     team = Tenant.objects.create(name=tenant)
@@ -173,6 +173,14 @@ def add_bench_cluster(nodes: int, gpus: int = 8, tenant: str = "bench") -> dict[
             for i, (name, token) in enumerate(tokens.items())
         ]
     )
+    add_a100_gpus(created, gpus)
+    return tokens
+
+
+def add_a100_gpus(nodes: list[Any], per_node: int) -> None:
+    """`per_node` 80 GB A100s on each node, two to a PCIe switch and four to a NUMA node."""
+    from portal.cluster.models import Gpu
+
     Gpu.objects.bulk_create(
         [
             Gpu(
@@ -184,11 +192,10 @@ def add_bench_cluster(nodes: int, gpus: int = 8, tenant: str = "bench") -> dict[
                 pcie_switch=g // 2,
                 numa_node=g // 4,
             )
-            for node in created
-            for g in range(gpus)
+            for node in nodes
+            for g in range(per_node)
         ]
     )
-    return tokens
 
 
 # ------------------------------------------------------------------ HTTP load
