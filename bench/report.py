@@ -1,6 +1,6 @@
-"""How every benchmark ends: one JSON object on the last line of stdout, the contract that
-`--json` callers (docs/benchmarks.md, CI scripts) read, and the same figures one per line on
-stderr for a person at a terminal."""
+"""How a benchmark ends: one JSON object on the last line of stdout, which is what the commands
+in docs/benchmarks.md read, and, without `--json`, the same figures one per line on stderr for
+a person at a terminal."""
 
 from __future__ import annotations
 
