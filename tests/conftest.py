@@ -128,6 +128,23 @@ def database_url_of_tests() -> str:
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any) -> Iterator[None]:
+    """pytest-django's test database; at the end of the run, the persistent connections of the
+    two threads that in-process async tests leave behind are closed before it is dropped
+    (PostgreSQL refuses to drop a database in use): asgiref's thread for `sync_to_async`, and
+    the telemetry writer of the agent gateway (portal.agentgw.ingest). No request ends in them,
+    so nothing else closes them."""
+    yield
+    from asgiref.sync import SyncToAsync
+    from django.db import connections
+
+    from portal.agentgw.ingest import buffer
+
+    for thread in (SyncToAsync.single_thread_executor, buffer._writer):
+        thread.submit(connections.close_all).result()
+
+
+@pytest.fixture(scope="session")
 def live_stack(
     django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: Any
 ) -> Iterator[dict[str, Any]]:
