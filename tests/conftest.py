@@ -140,8 +140,8 @@ def django_db_setup(django_db_setup: Any) -> Iterator[None]:
 
     from portal.agentgw.ingest import buffer
 
-    for thread in (SyncToAsync.single_thread_executor, buffer._writer):
-        thread.submit(connections.close_all).result()
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result()
+    buffer.close_connections()
 
 
 @pytest.fixture(scope="session")

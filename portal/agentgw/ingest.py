@@ -78,6 +78,14 @@ class IngestBuffer:
         if (took := time.monotonic() - started) > 2 * self.interval_s:
             log.warning("writing %d telemetry batches took %.1f s", len(samples), took)
 
+    def close_connections(self) -> None:
+        """Closes the writer thread's database connections. They stay open between flushes (as
+        CONN_MAX_AGE allows) and no request ends on that thread to close them, so whoever drops
+        the database, or ends the process, calls this first."""
+        from django.db import connections
+
+        self._writer.submit(connections.close_all).result()
+
     def _schedule(self) -> None:
         loop = asyncio.get_running_loop()
         if self._timer is not None and self._timer_loop is loop:
