@@ -350,3 +350,41 @@ def background_only_in_live_tests(request: Any) -> Iterator[None]:
     wait_for(
         lambda: not any((app.control.inspect(timeout=1).active() or {}).values()), 30, "the worker to go idle"
     )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
+    """A live test that fails says what the portal did: every job's events and the worker's
+    last log lines, read before the database is flushed. A flaky failure in CI is otherwise
+    a timeout and nothing more."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not report.failed or "live_stack" not in item.fixturenames:
+        return
+    live = item.funcargs.get("live_stack")
+    with contextlib.suppress(Exception):
+        report.sections.append(("jobs and their events", job_stories()))
+    logs = [live["logs"] / "worker.log", live["logs"] / "web.log"] if live is not None else []
+    if "tmp_path" in item.funcargs:
+        logs += sorted((item.funcargs["tmp_path"] / "agents").glob("*.log"))
+    for path in logs:
+        with contextlib.suppress(OSError):
+            lines = [
+                line[:300]
+                for line in path.read_text(errors="replace").splitlines()
+                if " received" not in line and "connection open" not in line
+            ]
+            report.sections.append((f"{path.name}, last lines", "\n".join(lines[-25:])))
+
+
+def job_stories() -> str:
+    from portal.jobs.models import Job
+
+    text = []
+    for job in Job.objects.order_by("pk").prefetch_related("events"):
+        reason = f"[{job.pending_reason}] {job.pending_message[:200]}"
+        text.append(f"job {job.pk} {job.name}: {job.state} {reason}")
+        for event in job.events.all():
+            moment = event.created_at.strftime("%H:%M:%S.%f")[:-3]
+            text.append(f"  {moment} -> {event.to_state or '-'} ({event.actor_label}): {event.reason[:200]}")
+    return "\n".join(text)
