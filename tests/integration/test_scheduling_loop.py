@@ -153,6 +153,13 @@ def test_priority_preemption_and_cancel_during_the_checkpoint(api, a100_agents) 
         checkpoint={"enabled": True, "grace_seconds": 60},
     )
     wait_for(lambda: state(stubborn) == "running", 60, "the dev gang to run")
+    # Both replicas past the point where they ignore the checkpoint signal: one that arrived
+    # before would end the process (SIGUSR1's default), and the job with it, within a poll.
+    wait_for(
+        lambda: LogLine.objects.filter(attempt__job_id=stubborn, text="started").count() == 2,
+        60,
+        "both replicas to print their first line",
+    )
     # Production is for tenant admins.
     urgent = submit(
         api("vision-admin"), "urgent", SLEEP.format(seconds=1), flavor="l-A100", priority="production"
