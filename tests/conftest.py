@@ -354,19 +354,18 @@ def background_only_in_live_tests(request: Any) -> Iterator[None]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
-    """A live test that fails says what the portal did: every job's events and the worker's
-    last log lines, read before the database is flushed. A flaky failure in CI is otherwise
-    a timeout and nothing more."""
+    """A live test that fails says what the portal did: the last lines of the agent, web and
+    worker logs and every job's events, read before the database is flushed. A flaky failure
+    in CI is otherwise a timeout and nothing more."""
     outcome = yield
     report = outcome.get_result()
     if call.when != "call" or not report.failed or "live_stack" not in item.fixturenames:
         return
     live = item.funcargs.get("live_stack")
-    with contextlib.suppress(Exception):
-        report.sections.append(("jobs and their events", job_stories()))
-    logs = [live["logs"] / "worker.log", live["logs"] / "web.log"] if live is not None else []
-    if "tmp_path" in item.funcargs:
-        logs += sorted((item.funcargs["tmp_path"] / "agents").glob("*.log"))
+    # The job events last: a report cut short from the top still shows them.
+    logs = sorted((item.funcargs["tmp_path"] / "agents").glob("*.log")) if "tmp_path" in item.funcargs else []
+    if live is not None:
+        logs += [live["logs"] / "web.log", live["logs"] / "worker.log"]
     for path in logs:
         with contextlib.suppress(OSError):
             lines = [
@@ -374,7 +373,9 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
                 for line in path.read_text(errors="replace").splitlines()
                 if " received" not in line and "connection open" not in line
             ]
-            report.sections.append((f"{path.name}, last lines", "\n".join(lines[-25:])))
+            report.sections.append((f"{path.name}, last lines", "\n".join(lines[-20:])))
+    with contextlib.suppress(Exception):
+        report.sections.append(("jobs and their events", job_stories()))
 
 
 def job_stories() -> str:
