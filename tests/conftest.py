@@ -294,13 +294,18 @@ class AgentProcess:
         )
 
 
+# The agents a test started, for its failure report (pytest_runtest_makereport).
+STARTED_AGENTS = pytest.StashKey[list[AgentProcess]]()
+
+
 @pytest.fixture
-def start_agent(live_stack: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
+def start_agent(request: Any, live_stack: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
     """start_agent("a100-node-1") -> a running AgentProcess holding a fresh token for that node."""
     from portal.cluster.models import Node
     from portal.cluster.services import issue_node_token
 
     agents: list[AgentProcess] = []
+    request.node.stash[STARTED_AGENTS] = agents
 
     def start(node_name: str) -> AgentProcess:
         token = issue_node_token(Node.objects.get(name=node_name), None)
@@ -362,18 +367,19 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
     if call.when != "call" or not report.failed or "live_stack" not in item.fixturenames:
         return
     live = item.funcargs.get("live_stack")
-    # The job events last: a report cut short from the top still shows them.
-    logs = sorted((item.funcargs["tmp_path"] / "agents").glob("*.log")) if "tmp_path" in item.funcargs else []
+    logs = [(f"agent {agent.node}", agent.log()) for agent in item.stash.get(STARTED_AGENTS, [])]
     if live is not None:
-        logs += [live["logs"] / "web.log", live["logs"] / "worker.log"]
-    for path in logs:
-        with contextlib.suppress(OSError):
-            lines = [
-                line[:300]
-                for line in path.read_text(errors="replace").splitlines()
-                if " received" not in line and "connection open" not in line
-            ]
-            report.sections.append((f"{path.name}, last lines", "\n".join(lines[-20:])))
+        for name in ("web", "worker"):
+            with contextlib.suppress(OSError):
+                logs.append((name, (live["logs"] / f"{name}.log").read_text(errors="replace")))
+    for name, text in logs:
+        lines = [
+            line[:300]
+            for line in text.splitlines()
+            if " received" not in line and "connection open" not in line
+        ]
+        report.sections.append((f"{name} log, last lines", "\n".join(lines[-20:])))
+    # The job events last: a report cut short from the top still shows them.
     with contextlib.suppress(Exception):
         report.sections.append(("jobs and their events", job_stories()))
 

@@ -81,7 +81,7 @@ class IngestBuffer:
     def close_connections(self) -> None:
         """Closes the writer thread's database connections. They stay open between flushes (as
         CONN_MAX_AGE allows) and no request ends on that thread to close them, so whoever drops
-        the database, or ends the process, calls this first."""
+        the database (the test suite's teardown) calls this first."""
         from django.db import connections
 
         self._writer.submit(connections.close_all).result()
