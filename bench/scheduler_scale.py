@@ -45,7 +45,7 @@ from scheduler.core import (
     decide,
     load_profile,
 )
-from scheduler.core.service_history import FINISHED_WINDOW
+from scheduler.core.service_history import FINISHED_PER_WIDTH
 
 SIZES = (1, 2, 4, 8)
 
@@ -106,11 +106,12 @@ def build_snapshot(nodes: int, pending: int, busy: float = 0.9, seed: int = 1) -
         )
         for k in range(pending)
     )
-    # The history the portal hands the core (its last FINISHED_WINDOW ended jobs), heavy-tailed.
+    # The history the portal hands the core (its last FINISHED_PER_WIDTH ended jobs of each
+    # width), heavy-tailed.
     finished = FinishedService(
         tuple(
             (size, size * rng.lognormvariate(8.0, 2.0))
-            for size in (rng.choice(SIZES) for _ in range(FINISHED_WINDOW))
+            for size in (rng.choice(SIZES) for _ in range(FINISHED_PER_WIDTH * len(SIZES)))
         )
     )
     return Snapshot(node_list, vcs, tuple(running), queue, finished=finished)

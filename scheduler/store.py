@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Max, Q, Sum
+from django.db.models import F, Max, Q, Sum, Window
+from django.db.models.functions import RowNumber
 
 from agents.protocol import CheckpointRequest, StopRequest, encode
 from portal.agentgw.desired import agent_attempt_id
@@ -23,7 +24,7 @@ from portal.jobs.choices import ACTIVE_STATES, PENDING_MOVED, TERMINAL_STATES, A
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
 from portal.jobs.services import transition_job, transition_jobs
 from scheduler import core
-from scheduler.core.service_history import FINISHED_WINDOW
+from scheduler.core.service_history import FINISHED_PER_WIDTH
 
 logger = logging.getLogger(__name__)
 
@@ -186,14 +187,20 @@ def load_snapshot(now: float) -> LoadedState:
 
 
 def finished_service() -> core.FinishedService:
-    """Width, GPU-seconds, VC and owner of the most recently ended jobs that ran,
-    oldest first. Service is the run time of all their attempts times the job's GPUs."""
+    """Width, GPU-seconds, VC and owner of the most recently ended jobs of each width
+    (`FINISHED_PER_WIDTH` of each, see service_history), oldest first. Service is the run
+    time of all their attempts times the job's GPUs."""
     recent = list(
         Job.objects.filter(state__in=TERMINAL_STATES, finished_at__isnull=False)
+        .annotate(width=F("replicas") * F("gpus_per_replica"))
+        .annotate(
+            recency=Window(
+                RowNumber(), partition_by=[F("width")], order_by=[F("finished_at").desc(), F("pk").desc()]
+            )
+        )
+        .filter(recency__lte=FINISHED_PER_WIDTH)
         .order_by("-finished_at", "-pk")
-        .values_list("pk", "replicas", "gpus_per_replica", "virtual_cluster__name", "owner__username")[
-            :FINISHED_WINDOW
-        ]
+        .values_list("pk", "replicas", "gpus_per_replica", "virtual_cluster__name", "owner__username")
     )
     run_time = dict(
         JobAttempt.objects.filter(

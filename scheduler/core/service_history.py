@@ -11,13 +11,50 @@ from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import math
+from collections import deque
 
-from scheduler.core.types import FinishedService
+from scheduler.core.types import NO_FINISHED_SERVICE, FinishedService
 
-# How many finished jobs a producer (the portal's store, the simulator) should hand the core:
-# enough for a distribution per job width, and cheap to sort again whenever one finishes.
-FINISHED_WINDOW = 5000
+# How many finished jobs of each width a producer (the portal's store, the simulator) should
+# hand the core: enough for a distribution per width, and cheap to sort again whenever one
+# finishes. Per width, not in all: in one window of the most recent jobs the common width
+# crowds out a rare one (Philly's 8-GPU jobs are 3 % of its jobs and run long, so a window of
+# 5,000 held fewer than 50 of them for days at a time), and the rare width then falls back
+# to the pooled table, ranked as if it were the common one.
+FINISHED_PER_WIDTH = 5000
+
+
+class FinishedHistory:
+    """A producer's record of finished jobs: the last `per_width` of each width, handed to the
+    core as one FinishedService, oldest first. The object stays the same until a job
+    finishes, so the tables derived from it are computed once per finish (see below)."""
+
+    def __init__(self, per_width: int = FINISHED_PER_WIDTH) -> None:
+        self.per_width = per_width
+        self._by_width: dict[int, deque[tuple[int, tuple[int, float], tuple[str, str]]]] = {}
+        self._count = 0
+        self._service: FinishedService = NO_FINISHED_SERVICE
+
+    def record(self, gpus: int, gpu_s: float, vc: str, user: str) -> None:
+        kept = self._by_width.get(gpus)
+        if kept is None:
+            kept = self._by_width[gpus] = deque(maxlen=self.per_width)
+        self._count += 1
+        kept.append((self._count, (gpus, gpu_s), (vc, user)))
+        self._service = NO_FINISHED_SERVICE  # built again when next asked for
+
+    @property
+    def service(self) -> FinishedService:
+        if self._service is NO_FINISHED_SERVICE and self._count:
+            entries = heapq.merge(*self._by_width.values())
+            jobs, owners = [], []
+            for _, job, owner in entries:
+                jobs.append(job)
+                owners.append(owner)
+            self._service = FinishedService(tuple(jobs), tuple(owners))
+        return self._service
 
 
 @functools.lru_cache(maxsize=8)

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from scheduler.core import (
-    FinishedService,
     JobId,
     Node,
     PendingJob,
@@ -39,7 +38,7 @@ from scheduler.core import (
     decide,
 )
 from scheduler.core.plugins.defrag import Defragment
-from scheduler.core.service_history import FINISHED_WINDOW
+from scheduler.core.service_history import FinishedHistory
 from scheduler.sim.trace import TraceJob
 
 
@@ -187,9 +186,7 @@ class Simulator:
         self.vcs = build_vcs([j.vc for j in jobs], vc_quotas, self.capacity)
         self.history = RuntimeHistory()
         # The service distribution the core learns from (Gittins index, estimated ends).
-        self.finished_window: deque[tuple[int, float]] = deque(maxlen=FINISHED_WINDOW)
-        self.finished_owners: deque[tuple[str, str]] = deque(maxlen=FINISHED_WINDOW)
-        self.finished = FinishedService()
+        self.finished = FinishedHistory()
         self.trace = list(jobs)
         # With the time-slicing plugin in the profile every job opts in (the traces say nothing).
         self.time_sliceable = "timeslice" in profile.post_cycle
@@ -248,9 +245,7 @@ class Simulator:
                     busy -= job.gpus
                     del running[job_id]
                     self.history.record(job.trace.vc, job.trace.user, job.gpus, job.trace.duration)
-                    self.finished_window.append((job.gpus, job.attained_gpu_s))
-                    self.finished_owners.append((job.trace.vc, job.trace.user))
-                    self.finished = FinishedService(tuple(self.finished_window), tuple(self.finished_owners))
+                    self.finished.record(job.gpus, job.attained_gpu_s, job.trace.vc, job.trace.user)
                 elif kind == _Event.RELEASE:
                     job = jobs[job_id]
                     if job.attempt != attempt or job_id not in running:
@@ -410,7 +405,7 @@ class Simulator:
                 )
             pending_view.append(job.pending_view)
         return Snapshot(
-            self.nodes, self.vcs, tuple(running_view), tuple(pending_view), finished=self.finished
+            self.nodes, self.vcs, tuple(running_view), tuple(pending_view), finished=self.finished.service
         )
 
     def _record_estimates(

@@ -48,3 +48,22 @@ def test_finished_jobs_with_their_gpu_seconds_oldest_first(api_for: Any, paused_
     assert finished.jobs == ((gpus, gpus * 100.0), (gpus, gpus * 600.0))
     assert finished.owners == (("vision", "alice"), ("vision", "alice"))
     assert load_snapshot(T0.timestamp()).snapshot.finished.jobs == finished.jobs
+
+
+def test_the_last_jobs_of_each_width_so_a_rare_width_is_not_crowded_out(
+    api_for: Any, paused_loop: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Node.objects.update(state="ready")
+    alice = api_for("alice")
+    wide = submit(alice, "wide")
+    narrow = [submit(alice, f"narrow-{k}", flavor="s-A100") for k in range(2)]
+    run_cycle(every_cycle_a_new_turn())
+    wide_gpus, narrow_gpus = (Job.objects.get(pk=pk).total_gpus for pk in (wide, narrow[0]))
+    assert wide_gpus != narrow_gpus
+    finish(wide, 600, T0 + timedelta(hours=1))
+    finish(narrow[0], 100, T0 + timedelta(hours=2))
+    finish(narrow[1], 200, T0 + timedelta(hours=3))
+
+    monkeypatch.setattr("scheduler.store.FINISHED_PER_WIDTH", 1)
+    # One window of the last job would hold the newest narrow job alone.
+    assert finished_service().jobs == ((wide_gpus, wide_gpus * 600.0), (narrow_gpus, narrow_gpus * 200.0))

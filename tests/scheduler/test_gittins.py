@@ -8,7 +8,7 @@ from sched_builders import Snap, profile
 from test_queue_sort_plugins import queue_ids
 
 from scheduler.core import FinishedService, decide
-from scheduler.core.service_history import gittins_table, remaining_gpu_s
+from scheduler.core.service_history import FinishedHistory, gittins_table, remaining_gpu_s
 
 
 def test_index_table_by_hand() -> None:
@@ -203,3 +203,22 @@ def test_the_jobs_own_vc_and_user_come_first_when_there_are_enough() -> None:
 def test_finished_service_wants_one_owner_per_job_or_none() -> None:
     with pytest.raises(ValueError, match="one owner per job"):
         FinishedService(((1, 10.0), (1, 20.0)), (("a", "bob"),))
+
+
+def test_history_keeps_the_last_jobs_of_each_width_so_a_rare_width_keeps_its_table() -> None:
+    history = FinishedHistory(per_width=3)
+    assert history.service == FinishedService()
+    history.record(8, 80_000.0, "vision", "ann")
+    for k in range(5):
+        history.record(1, 100.0 * (k + 1), "nlp", "bob")
+    history.record(8, 90_000.0, "vision", "ann")
+    service = history.service
+    # Oldest first; the three newest 1-GPU jobs, and both 8-GPU jobs though five 1-GPU jobs
+    # finished between them (one window of the last three jobs would hold a single 8-GPU job).
+    assert service.jobs == ((8, 80_000.0), (1, 300.0), (1, 400.0), (1, 500.0), (8, 90_000.0))
+    assert service.owners == (("vision", "ann"),) + (("nlp", "bob"),) * 3 + (("vision", "ann"),)
+    assert history.service is service  # the same object until a job finishes: tables are cached on it
+    history.record(1, 600.0, "nlp", "bob")
+    assert history.service.jobs == ((8, 80_000.0), (1, 400.0), (1, 500.0), (8, 90_000.0), (1, 600.0))
+    tables, _ = gittins_table(service, (1000.0,), True, 2)
+    assert 8 in tables  # two 8-GPU jobs kept: enough (min_samples 2) for a table of its own
