@@ -24,7 +24,7 @@ from portal.jobs.choices import ACTIVE_STATES, PENDING_MOVED, TERMINAL_STATES, A
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
 from portal.jobs.services import transition_job, transition_jobs
 from scheduler import core
-from scheduler.core.service_history import FINISHED_PER_WIDTH
+from scheduler.core.service_history import FINISHED_LOOKBACK, FINISHED_PER_WIDTH
 
 logger = logging.getLogger(__name__)
 
@@ -188,10 +188,12 @@ def load_snapshot(now: float) -> LoadedState:
 
 def finished_service() -> core.FinishedService:
     """Width, GPU-seconds, VC and owner of the most recently ended jobs of each width
-    (`FINISHED_PER_WIDTH` of each, see service_history), oldest first. Service is the run
-    time of all their attempts times the job's GPUs."""
+    (`FINISHED_PER_WIDTH` of each among the last `FINISHED_LOOKBACK`, see service_history),
+    oldest first. Service is the run time of all their attempts times the job's GPUs."""
+    ended = Job.objects.filter(state__in=TERMINAL_STATES, finished_at__isnull=False)
+    lookback = ended.order_by("-finished_at", "-pk").values("pk")[:FINISHED_LOOKBACK]
     recent = list(
-        Job.objects.filter(state__in=TERMINAL_STATES, finished_at__isnull=False)
+        ended.filter(pk__in=lookback)
         .annotate(width=F("replicas") * F("gpus_per_replica"))
         .annotate(
             recency=Window(

@@ -24,15 +24,20 @@ from scheduler.core.types import NO_FINISHED_SERVICE, FinishedService
 # 5,000 held fewer than 50 of them for days at a time), and the rare width then falls back
 # to the pooled table, ranked as if it were the common one.
 FINISHED_PER_WIDTH = 5000
+# How far back a producer looks for them: the last this many finished jobs of all widths, so
+# that finding a rare width's jobs costs a bounded search, however long the portal has run.
+FINISHED_LOOKBACK = 100_000
 
 
 class FinishedHistory:
-    """A producer's record of finished jobs: the last `per_width` of each width, handed to the
-    core as one FinishedService, oldest first. The object stays the same until a job
-    finishes, so the tables derived from it are computed once per finish (see below)."""
+    """A producer's record of finished jobs: the last `per_width` of each width among the last
+    `lookback` of all, handed to the core as one FinishedService, oldest first. The object
+    stays the same until a job finishes, so what the core derives from it (cached on it) is
+    worked out once per finish."""
 
-    def __init__(self, per_width: int = FINISHED_PER_WIDTH) -> None:
+    def __init__(self, per_width: int = FINISHED_PER_WIDTH, lookback: int = FINISHED_LOOKBACK) -> None:
         self.per_width = per_width
+        self.lookback = lookback
         self._by_width: dict[int, deque[tuple[int, tuple[int, float], tuple[str, str]]]] = {}
         self._count = 0
         self._service: FinishedService = NO_FINISHED_SERVICE
@@ -48,11 +53,12 @@ class FinishedHistory:
     @property
     def service(self) -> FinishedService:
         if self._service is NO_FINISHED_SERVICE and self._count:
-            entries = heapq.merge(*self._by_width.values())
+            oldest = self._count - self.lookback
             jobs, owners = [], []
-            for _, job, owner in entries:
-                jobs.append(job)
-                owners.append(owner)
+            for seq, job, owner in heapq.merge(*self._by_width.values()):
+                if seq > oldest:
+                    jobs.append(job)
+                    owners.append(owner)
             self._service = FinishedService(tuple(jobs), tuple(owners))
         return self._service
 

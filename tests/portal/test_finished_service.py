@@ -67,3 +67,7 @@ def test_the_last_jobs_of_each_width_so_a_rare_width_is_not_crowded_out(
     monkeypatch.setattr("scheduler.store.FINISHED_PER_WIDTH", 1)
     # One window of the last job would hold the newest narrow job alone.
     assert finished_service().jobs == ((wide_gpus, wide_gpus * 600.0), (narrow_gpus, narrow_gpus * 200.0))
+
+    # Looking back only two jobs, the wide one is out of sight.
+    monkeypatch.setattr("scheduler.store.FINISHED_LOOKBACK", 2)
+    assert finished_service().jobs == ((narrow_gpus, narrow_gpus * 200.0),)

@@ -222,3 +222,14 @@ def test_history_keeps_the_last_jobs_of_each_width_so_a_rare_width_keeps_its_tab
     assert history.service.jobs == ((8, 80_000.0), (1, 400.0), (1, 500.0), (8, 90_000.0), (1, 600.0))
     tables, _ = gittins_table(service, (1000.0,), True, 2)
     assert 8 in tables  # two 8-GPU jobs kept: enough (min_samples 2) for a table of its own
+
+
+def test_history_looks_back_only_so_far_for_a_rare_width() -> None:
+    history = FinishedHistory(per_width=3, lookback=4)
+    history.record(8, 80_000.0, "vision", "ann")
+    for k in range(3):
+        history.record(1, 100.0 * (k + 1), "nlp", "bob")
+    assert (8, 80_000.0) in history.service.jobs  # the 4th last job
+    history.record(1, 400.0, "nlp", "bob")
+    # Now it is the 5th last: out of sight, though its width has no other job.
+    assert history.service.jobs == ((1, 200.0), (1, 300.0), (1, 400.0))
