@@ -107,7 +107,7 @@ def build_snapshot(nodes: int, pending: int, busy: float = 0.9, seed: int = 1) -
         for k in range(pending)
     )
     # The history the portal hands the core (its last FINISHED_PER_WIDTH ended jobs of each
-    # width), heavy-tailed.
+    # width: here as many in all, of widths drawn at random), heavy-tailed.
     finished = FinishedService(
         tuple(
             (size, size * rng.lognormvariate(8.0, 2.0))

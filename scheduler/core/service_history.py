@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import bisect
 import functools
-import heapq
+import itertools
 import math
 from collections import deque
+from operator import itemgetter
 
-from scheduler.core.types import NO_FINISHED_SERVICE, FinishedService
+from scheduler.core.types import FinishedService
 
 # How many finished jobs of each width a producer (the portal's store, the simulator) should
 # hand the core: enough for a distribution per width, and cheap to sort again whenever one
 # finishes. Per width, not in all: in one window of the most recent jobs the common width
-# crowds out a rare one (Philly's 8-GPU jobs are 3 % of its jobs and run long, so a window of
-# 5,000 held fewer than 50 of them for days at a time), and the rare width then falls back
+# crowds out a rare one (Philly's 8-GPU jobs are 3 % of its jobs, and a window of 5,000 held
+# fewer than 50 of them on three of four days looked at), and the rare width then falls back
 # to the pooled table, ranked as if it were the common one.
 FINISHED_PER_WIDTH = 5000
 # How far back a producer looks for them: the last this many finished jobs of all widths, so
@@ -40,7 +41,7 @@ class FinishedHistory:
         self.lookback = lookback
         self._by_width: dict[int, deque[tuple[int, tuple[int, float], tuple[str, str]]]] = {}
         self._count = 0
-        self._service: FinishedService = NO_FINISHED_SERVICE
+        self._service: FinishedService | None = None
 
     def record(self, gpus: int, gpu_s: float, vc: str, user: str) -> None:
         kept = self._by_width.get(gpus)
@@ -48,17 +49,16 @@ class FinishedHistory:
             kept = self._by_width[gpus] = deque(maxlen=self.per_width)
         self._count += 1
         kept.append((self._count, (gpus, gpu_s), (vc, user)))
-        self._service = NO_FINISHED_SERVICE  # built again when next asked for
+        self._service = None
 
     @property
     def service(self) -> FinishedService:
-        if self._service is NO_FINISHED_SERVICE and self._count:
-            oldest = self._count - self.lookback
-            jobs, owners = [], []
-            for seq, job, owner in heapq.merge(*self._by_width.values()):
-                if seq > oldest:
-                    jobs.append(job)
-                    owners.append(owner)
+        if self._service is None:
+            # The widths' runs are each in finish order, so sorting them together is a merge,
+            # done in C (a simulator asks for it after every finish).
+            entries = sorted(itertools.chain.from_iterable(self._by_width.values()))
+            entries = entries[bisect.bisect_right(entries, self._count - self.lookback, key=itemgetter(0)) :]
+            _, jobs, owners = zip(*entries, strict=True) if entries else ((), (), ())
             self._service = FinishedService(tuple(jobs), tuple(owners))
         return self._service
 
