@@ -233,3 +233,85 @@ def test_history_looks_back_only_so_far_for_a_rare_width() -> None:
     history.record(1, 400.0, "nlp", "bob")
     # Now it is the 5th last: out of sight, though its width has no other job.
     assert history.service.jobs == ((1, 200.0), (1, 300.0), (1, 400.0))
+
+
+def _with_a_long_running_sibling() -> Snap:
+    # 1-GPU jobs end at 100 or at 100,000 GPU-s, so a fresh job (queue 0) outranks one that
+    # has run past 1,000 GPU-s (queue 1). "sibling" was submitted in the same minute as the
+    # running job by the same user; "stranger" by another user, later.
+    return (
+        Snap()
+        .node("n0", 1)
+        .running("long", [("n0", (0,))], attained_gpu_s=5_000, submitted_at=100.0)
+        .pending("sibling", gpus_=1, submitted_at=110.0)
+        .pending("stranger", gpus_=1, user="bob", submitted_at=130.0)
+        .finished(1, 100.0, count=30)
+        .finished(1, 100_000.0, count=30)
+    )
+
+
+@pytest.mark.parametrize(
+    ("window", "order"),
+    [
+        pytest.param(0, ["sibling", "stranger"], id="no-groups-by-arrival"),
+        pytest.param(60, ["stranger", "sibling"], id="sibling-ranked-by-the-long-runner"),
+        # Submitted at 110 and 100: different 5-second windows, so not one group.
+        pytest.param(5, ["sibling", "stranger"], id="another-window-no-group"),
+    ],
+)
+def test_a_job_is_ranked_by_the_longest_unfinished_job_submitted_with_it(
+    window: int, order: list[str]
+) -> None:
+    args = {"thresholds": [1000], "group_window_s": window}
+    assert (
+        queue_ids(
+            _with_a_long_running_sibling(), queue_sort=["gittins", "fifo"], plugin_args={"gittins": args}
+        )
+        == order
+    )
+
+
+@pytest.mark.parametrize(
+    ("window", "preempted"),
+    [
+        pytest.param(0, ["long"], id="no-groups-the-fresh-sibling-preempts"),
+        pytest.param(60, [], id="siblings-do-not-take-turns"),
+    ],
+)
+def test_siblings_do_not_preempt_each_other(window: int, preempted: list[str]) -> None:
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .running("long", [("n0", (0,))], attained_gpu_s=5_000, submitted_at=100.0)
+        .pending("sibling", gpus_=1, submitted_at=110.0)
+        .finished(1, 100.0, count=30)
+        .finished(1, 100_000.0, count=30)
+    )
+    args = {"thresholds": [1000], "group_window_s": window}
+    p = profile(
+        queue_sort=["gittins"], preemption=["gittins"], post_cycle=["gittins"], plugin_args={"gittins": args}
+    )
+    plan = decide(snap.build(), p, now=1000.0)
+    assert [pr.job_id for pr in plan.preemptions] == preempted
+    (status,) = plan.pending
+    assert status.reason is not None
+
+
+def test_a_stranger_still_preempts_a_group_that_ran_long() -> None:
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .running("long", [("n0", (0,))], attained_gpu_s=5_000, submitted_at=100.0)
+        .pending("stranger", gpus_=1, user="bob", submitted_at=110.0)
+        .finished(1, 100.0, count=30)
+        .finished(1, 100_000.0, count=30)
+    )
+    args = {"thresholds": [1000], "group_window_s": 60}
+    p = profile(queue_sort=["gittins"], preemption=["gittins"], plugin_args={"gittins": args})
+    plan = decide(snap.build(), p, now=1000.0)
+    assert [pr.job_id for pr in plan.preemptions] == ["long"]
+
+
+def test_a_negative_group_window_is_refused() -> None:
+    with pytest.raises(ValueError, match="group_window_s"):
+        profile(queue_sort=["gittins"], plugin_args={"gittins": {"thresholds": [1000], "group_window_s": -1}})
