@@ -117,9 +117,9 @@ class DiscretizedLas:
     nearly the same duration (on the Philly log the variance of log duration inside such
     groups is 0.24 against 4.07 over all jobs), so once one of them has run for a day
     without ending, a sibling that has not started is most likely a day-long job as well.
-    Ranked by their own service, the siblings would take turns on the GPUs (a fresh one
-    outranks one that has run), each taking about twice as long; ranked by the group's,
-    the first started finish first. Finished siblings are not used: they say when the
+    Ranked by their own service, the siblings can take turns on the GPUs (a fresh one
+    outranks one that has run), each finishing later than if they ran one after another;
+    ranked by the group's, the first started finish first. Finished siblings are not used: they say when the
     others will end, which favours them rather than holding them back, and learning that
     from so few jobs did not help on the traces (docs/benchmarks.md).
 
