@@ -119,9 +119,9 @@ class DiscretizedLas:
     without ending, a sibling that has not started is most likely a day-long job as well.
     Ranked by their own service, the siblings can take turns on the GPUs (a fresh one
     outranks one that has run), each finishing later than if they ran one after another;
-    ranked by the group's, the first started finish first. Finished siblings are not used: they say when the
-    others will end, which favours them rather than holding them back, and learning that
-    from so few jobs did not help on the traces (docs/benchmarks.md).
+    ranked by the group's, the first started finish first. Finished siblings are not used:
+    they say when the others will end, which favours them rather than holding them back,
+    and learning that from so few jobs did not help on the traces (docs/benchmarks.md).
 
     It is also a preemption plugin (a job in a lower queue may preempt one in a higher queue;
     with `preempt_levels` n > 1, only one at least n queues higher, so that jobs one queue
@@ -220,15 +220,10 @@ class DiscretizedLas:
         levels = self._pending_levels
         if self.starvation_factor <= 0 and self.service == "gpu_time":
             # _pending_level without the starvation guard, written out for long queues.
-            thresholds = self.thresholds
-            by_window, window = self._group_attained, self.group_window_s
+            thresholds, grouped, ranked = self.thresholds, bool(self._group_attained), self.ranked_attained
             for job in jobs:
                 if job.id not in levels:
-                    attained = job.attained_gpu_s
-                    if by_window:
-                        groups = by_window.get(int(job.submitted_at // window))
-                        if groups:
-                            attained = max(attained, groups.get((job.vc, job.user, job.gpus), 0.0))
+                    attained = ranked(job) if grouped else job.attained_gpu_s
                     levels[job.id] = bisect.bisect_right(thresholds, attained)
             return levels
         for job in jobs:
