@@ -315,3 +315,56 @@ def test_a_stranger_still_preempts_a_group_that_ran_long() -> None:
 def test_a_negative_group_window_is_refused() -> None:
     with pytest.raises(ValueError, match="group_window_s"):
         profile(queue_sort=["gittins"], plugin_args={"gittins": {"thresholds": [1000], "group_window_s": -1}})
+
+
+def _a_sweep_that_did_not_fit() -> Snap:
+    # alice's two runs of one sweep came in 10 s apart; one got the only GPU and has run past
+    # the first threshold, so the waiting one, fresh, is in a better queue.
+    return (
+        Snap()
+        .node("n0", 1)
+        .running("first", [("n0", (0,))], attained_gpu_s=1_500, submitted_at=100.0, time_limit_s=9_000)
+        .pending("second", gpus_=1, submitted_at=110.0)
+    )
+
+
+@pytest.mark.parametrize("policy", ["las", "gittins"])
+@pytest.mark.parametrize(
+    ("window", "preempted"),
+    [
+        pytest.param(0, ["first"], id="no-window-the-fresh-sibling-preempts"),
+        pytest.param(600, [], id="siblings-wait-for-each-other"),
+        # Submitted at 100 and 110: different 5-second windows, so not siblings.
+        pytest.param(5, ["first"], id="another-window-not-siblings"),
+    ],
+)
+def test_a_waiting_sibling_never_preempts_a_running_one(
+    policy: str, window: int, preempted: list[str]
+) -> None:
+    args = {"thresholds": [1000], "sibling_window_s": window}
+    p = profile(queue_sort=[policy], preemption=[policy], post_cycle=[policy], plugin_args={policy: args})
+    plan = decide(_a_sweep_that_did_not_fit().build(), p, now=1000.0)
+    assert [pr.job_id for pr in plan.preemptions] == preempted
+    if not preempted:
+        # It waits for its sibling's end (its time limit), not for a threshold crossing.
+        (status,) = plan.pending
+        assert status.estimated_start == pytest.approx(9_000.0)
+
+
+@pytest.mark.parametrize("policy", ["las", "gittins"])
+def test_siblings_spare_each_other_but_not_a_strangers_job(policy: str) -> None:
+    # The sibling is looked at first and may not preempt; bob's job of the same kind (same
+    # width, queue and priority) still may, in the same cycle, and its estimate is now.
+    snap = _a_sweep_that_did_not_fit().pending("bobs", gpus_=1, user="bob", submitted_at=120.0)
+    args = {"thresholds": [1000], "sibling_window_s": 600}
+    p = profile(queue_sort=[policy, "fifo"], preemption=[policy], plugin_args={policy: args})
+    plan = decide(snap.build(), p, now=1000.0)
+    assert [pr.job_id for pr in plan.preemptions] == ["first"]
+    starts = {s.job_id: s.estimated_start for s in plan.pending}
+    assert starts["bobs"] == pytest.approx(1000.0 + 30.0)  # after the victim's grace period
+    assert starts["second"] is not None and starts["second"] > starts["bobs"]
+
+
+def test_a_negative_sibling_window_is_refused() -> None:
+    with pytest.raises(ValueError, match="sibling_window_s"):
+        profile(queue_sort=["las"], plugin_args={"las": {"thresholds": [1000], "sibling_window_s": -1}})

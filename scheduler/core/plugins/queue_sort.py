@@ -123,6 +123,13 @@ class DiscretizedLas:
     they say when the others will end, which favours them rather than holding them back,
     and learning that from so few jobs did not help on the traces (docs/benchmarks.md).
 
+    Siblings (`sibling_window_s` > 0: jobs of one VC, user and width submitted in the same
+    window of that many seconds) never preempt each other, whatever their queues. A sweep's
+    runs that did not all fit would otherwise take turns: each time the running ones cross a
+    threshold, the waiting ones, fresh, outrank and stop them, and all of them end later than
+    if the first started had finished first. The estimator counts a running sibling as
+    releasing its GPUs at its end only.
+
     It is also a preemption plugin (a job in a lower queue may preempt one in a higher queue;
     with `preempt_levels` n > 1, only one at least n queues higher, so that jobs one queue
     apart wait for each other instead of taking turns) and a post-cycle plugin (asks for a
@@ -143,6 +150,9 @@ class DiscretizedLas:
         self.group_window_s = float(args.get("group_window_s", 0.0))
         if self.group_window_s < 0:
             raise ValueError("las: group_window_s must not be negative")
+        self.sibling_window_s = float(args.get("sibling_window_s", 0.0))
+        if self.sibling_window_s < 0:
+            raise ValueError("las: sibling_window_s must not be negative")
         self.preempt_levels = int(args.get("preempt_levels", 1))
         if self.preempt_levels < 1:
             raise ValueError("las: preempt_levels must be at least 1")
@@ -160,10 +170,19 @@ class DiscretizedLas:
         # and then (VC, user, GPUs); only groups with some. Most jobs' window has none, and
         # they are told apart by one lookup.
         self._group_attained: dict[int, dict[tuple[str, str, int], float]] = {}
+        # The sibling groups with a running job, numbered in running order (a horizon key
+        # tells a job with running siblings by its group's number).
+        self._running_siblings: dict[tuple[int, str, str, int], int] = {}
+        self._sibling_windows: set[int] = set()  # the windows of those groups
 
     def prepare(self, ctx: CycleContext) -> None:
         self._pending = ctx.snapshot.pending
         self._group_attained = self._groups_attained(ctx) if self.group_window_s > 0 else {}
+        self._running_siblings = {}
+        if self.sibling_window_s > 0:
+            for job in ctx.snapshot.running:
+                self._running_siblings.setdefault(self.sibling_group(job), len(self._running_siblings))
+        self._sibling_windows = {group[0] for group in self._running_siblings}
         self._running_levels = {
             job.id: self.level(self.service_of(self.ranked_attained(job), job.gpus))
             for job in ctx.snapshot.running
@@ -194,6 +213,51 @@ class DiscretizedLas:
                 if group > attained:
                     return group
         return attained
+
+    def sibling_group(self, job: PendingJob | RunningJob) -> tuple[int, str, str, int]:
+        """The submission window, VC, user and width that make jobs siblings."""
+        return (int(job.submitted_at // self.sibling_window_s), job.vc, job.user, job.gpus)
+
+    def spares(self, job: PendingJob, victim: RunningJob) -> bool:
+        """Whether `job` leaves `victim` alone because they are siblings."""
+        window = self.sibling_window_s
+        return (
+            window > 0
+            and job.gpus == victim.gpus
+            and job.user == victim.user
+            and job.vc == victim.vc
+            and int(job.submitted_at // window) == int(victim.submitted_at // window)
+        )
+
+    def with_siblings(
+        self, jobs: Sequence[PendingJob], keys: list[tuple[float, ...]]
+    ) -> list[tuple[float, ...]]:
+        """Horizon keys that tell apart jobs with running siblings: those never preempt some
+        running jobs that other jobs of their kind may, so their yield times differ."""
+        running = self._running_siblings
+        if not running:
+            return keys
+        window_s, windows = self.sibling_window_s, self._sibling_windows
+        for position, job in enumerate(jobs):
+            window = int(job.submitted_at // window_s)
+            if window in windows:
+                number = running.get((window, job.vc, job.user, job.gpus))
+                if number is not None:
+                    keys[position] = (*keys[position], float(number))
+        return keys
+
+    def _spare_siblings(
+        self, job: PendingJob, victims: Sequence[RunningJob], times: list[float | None]
+    ) -> list[float | None]:
+        """`times` with the job's running siblings never yielding to it."""
+        if self._running_siblings:
+            group = self.sibling_group(job)
+            if group in self._running_siblings:
+                group_of = self.sibling_group
+                for position, victim in enumerate(victims):
+                    if times[position] is not None and group_of(victim) == group:
+                        times[position] = None
+        return times
 
     def service_of(self, attained_gpu_s: float, gpus: int) -> float:
         if self.service == "gpu_time":
@@ -262,14 +326,14 @@ class DiscretizedLas:
         return [shared[levels[job.id]] for job in jobs]
 
     def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
-        if preemptor.priority < victim.priority:
+        if preemptor.priority < victim.priority or self.spares(preemptor, victim):
             return None
         if self.pending_level(preemptor, ctx.now) + self.preempt_levels <= self.running_level(victim):
             return "las"
         return None
 
     def horizon_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
-        return (float(job.priority), float(self.pending_level(job, ctx.now)))
+        return self.with_siblings([job], [(float(job.priority), float(self.pending_level(job, ctx.now)))])[0]
 
     def horizon_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
         levels = self._levels(jobs, ctx.now)
@@ -277,12 +341,12 @@ class DiscretizedLas:
             priority: [(float(priority), float(level)) for level in range(len(self.thresholds) + 1)]
             for priority in {job.priority for job in jobs}
         }
-        return [shared[job.priority][levels[job.id]] for job in jobs]
+        return self.with_siblings(jobs, [shared[job.priority][levels[job.id]] for job in jobs])
 
     def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
         """When the victim's service crosses into a queue behind the job's: now if it already
         has, else when it reaches the job's queue threshold at its current rate."""
-        if job.priority < victim.priority:
+        if job.priority < victim.priority or self.spares(job, victim):
             return None
         # The victim yields once it is in queue `level + preempt_levels` or beyond.
         level = self.pending_level(job, ctx.now) + self.preempt_levels - 1
@@ -319,7 +383,7 @@ class DiscretizedLas:
                 rate = float(victim.gpus) if by_gpu_time else 1.0
                 service = self.service_of(self.ranked_attained(victim), victim.gpus)
                 times.append(now + max(threshold - service, 0.0) / max(rate, 1e-9))
-        return times
+        return self._spare_siblings(job, victims, times)
 
     def wake_at(self, ctx: CycleContext) -> float | None:
         """The next time a running job's demotion lets a waiting job preempt it. Only
@@ -441,14 +505,15 @@ class GittinsIndex(DiscretizedLas):
         return keys
 
     def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
-        if preemptor.priority < victim.priority:
+        if preemptor.priority < victim.priority or self.spares(preemptor, victim):
             return None
         mine = self.index(preemptor.gpus, self.pending_level(preemptor, ctx.now))
         theirs = self.index(victim.gpus, self.running_level(victim))
         return "gittins" if mine > self.preempt_ratio * theirs else None
 
     def horizon_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
-        return (float(job.priority), self.index(job.gpus, self.pending_level(job, ctx.now)))
+        key = (float(job.priority), self.index(job.gpus, self.pending_level(job, ctx.now)))
+        return self.with_siblings([job], [key])[0]
 
     def horizon_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
         levels = self._levels(jobs, ctx.now)
@@ -460,7 +525,7 @@ class GittinsIndex(DiscretizedLas):
             if key is None:
                 key = shared[kind] = (float(job.priority), self.index(job.gpus, kind[2]))
             keys.append(key)
-        return keys
+        return self.with_siblings(jobs, keys)
 
     def _yield_level(self, gpus: int, current: int, index: float) -> int | None:
         """The first queue from `current` on in which a running job of `gpus` GPUs has an
@@ -491,7 +556,7 @@ class GittinsIndex(DiscretizedLas):
         return now + max(self.thresholds[level - 1] - service, 0.0) / max(rate, 1e-9)
 
     def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
-        if job.priority < victim.priority:
+        if job.priority < victim.priority or self.spares(job, victim):
             return None
         mine = self.index(job.gpus, self.pending_level(job, ctx.now))
         return self._yields_after(mine, victim, ctx.now)
@@ -521,7 +586,7 @@ class GittinsIndex(DiscretizedLas):
             rate = float(gpus) if by_gpu_time else 1.0
             for position, service in zip(positions, services, strict=True):
                 times[position] = now + max(threshold - service, 0.0) / rate
-        return times
+        return self._spare_siblings(job, victims, times)
 
     def _victim_groups(
         self, victims: Sequence[RunningJob]
