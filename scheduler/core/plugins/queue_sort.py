@@ -126,8 +126,10 @@ class DiscretizedLas:
     Siblings (`sibling_window_s` > 0: jobs of one VC, user and width submitted in the same
     window of that many seconds) never preempt each other, whatever their queues. A sweep's
     runs that did not all fit would otherwise take turns: each time the running ones cross a
-    threshold, the waiting ones, fresh, outrank and stop them, and all of them end later than
-    if the first started had finished first. The estimator counts a running sibling as
+    threshold, the waiting ones, fresh, outrank and stop them. Where the runs last about as
+    long as each other, all of them then end later than if the first started had finished
+    first; where they differ widely, taking turns finds the short ones sooner, which the rule
+    gives up (docs/benchmarks.md has both cases). The estimator counts a running sibling as
     releasing its GPUs at its end only.
 
     It is also a preemption plugin (a job in a lower queue may preempt one in a higher queue;
