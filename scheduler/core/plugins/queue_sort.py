@@ -128,9 +128,9 @@ class DiscretizedLas:
     runs that did not all fit would otherwise take turns: each time the running ones cross a
     threshold, the waiting ones, fresh, outrank and stop them. Where the runs last about as
     long as each other, all of them then end later than if the first started had finished
-    first; where they differ widely, taking turns finds the short ones sooner, which the rule
-    gives up (docs/benchmarks.md has both cases). The estimator counts a running sibling as
-    releasing its GPUs at its end only.
+    first; where they differ widely, taking turns may serve the short ones sooner (on one
+    such sweep of cluster04 the rule gained nothing, docs/benchmarks.md). The estimator
+    counts a running sibling as releasing its GPUs at its end only.
 
     It is also a preemption plugin (a job in a lower queue may preempt one in a higher queue;
     with `preempt_levels` n > 1, only one at least n queues higher, so that jobs one queue
