@@ -128,9 +128,13 @@ def test_a_cycle_queued_behind_another_does_not_run_once_the_loop_is_paused(read
 
     set_loop_paused(False)
     results: list[Any] = []
+    worker_pids: list[int] = []
 
     def worker() -> None:
         try:
+            with connection.cursor() as own:  # the session the cycle below runs on
+                own.execute("SELECT pg_backend_pid()")
+                worker_pids.append(own.fetchone()[0])
             results.append(schedule_cycle())
         finally:
             connection.close()
@@ -141,7 +145,14 @@ def test_a_cycle_queued_behind_another_does_not_run_once_the_loop_is_paused(read
         thread.start()
 
         def waiting_for_the_lock() -> int:
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            # Only the worker's own session counts: pg_locks spans every database on the server,
+            # and other tests' workers may be waiting for locks of their own.
+            if not worker_pids:
+                return 0
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = %s",
+                [worker_pids[0]],
+            )
             return int(cursor.fetchone()[0])
 
         assert wait_for(waiting_for_the_lock, 20, "the worker's cycle to wait for the lock") == 1
