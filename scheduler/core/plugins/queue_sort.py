@@ -24,6 +24,12 @@ DEFAULT_RUNTIME_S = 3600.0
 _ARRIVAL = attrgetter("submitted_at", "id")  # (submitted_at, id), the order of submission
 
 
+def sweep_of(job: PendingJob | RunningJob, window_s: float) -> tuple[int, tuple[str, str, int]]:
+    """The submission window and the kind (VC, user, width) that mark jobs as runs of one sweep,
+    for group ranking and for siblings alike."""
+    return int(job.submitted_at // window_s), (job.vc, job.user, job.gpus)
+
+
 def by_arrival(jobs: Sequence[PendingJob]) -> Sequence[PendingJob]:
     """`jobs` sorted by (submitted_at, id). A queue whose submission times already rise
     strictly (as a snapshot's usually do) is in that order and is returned as it is."""
@@ -172,19 +178,22 @@ class DiscretizedLas:
         # and then (VC, user, GPUs); only groups with some. Most jobs' window has none, and
         # they are told apart by one lookup.
         self._group_attained: dict[int, dict[tuple[str, str, int], float]] = {}
-        # The sibling groups with a running job, numbered in running order (a horizon key
-        # tells a job with running siblings by its group's number).
-        self._running_siblings: dict[tuple[int, str, str, int], int] = {}
-        self._sibling_windows: set[int] = set()  # the windows of those groups
+        # The sibling groups with a running job, by submission window and then kind, numbered
+        # in running order (a horizon key tells a job with running siblings by that number).
+        self._running_siblings: dict[int, dict[tuple[str, str, int], int]] = {}
 
     def prepare(self, ctx: CycleContext) -> None:
         self._pending = ctx.snapshot.pending
         self._group_attained = self._groups_attained(ctx) if self.group_window_s > 0 else {}
         self._running_siblings = {}
         if self.sibling_window_s > 0:
+            numbered = 0
             for job in ctx.snapshot.running:
-                self._running_siblings.setdefault(self.sibling_group(job), len(self._running_siblings))
-        self._sibling_windows = {group[0] for group in self._running_siblings}
+                window, kind = sweep_of(job, self.sibling_window_s)
+                groups = self._running_siblings.setdefault(window, {})
+                if kind not in groups:
+                    groups[kind] = numbered
+                    numbered += 1
         self._running_levels = {
             job.id: self.level(self.service_of(self.ranked_attained(job), job.gpus))
             for job in ctx.snapshot.running
@@ -193,15 +202,14 @@ class DiscretizedLas:
 
     def _groups_attained(self, ctx: CycleContext) -> dict[int, dict[tuple[str, str, int], float]]:
         best: dict[int, dict[tuple[str, str, int], float]] = {}
-        window = self.group_window_s
         for jobs in (ctx.snapshot.running, ctx.snapshot.pending):
             for job in jobs:
                 attained = job.attained_gpu_s
                 if attained > 0:
-                    groups = best.setdefault(int(job.submitted_at // window), {})
-                    group = (job.vc, job.user, job.gpus)
-                    if attained > groups.get(group, 0.0):
-                        groups[group] = attained
+                    window, kind = sweep_of(job, self.group_window_s)
+                    groups = best.setdefault(window, {})
+                    if attained > groups.get(kind, 0.0):
+                        groups[kind] = attained
         return best
 
     def ranked_attained(self, job: PendingJob | RunningJob) -> float:
@@ -209,19 +217,17 @@ class DiscretizedLas:
         class docstring)."""
         attained = job.attained_gpu_s
         if self._group_attained:
-            groups = self._group_attained.get(int(job.submitted_at // self.group_window_s))
+            window, kind = sweep_of(job, self.group_window_s)
+            groups = self._group_attained.get(window)
             if groups:
-                group = groups.get((job.vc, job.user, job.gpus), 0.0)
+                group = groups.get(kind, 0.0)
                 if group > attained:
                     return group
         return attained
 
-    def sibling_group(self, job: PendingJob | RunningJob) -> tuple[int, str, str, int]:
-        """The submission window, VC, user and width that make jobs siblings."""
-        return (int(job.submitted_at // self.sibling_window_s), job.vc, job.user, job.gpus)
-
     def spares(self, job: PendingJob, victim: RunningJob) -> bool:
-        """Whether `job` leaves `victim` alone because they are siblings."""
+        """Whether `job` leaves `victim` alone because they are siblings (`sweep_of` both,
+        compared field by field: this is asked once per candidate victim)."""
         window = self.sibling_window_s
         return (
             window > 0
@@ -239,11 +245,11 @@ class DiscretizedLas:
         running = self._running_siblings
         if not running:
             return keys
-        window_s, windows = self.sibling_window_s, self._sibling_windows
+        window_s = self.sibling_window_s
         for position, job in enumerate(jobs):
-            window = int(job.submitted_at // window_s)
-            if window in windows:
-                number = running.get((window, job.vc, job.user, job.gpus))
+            groups = running.get(int(job.submitted_at // window_s))  # most windows have none
+            if groups:
+                number = groups.get((job.vc, job.user, job.gpus))
                 if number is not None:
                     keys[position] = (*keys[position], float(number))
         return keys
@@ -253,11 +259,11 @@ class DiscretizedLas:
     ) -> list[float | None]:
         """`times` with the job's running siblings never yielding to it."""
         if self._running_siblings:
-            group = self.sibling_group(job)
-            if group in self._running_siblings:
-                group_of = self.sibling_group
+            window, kind = sweep_of(job, self.sibling_window_s)
+            if kind in self._running_siblings.get(window, ()):
+                spares = self.spares
                 for position, victim in enumerate(victims):
-                    if times[position] is not None and group_of(victim) == group:
+                    if times[position] is not None and spares(job, victim):
                         times[position] = None
         return times
 
