@@ -117,6 +117,7 @@ def queue_sorters() -> Iterator[object]:
     yield DiscretizedLas({"thresholds": [900, 3600, 57600], "service": "gpu_time"})
     yield DiscretizedLas({"thresholds": [3600], "service": "time", "starvation_factor": 2})
     yield DiscretizedLas({"thresholds": [3600, 36000], "order_in_queue": "service"})
+    yield DiscretizedLas({"thresholds": [900, 3600, 57600], "group_window_s": 2000, "preempt_levels": 2})
     yield ShortestExpectedFirst({"by": "gpu_time"})
     yield DominantResourceFairness({})
     yield GuaranteeFirst({})
@@ -140,9 +141,14 @@ def test_whole_queue_keys_equal_one_call_per_job(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("service", ["gpu_time", "time"])
-def test_gittins_yields_for_a_whole_list_equal_one_call_per_victim(seed: int, service: str) -> None:
+@pytest.mark.parametrize("group_window_s", [0, 2000])
+def test_gittins_yields_for_a_whole_list_equal_one_call_per_victim(
+    seed: int, service: str, group_window_s: int
+) -> None:
     """The Gittins plugin groups the victims once per list; every kind asking about the same
-    list must get what it would get victim by victim, in the list's order."""
+    list must get what it would get victim by victim, in the list's order. With a group
+    window of 2,000 s every job is in one window, so many waiting jobs have a group running
+    and rise through the queues while they wait."""
     rng = random.Random(seed)
     pending = random_jobs(rng, 60)
     running = [
@@ -157,8 +163,13 @@ def test_gittins_yields_for_a_whole_list_equal_one_call_per_victim(seed: int, se
     )
     ctx = context(pending, running)
     ctx = dataclasses.replace(ctx, snapshot=dataclasses.replace(ctx.snapshot, finished=history))
-    plugin = GittinsIndex({"thresholds": [900 * 2**k for k in range(10)], "service": service})
+    plugin = GittinsIndex(
+        {"thresholds": [900 * 2**k for k in range(10)], "service": service, "group_window_s": group_window_s}
+    )
     plugin.prepare(ctx)
+    assert plugin.horizon_keys(pending, ctx) == [plugin.horizon_key(job, ctx) for job in pending]
+    if group_window_s:
+        assert any(len(plugin.waiting_levels(job, NOW)) > 1 for job in pending)
     victims = list(running)
     answers = set()
     for job in pending:

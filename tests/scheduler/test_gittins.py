@@ -312,6 +312,59 @@ def test_a_stranger_still_preempts_a_group_that_ran_long() -> None:
     assert [pr.job_id for pr in plan.preemptions] == ["long"]
 
 
+def _a_group_running_beside_a_stranger(first_attained: float, bobs_attained: float) -> Snap:
+    # alice's "second" was submitted with "first", which runs; bob's job runs on the other
+    # GPU. Of the 1-GPU jobs before, 40 needed 1,000 GPU-s, 30 2,000 and 30 ten million: with
+    # queues from 900, 1,800 and 3,600 GPU-s the Gittins index of queue 1 (6.9e-4) is above
+    # that of queue 2 (5.0e-4), which is above that of queue 0 (3.4e-4).
+    return (
+        Snap()
+        .node("n0", 2)
+        .running(
+            "first",
+            [("n0", (0,))],
+            attained_gpu_s=first_attained,
+            submitted_at=100.0,
+            started_at=1000 - first_attained,
+        )
+        .running(
+            "bobs", [("n0", (1,))], attained_gpu_s=bobs_attained, user="bob", started_at=1000 - bobs_attained
+        )
+        .pending("second", gpus_=1, submitted_at=110.0)
+        .finished(1, 1000.0, count=40)
+        .finished(1, 2000.0, count=30)
+        .finished(1, 1e7, count=30)
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "first_attained", "bobs_attained", "window", "expected"),
+    [
+        # Gittins: "second" is ranked by "first" (500 GPU-s, queue 0) and, fresh, would not
+        # preempt bob's job in queue 2 before it reaches queue 3 (at 2,600): "first" ending
+        # (at 2,500, by the history) comes sooner. Ranked with its group it reaches queue 1
+        # when "first" passes 900 GPU-s, at 1,400, and then outranks bob's job.
+        pytest.param("gittins", 500, 2000, 0, 2500.0, id="gittins-alone"),
+        pytest.param("gittins", 500, 2000, 60, 1400.0, id="gittins-rises-and-preempts-sooner"),
+        # LAS: fresh, it preempts bob's job when that passes 900 GPU-s (at 1,100; "first" is
+        # its sibling and never preempted). Ranked with its group it is in queue 1 from
+        # 1,050 and rises as fast as bob's job, 50 GPU-s ahead, so it never outranks it and
+        # waits for its end (at 1,200, by the history).
+        pytest.param("las", 850, 800, 0, 1100.0, id="las-alone"),
+        pytest.param("las", 850, 800, 60, 1200.0, id="las-rises-and-waits-for-the-end"),
+    ],
+)
+def test_a_waiting_job_is_estimated_to_rise_with_its_running_group(
+    policy: str, first_attained: float, bobs_attained: float, window: int, expected: float
+) -> None:
+    args = {"thresholds": [900, 1800, 3600], "group_window_s": window, "sibling_window_s": 600}
+    p = profile(queue_sort=[policy], preemption=[policy], post_cycle=[policy], plugin_args={policy: args})
+    plan = decide(_a_group_running_beside_a_stranger(first_attained, bobs_attained).build(), p, now=1000.0)
+    assert plan.preemptions == ()
+    (status,) = plan.pending
+    assert status.estimated_start == pytest.approx(expected)
+
+
 def test_a_negative_group_window_is_refused() -> None:
     with pytest.raises(ValueError, match="group_window_s"):
         profile(queue_sort=["gittins"], plugin_args={"gittins": {"thresholds": [1000], "group_window_s": -1}})

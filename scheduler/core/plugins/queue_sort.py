@@ -12,7 +12,8 @@ a key takes few values (a priority class, a LAS queue), jobs of one value share 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter, lt
 from typing import Any
 
@@ -28,6 +29,26 @@ def sweep_of(job: PendingJob | RunningJob, window_s: float) -> tuple[int, tuple[
     """The submission window and the kind (VC, user, width) that mark jobs as runs of one sweep,
     for group ranking and for siblings alike."""
     return int(job.submitted_at // window_s), (job.vc, job.user, job.gpus)
+
+
+def over_spans(
+    spans: Sequence[tuple[float, float, int]], yields_in: Callable[[int], list[float | None]]
+) -> list[float | None]:
+    """The earliest yield times over the queues a waiting job passes through (`spans` of
+    (from, until, queue), the first from now): each queue's answers count from when the job
+    enters that queue until it leaves it."""
+    (_, until, level), *later = spans
+    times = yields_in(level)
+    if not later:
+        return times
+    times = [at if at is not None and at < until else None for at in times]
+    for start, until, level in later:
+        for position, at in enumerate(yields_in(level)):
+            if at is not None:
+                at = max(at, start)
+                if at < until and (times[position] is None or at < times[position]):
+                    times[position] = at
+    return times
 
 
 def by_arrival(jobs: Sequence[PendingJob]) -> Sequence[PendingJob]:
@@ -128,6 +149,11 @@ class DiscretizedLas:
     ranked by the group's, the first started finish first. Finished siblings are not used:
     they say when the others will end, which favours them rather than holding them back,
     and learning that from so few jobs did not help on the traces (docs/benchmarks.md).
+    A waiting job's rank thus rises while its group has a job running, and the estimator
+    follows it queue by queue: under Gittins order a later queue may rank higher (in one
+    cluster02 replay, on day 38, a 1-GPU job just past 900 GPU-s outranked one just past
+    1,800 and a fresh one did not), so the job may preempt sooner than its queue at
+    submission says.
 
     Siblings (`sibling_window_s` > 0: jobs of one VC, user and width submitted in the same
     window of that many seconds) never preempt each other, whatever their queues. A sweep's
@@ -178,27 +204,44 @@ class DiscretizedLas:
         # and then (VC, user, GPUs); only groups with some. Most jobs' window has none, and
         # they are told apart by one lookup.
         self._group_attained: dict[int, dict[tuple[str, str, int], float]] = {}
-        # The sibling groups with a running job, by submission window and then kind, numbered
-        # in running order (a horizon key tells a job with running siblings by that number).
-        self._running_siblings: dict[int, dict[tuple[str, str, int], int]] = {}
+        # The sibling groups and the ranking groups with a running job (`_running_sweeps`): a
+        # horizon key tells a job with either by the number; a group's rank grows from the
+        # most its running jobs have attained.
+        self._running_siblings: dict[int, dict[tuple[str, str, int], tuple[int, float]]] = {}
+        self._running_groups: dict[int, dict[tuple[str, str, int], tuple[int, float]]] = {}
 
     def prepare(self, ctx: CycleContext) -> None:
         self._pending = ctx.snapshot.pending
         self._group_attained = self._groups_attained(ctx) if self.group_window_s > 0 else {}
-        self._running_siblings = {}
-        if self.sibling_window_s > 0:
-            numbered = 0
-            for job in ctx.snapshot.running:
-                window, kind = sweep_of(job, self.sibling_window_s)
-                groups = self._running_siblings.setdefault(window, {})
-                if kind not in groups:
-                    groups[kind] = numbered
-                    numbered += 1
+        running = ctx.snapshot.running
+        self._running_groups = self._running_sweeps(running, self.group_window_s)
+        self._running_siblings = self._running_sweeps(running, self.sibling_window_s)
         self._running_levels = {
             job.id: self.level(self.service_of(self.ranked_attained(job), job.gpus))
             for job in ctx.snapshot.running
         }
         self._levels(ctx.snapshot.pending, ctx.now)
+
+    @staticmethod
+    def _running_sweeps(
+        running: Sequence[RunningJob], window_s: float
+    ) -> dict[int, dict[tuple[str, str, int], tuple[int, float]]]:
+        """The sweeps (`sweep_of`) with a running job, by window and then kind: their number
+        in running order and the most GPU-seconds a running one of them has attained."""
+        sweeps: dict[int, dict[tuple[str, str, int], tuple[int, float]]] = {}
+        if window_s <= 0:
+            return sweeps
+        numbered = 0
+        for job in running:
+            window, kind = sweep_of(job, window_s)
+            kinds = sweeps.setdefault(window, {})
+            entry = kinds.get(kind)
+            if entry is None:
+                kinds[kind] = (numbered, job.attained_gpu_s)
+                numbered += 1
+            elif job.attained_gpu_s > entry[1]:
+                kinds[kind] = (entry[0], job.attained_gpu_s)
+        return sweeps
 
     def _groups_attained(self, ctx: CycleContext) -> dict[int, dict[tuple[str, str, int], float]]:
         best: dict[int, dict[tuple[str, str, int], float]] = {}
@@ -237,22 +280,54 @@ class DiscretizedLas:
             and int(job.submitted_at // window) == int(victim.submitted_at // window)
         )
 
-    def with_siblings(
+    def with_sweeps(
         self, jobs: Sequence[PendingJob], keys: list[tuple[float, ...]]
     ) -> list[tuple[float, ...]]:
-        """Horizon keys that tell apart jobs with running siblings: those never preempt some
-        running jobs that other jobs of their kind may, so their yield times differ."""
-        running = self._running_siblings
-        if not running:
-            return keys
-        window_s = self.sibling_window_s
-        for position, job in enumerate(jobs):
-            groups = running.get(int(job.submitted_at // window_s))  # most windows have none
-            if groups:
-                number = groups.get((job.vc, job.user, job.gpus))
-                if number is not None:
-                    keys[position] = (*keys[position], float(number))
+        """Horizon keys that tell apart jobs whose yield times differ from others of their
+        kind: jobs with running siblings, which never preempt some running jobs that others
+        may (tagged 0, 1, ...), and jobs whose group has a job running, whose rank rises while
+        they wait (tagged -1, -2, ...)."""
+        if self._running_siblings:
+            running, window_s = self._running_siblings, self.sibling_window_s
+            for position, job in enumerate(jobs):
+                groups = running.get(int(job.submitted_at // window_s))  # most windows have none
+                if groups:
+                    entry = groups.get((job.vc, job.user, job.gpus))
+                    if entry is not None:
+                        keys[position] = (*keys[position], float(entry[0]))
+        if self._running_groups:
+            rising, window_s = self._running_groups, self.group_window_s
+            for position, job in enumerate(jobs):
+                groups = rising.get(int(job.submitted_at // window_s))
+                if groups:
+                    entry = groups.get((job.vc, job.user, job.gpus))
+                    if entry is not None:
+                        keys[position] = (*keys[position], -1.0 - entry[0])
         return keys
+
+    def waiting_levels(self, job: PendingJob, now: float) -> list[tuple[float, float, int]]:
+        """The queues `job` is in while it waits, each with when it enters and leaves it: its
+        queue now, unless its group has a job running, whose service raises the group's rank
+        (and so the job's) queue by queue."""
+        level = self.pending_level(job, now)
+        spans = [(now, math.inf, level)]
+        if not self._running_groups:
+            return spans
+        window, kind = sweep_of(job, self.group_window_s)
+        entry = self._running_groups.get(window, {}).get(kind)
+        if entry is None or level != self.level(self.service_of(self.ranked_attained(job), job.gpus)):
+            return spans  # no group running, or the starvation guard holds it in queue 0
+        best = entry[1]  # GPU-seconds, growing by the job's width per second
+        per_unit = 1.0 if self.service == "gpu_time" else float(job.gpus)  # GPU-s per unit
+        spans, start, current = [], now, level
+        for upper in range(level, len(self.thresholds)):
+            at = now + max(self.thresholds[upper] * per_unit - best, 0.0) / max(job.gpus, 1)
+            if at > start:
+                spans.append((start, at, current))
+                start = at
+            current = upper + 1
+        spans.append((start, math.inf, current))
+        return spans
 
     def _spare_siblings(
         self, job: PendingJob, victims: Sequence[RunningJob], times: list[float | None]
@@ -341,7 +416,7 @@ class DiscretizedLas:
         return None
 
     def horizon_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
-        return self.with_siblings([job], [(float(job.priority), float(self.pending_level(job, ctx.now)))])[0]
+        return self.with_sweeps([job], [(float(job.priority), float(self.pending_level(job, ctx.now)))])[0]
 
     def horizon_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
         levels = self._levels(jobs, ctx.now)
@@ -349,29 +424,41 @@ class DiscretizedLas:
             priority: [(float(priority), float(level)) for level in range(len(self.thresholds) + 1)]
             for priority in {job.priority for job in jobs}
         }
-        return self.with_siblings(jobs, [shared[job.priority][levels[job.id]] for job in jobs])
+        return self.with_sweeps(jobs, [shared[job.priority][levels[job.id]] for job in jobs])
 
     def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
         """When the victim's service crosses into a queue behind the job's: now if it already
         has, else when it reaches the job's queue threshold at its current rate."""
         if job.priority < victim.priority or self.spares(job, victim):
             return None
+        now = ctx.now
+        spans = self.waiting_levels(job, now)
+        return over_spans(spans, lambda level: [self._yield_in_queue(level, victim, now)])[0]
+
+    def _yield_in_queue(self, level: int, victim: RunningJob, now: float) -> float | None:
         # The victim yields once it is in queue `level + preempt_levels` or beyond.
-        level = self.pending_level(job, ctx.now) + self.preempt_levels - 1
+        level += self.preempt_levels - 1
         if level < self.running_level(victim):
-            return ctx.now
+            return now
         if level >= len(self.thresholds):
             return None
         rate = float(victim.gpus) if self.service == "gpu_time" else 1.0
         service = self.service_of(self.ranked_attained(victim), victim.gpus)
-        return ctx.now + max(self.thresholds[level] - service, 0.0) / max(rate, 1e-9)
+        return now + max(self.thresholds[level] - service, 0.0) / max(rate, 1e-9)
 
     def yields_at_all(
         self, job: PendingJob, victims: Sequence[RunningJob], ctx: CycleContext
     ) -> list[float | None]:
         """yields_at for every victim, with what depends only on `job` worked out once."""
-        now, priority = ctx.now, job.priority
-        level = self.pending_level(job, now) + self.preempt_levels - 1
+        spans = self.waiting_levels(job, ctx.now)
+        times = over_spans(spans, lambda level: self._yields_in_queue(job, level, victims, ctx.now))
+        return self._spare_siblings(job, victims, times)
+
+    def _yields_in_queue(
+        self, job: PendingJob, level: int, victims: Sequence[RunningJob], now: float
+    ) -> list[float | None]:
+        priority = job.priority
+        level += self.preempt_levels - 1
         threshold = self.thresholds[level] if level < len(self.thresholds) else None
         by_gpu_time = self.service == "gpu_time"
         running_levels = self._running_levels
@@ -391,7 +478,7 @@ class DiscretizedLas:
                 rate = float(victim.gpus) if by_gpu_time else 1.0
                 service = self.service_of(self.ranked_attained(victim), victim.gpus)
                 times.append(now + max(threshold - service, 0.0) / max(rate, 1e-9))
-        return self._spare_siblings(job, victims, times)
+        return times
 
     def wake_at(self, ctx: CycleContext) -> float | None:
         """The next time a running job's demotion lets a waiting job preempt it. Only
@@ -521,7 +608,7 @@ class GittinsIndex(DiscretizedLas):
 
     def horizon_key(self, job: PendingJob, ctx: CycleContext) -> tuple[float, ...]:
         key = (float(job.priority), self.index(job.gpus, self.pending_level(job, ctx.now)))
-        return self.with_siblings([job], [key])[0]
+        return self.with_sweeps([job], [key])[0]
 
     def horizon_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
         levels = self._levels(jobs, ctx.now)
@@ -533,7 +620,7 @@ class GittinsIndex(DiscretizedLas):
             if key is None:
                 key = shared[kind] = (float(job.priority), self.index(job.gpus, kind[2]))
             keys.append(key)
-        return self.with_siblings(jobs, keys)
+        return self.with_sweeps(jobs, keys)
 
     def _yield_level(self, gpus: int, current: int, index: float) -> int | None:
         """The first queue from `current` on in which a running job of `gpus` GPUs has an
@@ -566,8 +653,10 @@ class GittinsIndex(DiscretizedLas):
     def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
         if job.priority < victim.priority or self.spares(job, victim):
             return None
-        mine = self.index(job.gpus, self.pending_level(job, ctx.now))
-        return self._yields_after(mine, victim, ctx.now)
+        now = ctx.now
+        spans = self.waiting_levels(job, now)
+        gpus = job.gpus
+        return over_spans(spans, lambda level: [self._yields_after(self.index(gpus, level), victim, now)])[0]
 
     def yields_at_all(
         self, job: PendingJob, victims: Sequence[RunningJob], ctx: CycleContext
@@ -576,8 +665,14 @@ class GittinsIndex(DiscretizedLas):
         every running job (16 kinds x 6,000 jobs in a 50,000-job cycle), so the victims are
         grouped once by what the answer depends on besides their service (priority, width,
         queue), and each kind works out one yield queue per group."""
-        now, priority = ctx.now, job.priority
-        mine = self.index(job.gpus, self.pending_level(job, now))
+        spans = self.waiting_levels(job, ctx.now)
+        times = over_spans(spans, lambda level: self._yields_in_queue(job, level, victims, ctx.now))
+        return self._spare_siblings(job, victims, times)
+
+    def _yields_in_queue(
+        self, job: PendingJob, level: int, victims: Sequence[RunningJob], now: float
+    ) -> list[float | None]:
+        priority, mine = job.priority, self.index(job.gpus, level)
         thresholds, by_gpu_time = self.thresholds, self.service == "gpu_time"
         times: list[float | None] = [None] * len(victims)
         for (victim_priority, gpus, current), positions, services in self._victim_groups(victims):
@@ -594,7 +689,7 @@ class GittinsIndex(DiscretizedLas):
             rate = float(gpus) if by_gpu_time else 1.0
             for position, service in zip(positions, services, strict=True):
                 times[position] = now + max(threshold - service, 0.0) / rate
-        return self._spare_siblings(job, victims, times)
+        return times
 
     def _victim_groups(
         self, victims: Sequence[RunningJob]
