@@ -457,6 +457,7 @@ class DiscretizedLas:
     def _yields_in_queue(
         self, job: PendingJob, level: int, victims: Sequence[RunningJob], now: float
     ) -> list[float | None]:
+        """yields_at for every victim while `job` is in queue `level`."""
         priority = job.priority
         level += self.preempt_levels - 1
         threshold = self.thresholds[level] if level < len(self.thresholds) else None
@@ -658,20 +659,13 @@ class GittinsIndex(DiscretizedLas):
         gpus = job.gpus
         return over_spans(spans, lambda level: [self._yields_after(self.index(gpus, level), victim, now)])[0]
 
-    def yields_at_all(
-        self, job: PendingJob, victims: Sequence[RunningJob], ctx: CycleContext
-    ) -> list[float | None]:
-        """yields_at for every victim. The estimator asks it per kind of waiting job about
-        every running job (16 kinds x 6,000 jobs in a 50,000-job cycle), so the victims are
-        grouped once by what the answer depends on besides their service (priority, width,
-        queue), and each kind works out one yield queue per group."""
-        spans = self.waiting_levels(job, ctx.now)
-        times = over_spans(spans, lambda level: self._yields_in_queue(job, level, victims, ctx.now))
-        return self._spare_siblings(job, victims, times)
-
     def _yields_in_queue(
         self, job: PendingJob, level: int, victims: Sequence[RunningJob], now: float
     ) -> list[float | None]:
+        """The estimator asks this per kind of waiting job about every running job (16 kinds
+        x 6,000 jobs in a 50,000-job cycle), so the victims are grouped once by what the
+        answer depends on besides their service (priority, width, queue), and each kind works
+        out one yield queue per group."""
         priority, mine = job.priority, self.index(job.gpus, level)
         thresholds, by_gpu_time = self.thresholds, self.service == "gpu_time"
         times: list[float | None] = [None] * len(victims)
