@@ -142,13 +142,14 @@ def test_whole_queue_keys_equal_one_call_per_job(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("service", ["gpu_time", "time"])
 @pytest.mark.parametrize("group_window_s", [0, 2000])
+@pytest.mark.parametrize("plugin_class", [GittinsIndex, DiscretizedLas])
 def test_gittins_yields_for_a_whole_list_equal_one_call_per_victim(
-    seed: int, service: str, group_window_s: int
+    seed: int, service: str, group_window_s: int, plugin_class: type[DiscretizedLas]
 ) -> None:
     """The Gittins plugin groups the victims once per list; every kind asking about the same
     list must get what it would get victim by victim, in the list's order. With a group
     window of 2,000 s every job is in one window, so many waiting jobs have a group running
-    and rise through the queues while they wait."""
+    and rise through the queues while they wait; LAS answers through the same spans."""
     rng = random.Random(seed)
     pending = random_jobs(rng, 60)
     running = [
@@ -163,7 +164,7 @@ def test_gittins_yields_for_a_whole_list_equal_one_call_per_victim(
     )
     ctx = context(pending, running)
     ctx = dataclasses.replace(ctx, snapshot=dataclasses.replace(ctx.snapshot, finished=history))
-    plugin = GittinsIndex(
+    plugin = plugin_class(
         {"thresholds": [900 * 2**k for k in range(10)], "service": service, "group_window_s": group_window_s}
     )
     plugin.prepare(ctx)

@@ -287,22 +287,18 @@ class DiscretizedLas:
         kind: jobs with running siblings, which never preempt some running jobs that others
         may (tagged 0, 1, ...), and jobs whose group has a job running, whose rank rises while
         they wait (tagged -1, -2, ...)."""
-        if self._running_siblings:
-            running, window_s = self._running_siblings, self.sibling_window_s
+        for sweeps, window_s, first, step in (
+            (self._running_siblings, self.sibling_window_s, 0.0, 1.0),
+            (self._running_groups, self.group_window_s, -1.0, -1.0),
+        ):
+            if not sweeps:
+                continue
             for position, job in enumerate(jobs):
-                groups = running.get(int(job.submitted_at // window_s))  # most windows have none
-                if groups:
-                    entry = groups.get((job.vc, job.user, job.gpus))
+                kinds = sweeps.get(int(job.submitted_at // window_s))  # most windows have none
+                if kinds:
+                    entry = kinds.get((job.vc, job.user, job.gpus))
                     if entry is not None:
-                        keys[position] = (*keys[position], float(entry[0]))
-        if self._running_groups:
-            rising, window_s = self._running_groups, self.group_window_s
-            for position, job in enumerate(jobs):
-                groups = rising.get(int(job.submitted_at // window_s))
-                if groups:
-                    entry = groups.get((job.vc, job.user, job.gpus))
-                    if entry is not None:
-                        keys[position] = (*keys[position], -1.0 - entry[0])
+                        keys[position] = (*keys[position], first + step * entry[0])
         return keys
 
     def waiting_levels(self, job: PendingJob, now: float) -> list[tuple[float, float, int]]:
