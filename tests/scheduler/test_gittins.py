@@ -21,6 +21,15 @@ def test_index_table_by_hand() -> None:
     assert tables[1] == pooled
 
 
+def test_a_queue_past_every_finished_job_is_expected_to_run_as_long_again() -> None:
+    # No finished job ran past 10,000 GPU-s, so queues from 20,000 on have no sample. They
+    # take the index of the last queue with samples (1,000: 1 / 9,000) scaled by 1,000 / t,
+    # as if a job that attained t had as much to go: positive, and falling queue by queue.
+    finished = FinishedService(((1, 100.0),) * 10 + ((1, 10_000.0),) * 10)
+    _, pooled = gittins_table(finished, (1000.0, 20_000.0, 40_000.0), by_width=True, min_samples=5)
+    assert pooled == pytest.approx((0.5 / 550, 1 / 9000, 1 / 180_000, 1 / 360_000))
+
+
 def test_widths_with_few_samples_use_the_pooled_table_and_no_history_means_none() -> None:
     finished = FinishedService(((1, 100.0),) * 10 + ((8, 800.0),) * 2)
     tables, pooled = gittins_table(finished, (1000.0,), by_width=True, min_samples=5)
