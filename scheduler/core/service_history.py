@@ -138,10 +138,11 @@ def gittins_table(
     A queue past every finished job's service has no sample to go by. Its index is taken as
     that job is expected to run as long again as it has (durations are heavy-tailed): the
     last queue with samples scaled down by the ratio of the two queues' thresholds, so it
-    keeps falling queue by queue. An index of 0 there would put such jobs behind every other
-    job however near their end they are: on the Philly log the 54 jobs submitted in its first
-    19 days, which run 19 days on average, outlived every finished job of their width when
-    the load came and carried 183 s of the 626 s average queueing (docs/benchmarks.md)."""
+    keeps falling queue by queue (0 where only queue 0 has samples: its threshold is 0, there
+    is no service to scale by). An index of 0 would put such jobs behind every other job
+    however near their end they are: on the Philly log the 54 jobs submitted in its first 19
+    days, which run 19 days on average, had outlived the finished jobs they were ranked by
+    when the load came and carried 183 s of the 626 s average queueing (docs/benchmarks.md)."""
     samples, pooled = samples_by_width(finished)
     if per_gpu:
         samples = {width: [s / max(width, 1) for s in values] for width, values in samples.items()}
@@ -166,7 +167,7 @@ def _gittins_levels(sorted_samples: list[float], thresholds: tuple[float, ...]) 
     for value in sorted_samples:
         prefix.append(prefix[-1] + value)
     indices: list[float] = []
-    known = (0.0, 0.0)  # (attained, index) of the last queue with samples and an index
+    known = (0.0, 0.0)  # (attained, index) of the last queue with samples
     for level in range(len(thresholds) + 1):
         attained = thresholds[level - 1] if level else 0.0
         first = bisect.bisect_right(sorted_samples, attained)
@@ -183,6 +184,5 @@ def _gittins_levels(sorted_samples: list[float], thresholds: tuple[float, ...]) 
             if done and cost > 0:
                 best = max(best, done / cost)
         indices.append(best)
-        if best > 0:
-            known = (attained, best)
+        known = (attained, best)
     return tuple(indices)

@@ -28,6 +28,9 @@ def test_a_queue_past_every_finished_job_is_expected_to_run_as_long_again() -> N
     finished = FinishedService(((1, 100.0),) * 10 + ((1, 10_000.0),) * 10)
     _, pooled = gittins_table(finished, (1000.0, 20_000.0, 40_000.0), by_width=True, min_samples=5)
     assert pooled == pytest.approx((0.5 / 550, 1 / 9000, 1 / 180_000, 1 / 360_000))
+    # Where only queue 0 has samples there is no attained service to scale from: 0.
+    _, short = gittins_table(FinishedService(((1, 100.0),) * 10), (1000.0, 2000.0), True, 5)
+    assert short == pytest.approx((1 / 100, 0.0, 0.0))
 
 
 def test_widths_with_few_samples_use_the_pooled_table_and_no_history_means_none() -> None:

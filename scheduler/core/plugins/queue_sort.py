@@ -361,20 +361,12 @@ class DiscretizedLas:
             self._levels_now = now
         levels = self._pending_levels
         if self.starvation_factor <= 0 and self.service == "gpu_time":
-            # _pending_level without the starvation guard, and ranked_attained, written out
-            # for long queues.
-            thresholds, by_window, window_s = self.thresholds, self._group_attained, self.group_window_s
-            bisect_right = bisect.bisect_right
+            # _pending_level without the starvation guard, written out for long queues.
+            thresholds, grouped, ranked = self.thresholds, bool(self._group_attained), self.ranked_attained
             for job in jobs:
                 if job.id not in levels:
-                    attained = job.attained_gpu_s
-                    if by_window:
-                        groups = by_window.get(int(job.submitted_at // window_s))
-                        if groups:
-                            group = groups.get((job.vc, job.user, job.gpus), 0.0)
-                            if group > attained:
-                                attained = group
-                    levels[job.id] = bisect_right(thresholds, attained)
+                    attained = ranked(job) if grouped else job.attained_gpu_s
+                    levels[job.id] = bisect.bisect_right(thresholds, attained)
             return levels
         for job in jobs:
             if job.id not in levels:
