@@ -331,7 +331,11 @@ def decide_the_long_way(
         patch.setattr(cycle_module._CycleRun, "__init__", init)
         patch.setattr(cycle_module._CycleRun, "_holds_disjoint", lambda self: False)
         patch.setattr(cycle_module._CycleRun, "_place", place)
-        patch.setattr(cycle_module, "_concatenated_keys", keys_added_up)
+        patch.setattr(
+            cycle_module,
+            "_lexicographic_order",
+            lambda columns, jobs: sorted(range(len(jobs)), key=keys_added_up(columns, jobs).__getitem__),
+        )
         patch.setattr(cycle_module, "_pending_statuses", statuses)
         patch.setattr(
             queue_sort_module, "by_arrival", lambda jobs: sorted(jobs, key=queue_sort_module._ARRIVAL)
@@ -404,6 +408,44 @@ def test_sort_keys_of_uneven_widths_are_added_up() -> None:
     even = [[(float(i), 2.0) for i in range(4)], [(1.0,)] * 4]
     expected = [(*sum(parts, ()), job.submitted_at, job.id) for *parts, job in zip(*even, jobs, strict=True)]
     assert cycle_module._concatenated_keys(even, jobs) == expected
+
+
+SPOILERS: dict[str, list[tuple[object, ...]]] = {
+    "none": [],
+    "nan": [(float("nan"), 1.0)],
+    "infinities": [(float("inf"), 1.0), (float("-inf"), 2.0)],
+    "uneven": [(1.0,), (1.0, 2.0, 3.0)],
+}
+
+
+@pytest.mark.parametrize("spoiler", SPOILERS)
+@pytest.mark.parametrize("arrivals", ["tied-and-shuffled", "rising"])
+def test_the_queue_order_sorted_element_by_element_is_that_of_the_concatenated_keys(
+    spoiler: str, arrivals: str
+) -> None:
+    """Few distinct values per element (as priorities and queues have), ints beside floats,
+    and columns that take the slow way (a NaN, an infinity of each sign, uneven widths)."""
+    rng = random.Random(f"{spoiler}-{arrivals}")
+    jobs = [dataclasses.replace(job, submitted_at=float(rng.randrange(40))) for job in random_jobs(rng, 300)]
+    if arrivals == "rising":
+        jobs.sort(key=queue_sort_module._ARRIVAL)
+        jobs = [dataclasses.replace(job, submitted_at=float(k)) for k, job in enumerate(jobs)]
+    columns: list[list[tuple[object, ...]]] = [
+        [(rng.choice([0, 100, -0.0, 0.0]),) for _ in jobs],
+        [(rng.choice([0.0, 1.0]), float(rng.randrange(5))) for _ in jobs],
+        [(rng.random(),) for _ in jobs],
+    ]
+    for key in SPOILERS[spoiler]:
+        columns[1][rng.randrange(len(jobs))] = key
+    keys = cycle_module._concatenated_keys(columns, jobs)
+    assert cycle_module._lexicographic_order(columns, jobs) == sorted(range(len(jobs)), key=keys.__getitem__)
+
+
+def test_only_numbers_that_add_up_to_a_number_are_sorted_alone() -> None:
+    plain = cycle_module._plain_numbers
+    assert plain([1, 2.5, -0.0]) and plain([])
+    assert not plain([1.0, float("nan")]) and not plain([float("inf"), float("-inf")])
+    assert not plain(["a", "b"]) and not plain([(1.0,), (2.0,)])
 
 
 def test_the_collector_is_paused_for_a_cycle_only() -> None:
