@@ -171,10 +171,11 @@ class PendingJob:
     # to restart: it is placed right after the jobs first in line (the job it made room for
     # among them), so that it neither waits as well as moves nor lands in the freed block.
     moved: bool = False
+    gpus: int = field(init=False, compare=False, repr=False)  # replicas x GPUs per replica
 
-    @property
-    def gpus(self) -> int:
-        return self.replicas * self.gpus_per_replica
+    def __post_init__(self) -> None:
+        # Computed once, as RunningJob.gpus: a cycle asks for it several times per queued job.
+        object.__setattr__(self, "gpus", self.replicas * self.gpus_per_replica)
 
     @property
     def waiting_since(self) -> float:
