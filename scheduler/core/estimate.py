@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from operator import itemgetter
 
 from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
 from scheduler.core.plugins.backfill import expected_ends
@@ -92,19 +91,12 @@ def estimate_starts(
     # jobs' release times are recomputed, and a job already counted as released that is no
     # longer preemptible for the new kind takes its GPUs back. Start times stay monotone in
     # queue order, and the walk costs O(queue + running x kinds), not O(queue x kinds).
-    # The fixed releases and bookings: their times in a heap of plain numbers (which compare
-    # several times faster than tuples), and what each releases by its time, in booking
-    # order: of equal times the first booked is taken first.
-    booked: list[float] = []
-    booking: dict[float, tuple[str, int, str]] = {}  # time -> (model, GPUs, VC)
-    booked_later: dict[float, deque[tuple[str, int, str]]] = {}  # more bookings at a time above
+    seq = 0
+    booked: list[tuple[float, int, str, int, str]] = []
     vc_booked: defaultdict[str, list[tuple[float, int]]] = defaultdict(list)
     for at, model, gpus, vc in fixed:
-        if at in booking:
-            booked_later.setdefault(at, deque()).append((model, gpus, vc))
-        else:
-            booking[at] = (model, gpus, vc)
-        booked.append(at)
+        seq += 1
+        booked.append((at, seq, model, gpus, vc))
         vc_booked[vc].append((at, gpus))
     heapq.heapify(booked)
     for entries in vc_booked.values():
@@ -237,7 +229,7 @@ def estimate_starts(
                     free,
                     passing[next_passing:],
                     parts,
-                    _bookings(booking, booked_later),
+                    booked,
                     vc_used,
                     vc_passing,
                     vc_booked,
@@ -256,7 +248,7 @@ def estimate_starts(
             continue
         have = free[model]
         while have < need:
-            if next_passing < passing_end and (not booked or passing[next_passing][0] <= booked[0]):
+            if next_passing < passing_end and (not booked or passing[next_passing][0] <= booked[0][0]):
                 at, i, r = passing[next_passing]
                 next_passing += 1
                 released_running.add(i)
@@ -267,13 +259,7 @@ def estimate_starts(
                     if r.vc in vc_used:
                         vc_used[r.vc] -= gpus
             elif booked:
-                at = heappop(booked)
-                rmodel, gpus, vc = booking.pop(at)
-                if booked_later and at in booked_later:
-                    more = booked_later[at]
-                    booking[at] = more.popleft()
-                    if not more:
-                        del booked_later[at]
+                at, _, rmodel, gpus, vc = heappop(booked)
                 if at > cursor:
                     cursor = at
                 free[rmodel] += gpus
@@ -314,11 +300,8 @@ def estimate_starts(
         free[model] = have - need
         if vc in vc_used:
             vc_used[vc] += need
-        if end in booking:
-            booked_later.setdefault(end, deque()).append((model, need, vc))
-        else:
-            booking[end] = (model, need, vc)
-        heappush(booked, end)
+        seq += 1
+        heappush(booked, (end, seq, model, need, vc))
         if limit is not None:
             unfiled.append((vc, end, need))
     return estimates
@@ -333,17 +316,6 @@ def _horizon_keys(
         keys: list[tuple[float, ...]] = bulk(queue, ctx)
         return keys
     return [horizon.horizon_key(job, ctx) for job in queue]
-
-
-def _bookings(
-    booking: Mapping[float, tuple[str, int, str]],
-    booked_later: Mapping[float, Iterable[tuple[str, int, str]]],
-) -> list[tuple[float, str, int]]:
-    """The bookings still to come as (time, model, GPUs), in time order, for a probe."""
-    entries = [(at, model, gpus) for at, (model, gpus, _) in booking.items()]
-    entries += [(at, model, gpus) for at, more in booked_later.items() for model, gpus, _ in more]
-    entries.sort(key=itemgetter(0))
-    return entries
 
 
 def _by_vc(passing: Sequence[tuple[float, int, RunningJob]]) -> dict[str, list[tuple[float, int]]]:
@@ -423,7 +395,7 @@ def _probe_start(
     free: Mapping[str, int],
     passing: Sequence[tuple[float, int, RunningJob]],
     parts: Mapping[str, list[tuple[str, int]]],
-    booked: Sequence[tuple[float, str, int]],
+    booked: Sequence[tuple[float, int, str, int, str]],
     vc_used: Mapping[str, int],
     vc_passing: Mapping[str, list[tuple[float, int]]],
     vc_booked: Mapping[str, list[tuple[float, int]]],
@@ -444,7 +416,7 @@ def _probe_start(
     available = free.get(model, 0)
     if available < need:
         running_releases = ((at, sum(g for m, g in parts[r.id] if m == model)) for at, _, r in passing)
-        later_bookings = ((at, gpus) for at, m, gpus in booked if m == model)
+        later_bookings = ((at, gpus) for at, _, m, gpus, _ in sorted(booked) if m == model)
         for at, gpus in heapq.merge(running_releases, later_bookings):
             available += gpus
             if available >= need:
