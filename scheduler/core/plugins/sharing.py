@@ -25,23 +25,11 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
 from scheduler.core.framework import CycleContext
 from scheduler.core.state import GpuHold, NodeSlot
 from scheduler.core.types import ANY_MODEL, Gpu, PendingJob
-
-# A pending job's request for the task-type count: share, GPUs, CPU and memory per replica,
-# model, replicas.
-_REQUEST = attrgetter(
-    "gpu_share_milli",
-    "gpus_per_replica",
-    "cpu_milli_per_replica",
-    "memory_mib_per_replica",
-    "gpu_model",
-    "replicas",
-)
 
 WHOLE = 1000  # a GPU in thousandths
 
@@ -186,13 +174,21 @@ class FragmentationGradient:
         if self.given is not None:
             self._memo = _shared_memo(self.given, self.use_memory, self.feed)
             return
-        # Jobs per request and replica count as the jobs state them (counted in C), then
-        # replicas per task type: a long queue repeats a few requests, so each is turned into
-        # its task type once.
-        requests: Counter[tuple[int, int, int, int, str, int]] = Counter(map(_REQUEST, ctx.snapshot.pending))
+        # Replicas per request as the jobs state it, then per task type: a long queue repeats a
+        # few requests, so each is turned into its task type once.
+        requests: dict[tuple[int, int, int, int, str], int] = {}
+        for job in ctx.snapshot.pending:
+            request = (
+                job.gpu_share_milli,
+                job.gpus_per_replica,
+                job.cpu_milli_per_replica,
+                job.memory_mib_per_replica,
+                job.gpu_model,
+            )
+            requests[request] = requests.get(request, 0) + job.replicas
         counts: Counter[tuple[int, int, int, int, str]] = Counter()
-        for (*request, replicas), jobs in requests.items():
-            counts[self._key(*request)] += replicas * jobs
+        for request, replicas in requests.items():
+            counts[self._key(*request)] += replicas
         for running in ctx.snapshot.running:
             per_replica = running.gpus // max(len(running.placement), 1)
             key = self._key(
