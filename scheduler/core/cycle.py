@@ -262,8 +262,8 @@ def queue_positions(
     made, which reads them from memory several times faster than in queue order."""
 
     def ordered(positions: Sequence[int], sorters: Sequence[QueueSortPlugin]) -> list[int]:
-        # One column of keys per plugin, then one concatenated tuple per job: cheaper than
-        # building each job's key piece by piece when the queue is long.
+        # One column of keys per plugin, then the order of their concatenation, worked out
+        # column by column (_lexicographic_order).
         whole = isinstance(positions, range)  # all of `pending`, in its own order
         jobs = pending if whole else [pending[i] for i in positions]
         columns = [_sort_keys(sorter, jobs, ctx) for sorter in sorters]
@@ -300,24 +300,16 @@ def _lexicographic_order(
 ) -> list[int]:
     """Positions in `jobs` sorted by each job's plugin keys in column order, then (submitted_at,
     id): the order of the concatenated keys (_concatenated_keys). Where every key of a column
-    has the same length and its elements are numbers, not NaN, the positions are put in arrival
-    order and then sorted, stably, by one key element at a time from the last to the first:
-    numbers compare several times faster than tuples whose first elements are mostly equal
-    (a few priorities and queues over thousands of jobs)."""
+    has the same length and its elements and the submission times are numbers, not NaN, the
+    positions are put in arrival order and then sorted, stably, by one key element at a time
+    from the last to the first: numbers compare several times faster than tuples whose first
+    elements are mostly equal (a few priorities and queues over thousands of jobs)."""
     count = len(jobs)
-    elements: list[list[Any]] = []
-    for column in columns:
-        widths = set(map(len, column))
-        if len(widths) > 1:
-            keys = _concatenated_keys(columns, jobs)
-            return sorted(range(count), key=keys.__getitem__)
-        for i in range(max(widths, default=0)):
-            values = list(map(itemgetter(i), column))
-            if not _plain_numbers(values):
-                keys = _concatenated_keys(columns, jobs)
-                return sorted(range(count), key=keys.__getitem__)
-            elements.append(values)
+    elements = _key_elements(columns)
     times = [job.submitted_at for job in jobs]
+    if elements is None or not _plain_numbers(times):
+        keys = _concatenated_keys(columns, jobs)
+        return sorted(range(count), key=keys.__getitem__)
     if all(map(lt, times, times[1:])):
         order = list(range(count))
     else:
@@ -326,6 +318,22 @@ def _lexicographic_order(
     for values in reversed(elements):
         order.sort(key=values.__getitem__)
     return order
+
+
+def _key_elements(columns: Sequence[Sequence[tuple[Any, ...]]]) -> list[list[Any]] | None:
+    """The keys' elements, one list per element in column order; None where a column's keys
+    differ in length or an element is not a plain number (_plain_numbers)."""
+    elements: list[list[Any]] = []
+    for column in columns:
+        widths = set(map(len, column))
+        if len(widths) > 1:
+            return None
+        for i in range(max(widths, default=0)):
+            values = list(map(itemgetter(i), column))
+            if not _plain_numbers(values):
+                return None
+            elements.append(values)
+    return elements
 
 
 def _plain_numbers(values: Sequence[Any]) -> bool:

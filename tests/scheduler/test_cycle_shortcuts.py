@@ -419,17 +419,20 @@ SPOILERS: dict[str, list[tuple[object, ...]]] = {
 
 
 @pytest.mark.parametrize("spoiler", SPOILERS)
-@pytest.mark.parametrize("arrivals", ["tied-and-shuffled", "rising"])
+@pytest.mark.parametrize("arrivals", ["tied-and-shuffled", "rising", "a-nan-time"])
 def test_the_queue_order_sorted_element_by_element_is_that_of_the_concatenated_keys(
     spoiler: str, arrivals: str
 ) -> None:
     """Few distinct values per element (as priorities and queues have), ints beside floats,
-    and columns that take the slow way (a NaN, an infinity of each sign, uneven widths)."""
+    and columns or submission times that take the slow way (a NaN, an infinity of each sign,
+    uneven widths)."""
     rng = random.Random(f"{spoiler}-{arrivals}")
     jobs = [dataclasses.replace(job, submitted_at=float(rng.randrange(40))) for job in random_jobs(rng, 300)]
     if arrivals == "rising":
         jobs.sort(key=queue_sort_module._ARRIVAL)
         jobs = [dataclasses.replace(job, submitted_at=float(k)) for k, job in enumerate(jobs)]
+    if arrivals == "a-nan-time":
+        jobs[7] = dataclasses.replace(jobs[7], submitted_at=float("nan"))
     columns: list[list[tuple[object, ...]]] = [
         [(rng.choice([0, 100, -0.0, 0.0]),) for _ in jobs],
         [(rng.choice([0.0, 1.0]), float(rng.randrange(5))) for _ in jobs],
