@@ -584,6 +584,12 @@ class _CycleRun:
                 statement = Statement(self.state)
                 for hold in holds:
                     statement.release(hold)
+                # A swap keeps the VC's usage, but a VC can stand above its limit (its quota
+                # was cut) or a user above theirs: the waiting job takes the GPUs only if
+                # admission would give them to it once the running job has let them go.
+                if not self._admit(job, holds[0].model).ok:
+                    statement.discard()
+                    continue
                 for hold in holds:
                     statement.reserve(
                         GpuHold(

@@ -74,3 +74,20 @@ def test_a_suspended_job_goes_back_to_its_gpus_when_they_are_free() -> None:
     snap = Snap().node("n0", 4).node("n1", 4).pending("r", 4, time_sliceable=True, suspended_on=on_n1).build()
     plan = decide(snap, SLICE, 10.0)
     assert [(s.placement[0].node, s.resume) for s in plan.starts] == [("n1", True)]
+
+
+def test_a_vc_above_its_cut_quota_does_not_hand_its_gpus_to_another_job() -> None:
+    """A swap keeps the VC's usage, but after a quota cut that usage is above the limit: the
+    waiting job would not be admitted, so it does not get the GPUs by a swap either."""
+    snap = (
+        Snap()
+        .node("n0", 4)
+        .vc("team", guaranteed=0)
+        .running("r", [("n0", (0, 1, 2, 3))], started_at=0.0, time_sliceable=True)
+        .pending("w", 4, submitted_at=100.0, time_sliceable=True)
+        .build()
+    )
+    plan = decide(snap, SLICE, 5000.0)
+    assert plan.suspends == () and plan.starts == ()
+    [status] = plan.pending
+    assert "VC team: 4 of 0 guaranteed" in status.message

@@ -4,8 +4,10 @@ When a VC has more runnable time-sliceable jobs than its GPUs can hold, a job th
 (for capacity or for its VC's quota) takes the GPUs of a running time-sliceable job of the same
 VC and shape whose quantum is up: the running job is suspended (its state saved) and waits to
 resume on the same GPUs; the waiting one starts there, or resumes if it was suspended there.
-A swap keeps the VC's usage and the GPUs' owner the same, so quotas and the same-tenant rule
-hold by construction. Jobs that did not opt in are never suspended.
+A swap keeps the VC's usage and the GPUs' owner the same, so the same-tenant rule holds by
+construction; the cycle still puts the waiting job through admission with the running job's
+GPUs released, since a quota cut can leave a VC above its limit. Jobs that did not opt in are
+never suspended.
 
 Args: `quantum_s` (default 600), `suspend_cost_s` (default 10: saving and later restoring the
 job's state; the simulator charges it as time without progress).
