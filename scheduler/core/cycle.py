@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import gc
 import heapq
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import attrgetter, itemgetter, lt
 from typing import Any
@@ -43,6 +44,7 @@ from scheduler.core.framework import (
     Status,
 )
 from scheduler.core.plugins.admission import model_label
+from scheduler.core.plugins.placement import node_resources_fit
 from scheduler.core.plugins.sharing import WHOLE, ShareCandidate
 from scheduler.core.profile import PluginSet, Profile
 from scheduler.core.registry import build_plugin
@@ -590,7 +592,13 @@ class _CycleRun:
                 if not self._admit(job, holds[0].model).ok:
                     statement.discard()
                     continue
+                # The waiting job may ask for more CPU or memory per replica than the running
+                # one had: each replica must fit what its node has left.
+                fits = True
                 for hold in holds:
+                    if not node_resources_fit(job, self.state.nodes[hold.node_idx]):
+                        fits = False
+                        break
                     statement.reserve(
                         GpuHold(
                             hold.node_idx,
@@ -602,6 +610,9 @@ class _CycleRun:
                             job.user,
                         )
                     )
+                if not fits:
+                    statement.discard()
+                    continue
                 statement.commit()
                 self.released.add(running.id)
                 borrowed = self.ctx.borrowed_gpus.get(running.id, 0)
@@ -886,6 +897,10 @@ class _CycleRun:
             )
         if len(holds) != job.replicas:
             return False
+        # Others may have taken the CPU or memory it gave up while suspended.
+        for idx, replicas in Counter(hold.node_idx for hold in holds).items():
+            if not node_resources_fit(job, state.nodes[idx], replicas):
+                return False
         for hold in holds:
             statement.reserve(hold)
         return True

@@ -14,7 +14,7 @@ name to a factory and a profile decides at which points it runs. Contracts every
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
@@ -139,14 +139,16 @@ class PostCyclePlugin(Protocol):
 
 @runtime_checkable
 class RotationPlugin(Protocol):
-    """Optional companion of a post-cycle plugin: time-slicing. Pairs (running job to
-    suspend, waiting job that gets its GPUs at once); the cycle applies the swaps."""
+    """Optional companion of a post-cycle plugin: time-slicing. Proposes pairs (running job
+    to suspend, waiting job that gets its GPUs at once), one at a time; the cycle applies a
+    swap it can make (quota, CPU and memory allow it) and adds the running job to `released`,
+    so a proposal the cycle turned down lets the plugin offer the waiting job another one."""
 
     suspend_cost_s: float
 
     def rotate(
         self, waiting: Sequence[PendingJob], released: set[str], ctx: CycleContext
-    ) -> list[tuple[RunningJob, PendingJob]]: ...
+    ) -> Iterator[tuple[RunningJob, PendingJob]]: ...
 
 
 @runtime_checkable

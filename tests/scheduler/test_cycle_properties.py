@@ -39,6 +39,8 @@ submit = st.tuples(
     st.sampled_from([1, 1, 1, 2, 3]),  # replicas
     st.sampled_from(VCS),
     st.sampled_from([0, 100, 1000]),  # priority
+    st.sampled_from(["", "", "A100", "V100"]),  # GPU model ("" = any)
+    st.sampled_from([0, 0, 16_000, 40_000]),  # mCPU per replica
 )
 submit_share = st.tuples(
     st.just("submit_share"),
@@ -91,7 +93,7 @@ class Portal:
             self._requeue(job)
         kind = op[0]
         if kind == "submit":
-            _, per, replicas, vc, priority = op
+            _, per, replicas, vc, priority, model, cpu = op
             job_id = f"j{self.next_id}"
             self.next_id += 1
             self.pending[job_id] = PendingJob(
@@ -103,6 +105,8 @@ class Portal:
                 submitted_at=self.now,
                 priority=int(priority),  # type: ignore[call-overload]
                 time_sliceable=self.next_id % 2 == 0,
+                gpu_model=str(model),
+                cpu_milli_per_replica=int(cpu),  # type: ignore[call-overload]
             )
         elif kind == "submit_share":
             _, share, vc, memory = op
@@ -160,6 +164,8 @@ class Portal:
             gpu_memory_mib=job.gpu_memory_mib,
             time_sliceable=job.time_sliceable,
             moved=job.id in self.moved,  # like the portal's pending code `moved`
+            gpu_model=job.gpu_model,
+            cpu_milli_per_replica=job.cpu_milli_per_replica,
         )
         self.moved.discard(job.id)
 
@@ -179,6 +185,8 @@ class Portal:
                 queued_at=self.now,
                 time_sliceable=True,
                 suspended_on=job.placement,
+                gpu_model=job.gpu_model,
+                cpu_milli_per_replica=job.cpu_milli_per_replica,
             )
         for status in plan.pending:
             # Like the portal: a job told to wait for its victims is first in line next time.
@@ -206,7 +214,22 @@ class Portal:
                 gpu_share_milli=start.gpu_share_milli,
                 gpu_memory_mib=start.gpu_memory_mib,
                 time_sliceable=job.time_sliceable,
+                gpu_model=job.gpu_model,
+                cpu_milli_per_replica=job.cpu_milli_per_replica,
             )
+
+
+def cluster_nodes() -> list[Node]:
+    """Two A100 and two V100 nodes of 8 GPUs (80 GB each) and 64 CPUs."""
+    return [
+        Node(
+            NodeName(f"n{i}"),
+            tuple(replace(g, memory_mib=80 * 1024) for g in gpus(8, "A100" if i < 2 else "V100")),
+            rack=f"r{i // 2}",
+            cpu_milli=64_000,
+        )
+        for i in range(NODE_COUNT)
+    ]
 
 
 def check_invariants(portal: Portal, before: Snapshot, plan: Plan) -> None:
@@ -221,6 +244,14 @@ def check_invariants(portal: Portal, before: Snapshot, plan: Plan) -> None:
             node = nodes[replica.node]
             assert node.state == NodeState.READY
             assert all(node.gpus[i].healthy for i in replica.gpu_indices)
+            assert job.gpu_model in ("", *(node.gpus[i].model for i in replica.gpu_indices))
+    # No node gives out more CPU than it has.
+    cpu: dict[str, int] = {}
+    for job in portal.running.values():
+        for replica in job.placement:
+            cpu[replica.node] = cpu.get(replica.node, 0) + job.cpu_milli_per_replica
+    for name, placed in cpu.items():
+        assert placed <= nodes[name].cpu_milli, f"node {name}: {placed} mCPU placed"
     # No GPU in two whole placements; a shared GPU carries only shares, of one tenant (here
     # one VC), within its capacity and memory.
     held: set[tuple[str, int]] = set()
@@ -278,8 +309,7 @@ PROFILES["default-timeslice"] = replace(
 @given(steps=st.lists(step, min_size=1, max_size=40))
 def test_invariants_hold_after_every_step(profile_name: str, steps: list[tuple[object, ...]]) -> None:
     profile: Profile = PROFILES[profile_name]
-    with_memory = tuple(replace(g, memory_mib=80 * 1024) for g in gpus(8))
-    nodes = [Node(NodeName(f"n{i}"), with_memory, rack=f"r{i // 2}") for i in range(NODE_COUNT)]
+    nodes = cluster_nodes()
     portal = Portal(nodes, {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
     for op in steps:
         portal.apply(op)
@@ -291,18 +321,23 @@ def test_invariants_hold_after_every_step(profile_name: str, steps: list[tuple[o
 
 
 crowded_submit = st.tuples(
-    st.just("submit"), st.sampled_from([2, 4]), st.just(1), st.just("nlp"), st.sampled_from([0, 100])
+    st.just("submit"),
+    st.sampled_from([2, 4]),
+    st.just(1),
+    st.just("nlp"),
+    st.sampled_from([0, 100]),
+    st.sampled_from(["", "A100"]),
+    st.sampled_from([0, 40_000]),  # two of the larger do not fit one node's CPUs
 )
 crowded = st.one_of(crowded_submit, crowded_submit, finish, node_down, node_up)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(crowded, min_size=4, max_size=40))
 def test_time_slicing_keeps_the_invariants_when_a_vc_is_crowded(steps: list[tuple[object, ...]]) -> None:
     """One VC with a 4-GPU guarantee and a stream of same-sized jobs: turns are taken often."""
     profile = PROFILES["default-timeslice"]
-    with_memory = tuple(replace(g, memory_mib=80 * 1024) for g in gpus(8))
-    nodes = [Node(NodeName(f"n{i}"), with_memory, rack=f"r{i // 2}") for i in range(NODE_COUNT)]
+    nodes = cluster_nodes()
     portal = Portal(nodes, {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
     for op in steps:
         portal.apply(op)

@@ -91,3 +91,56 @@ def test_a_vc_above_its_cut_quota_does_not_hand_its_gpus_to_another_job() -> Non
     assert plan.suspends == () and plan.starts == ()
     [status] = plan.pending
     assert "VC team: 4 of 0 guaranteed" in status.message
+
+
+def test_a_job_takes_turns_only_on_gpus_of_a_model_it_accepts() -> None:
+    """Both wait for GPUs (the A100 node is busy); only the one that accepts V100 takes r's turn."""
+    snap = (
+        Snap()
+        .node("n0", 4, model="V100")
+        .node("n1", 4, model="A100")
+        .vc("team", guaranteed=8)
+        .vc("other", guaranteed=4)
+        .running("r", [("n0", (0, 1, 2, 3))], started_at=0.0, time_sliceable=True)
+        .running("x", [("n1", (0, 1, 2, 3))], vc="other", started_at=0.0)
+        .pending("a100", 4, submitted_at=100.0, time_sliceable=True, gpu_model="A100")
+        .pending("v100", 4, submitted_at=200.0, time_sliceable=True, gpu_model="V100")
+        .build()
+    )
+    plan = decide(snap, SLICE, 5000.0)
+    assert [(s.job_id, s.for_job) for s in plan.suspends] == [("r", "v100")]
+    assert [s.job_id for s in plan.starts] == ["v100"]
+
+
+def test_a_turn_needs_cpu_and_memory_for_the_job_that_takes_it() -> None:
+    """The running job leaves 16 of the node's 32 CPUs free: a job asking for 40 does not fit
+    its turn, one asking for 32 does."""
+    snap = (
+        Snap()
+        .node("n0", 4, cpu_milli=32_000, memory_mib=65_536)
+        .vc("team", guaranteed=4)
+        .running(
+            "r", [("n0", (0, 1, 2, 3))], started_at=0.0, time_sliceable=True, cpu_milli_per_replica=16_000
+        )
+        .pending("big", 4, submitted_at=100.0, time_sliceable=True, cpu_milli_per_replica=40_000)
+        .pending("fits", 4, submitted_at=200.0, time_sliceable=True, cpu_milli_per_replica=32_000)
+        .build()
+    )
+    plan = decide(snap, SLICE, 5000.0)
+    assert [(s.job_id, s.for_job) for s in plan.suspends] == [("r", "fits")]
+
+
+def test_a_suspended_job_resumes_in_place_only_with_cpu_for_it() -> None:
+    """Its GPUs are free, but while it was suspended another job took most of the node's CPUs:
+    it is placed like any job instead (here: nowhere else fits, so it waits)."""
+    snap = (
+        Snap()
+        .node("n0", 8, cpu_milli=32_000)
+        .running("other", [("n0", (4, 5, 6, 7))], started_at=0.0, cpu_milli_per_replica=24_000)
+        .pending("r", 4, time_sliceable=True, suspended_on=ALL4, cpu_milli_per_replica=16_000)
+        .build()
+    )
+    plan = decide(snap, SLICE, 10.0)
+    assert plan.starts == ()
+    [status] = plan.pending
+    assert status.job_id == "r"

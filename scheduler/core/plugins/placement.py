@@ -18,11 +18,11 @@ from scheduler.core.types import PendingJob, ReasonCode
 SAME_NVLINK, SAME_PCIE_SWITCH, SAME_NUMA, SAME_NODE = 0, 1, 2, 3
 
 
-def node_resources_fit(job: PendingJob, node: NodeSlot) -> bool:
-    """CPU and memory of one replica fit the node (untracked resources always fit)."""
-    if node.cpu_free is not None and job.cpu_milli_per_replica > node.cpu_free:
+def node_resources_fit(job: PendingJob, node: NodeSlot, replicas: int = 1) -> bool:
+    """CPU and memory of `replicas` replicas fit the node (untracked resources always fit)."""
+    if node.cpu_free is not None and replicas * job.cpu_milli_per_replica > node.cpu_free:
         return False
-    return not (node.memory_free is not None and job.memory_mib_per_replica > node.memory_free)
+    return not (node.memory_free is not None and replicas * job.memory_mib_per_replica > node.memory_free)
 
 
 class NodeResources:

@@ -2,8 +2,9 @@
 
 When a VC has more runnable time-sliceable jobs than its GPUs can hold, a job that waits
 (for capacity or for its VC's quota) takes the GPUs of a running time-sliceable job of the same
-VC and shape whose quantum is up: the running job is suspended (its state saved) and waits to
-resume on the same GPUs; the waiting one starts there, or resumes if it was suspended there.
+VC and shape, on GPUs of a model it accepts, whose quantum is up: the running job is
+suspended (its state saved) and waits to resume on the same GPUs; the waiting one starts
+there, or resumes if it was suspended there.
 A swap keeps the VC's usage and the GPUs' owner the same, so the same-tenant rule holds by
 construction; the cycle still puts the waiting job through admission with the running job's
 GPUs released, since a quota cut can leave a VC above its limit. Jobs that did not opt in are
@@ -15,11 +16,11 @@ job's state; the simulator charges it as time without progress).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from scheduler.core.framework import CycleContext
-from scheduler.core.types import PendingJob, RunningJob
+from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob
 
 
 class TimeSlice:
@@ -31,10 +32,11 @@ class TimeSlice:
 
     def rotate(
         self, waiting: Sequence[PendingJob], released: set[str], ctx: CycleContext
-    ) -> list[tuple[RunningJob, PendingJob]]:
+    ) -> Iterator[tuple[RunningJob, PendingJob]]:
         """Pairs (running job to suspend, waiting job to get its GPUs), in the waiting jobs'
-        queue order. A suspended job goes back to exactly the GPUs it left when they are free
-        or held by a job whose quantum is up."""
+        queue order; a waiting job is offered the next running job when the cycle turned the
+        last pair down (left it out of `released`). A suspended job goes back to exactly the
+        GPUs it left when they are free or held by a job whose quantum is up."""
         due: list[RunningJob] = sorted(
             (
                 job
@@ -47,24 +49,22 @@ class TimeSlice:
             ),
             key=lambda job: (_slice_start(job), job.id),
         )
-        swaps: list[tuple[RunningJob, PendingJob]] = []
-        taken: set[str] = set()
         for job in waiting:
             if not job.time_sliceable or job.gpu_share_milli:
                 continue
             for running in due:
-                if running.id in taken or running.vc != job.vc:
+                if running.id in released or running.vc != job.vc:
                     continue
                 if job.suspended_on:
                     fits = _gpus_of(running.placement) == _gpus_of(job.suspended_on)
                 else:
                     fits = (len(running.placement), running.gpus) == (job.replicas, job.gpus)
                     fits = fits and all(len(r.gpu_indices) == job.gpus_per_replica for r in running.placement)
+                    fits = fits and job.gpu_model in (ANY_MODEL, _model_of(running, ctx))
                 if fits:
-                    swaps.append((running, job))
-                    taken.add(running.id)
-                    break
-        return swaps
+                    yield running, job
+                    if running.id in released:  # the swap was made
+                        break
 
     def wake_at(self, ctx: CycleContext) -> float | None:
         """The next quantum end of a time-sliceable job while a job of its VC waits for a turn."""
@@ -80,6 +80,13 @@ class TimeSlice:
 
 def _slice_start(job: RunningJob) -> float:
     return job.started_at if job.slice_started_at is None else job.slice_started_at
+
+
+def _model_of(job: RunningJob, ctx: CycleContext) -> str:
+    """The model of the GPUs the job holds (its own `gpu_model` may be any)."""
+    replica = job.placement[0]
+    node = ctx.state.nodes[ctx.state.node_idx_by_name[replica.node]]
+    return node.gpus[replica.gpu_indices[0]].model
 
 
 def _gpus_of(placement: Sequence[Any]) -> set[tuple[str, int]]:
