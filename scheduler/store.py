@@ -262,6 +262,7 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
             starts.append((job, start))
         elif job := unchanged(start.job_id, JobState.SUSPENDED):
             resumes.append((job, start))
+    starts, waiting = clear_parked_gpus(starts, loaded)
     started = start_jobs(starts, loaded)
     resumed = sum(resume_job(job, start, now) for job, start in resumes)
     preempted = 0
@@ -269,7 +270,7 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
         job = unchanged(preemption.job_id, JobState.RUNNING)
         if job is not None and preempt_job(job, preemption):
             preempted += 1
-    record_pending_statuses(plan.pending)
+    record_pending_statuses(waiting + plan.pending)
     return {
         "started": started,
         "preempted": preempted,
@@ -277,6 +278,52 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
         "resumed": resumed,
         "pending": len(plan.pending),
     }
+
+
+def clear_parked_gpus(
+    starts: list[tuple[Job, core.Start]], loaded: LoadedState
+) -> tuple[list[tuple[Job, core.Start]], tuple[core.PendingStatus, ...]]:
+    """The starts that may go ahead now, and the status of those that wait. A suspended job's
+    paused processes stay on the GPUs it is parked on, so only a job of its tenant may use them
+    meanwhile (the core sees them as free). A start of another tenant's job there waits: the
+    parked job is asked to checkpoint and stop (it resumes later from its checkpoint), and the
+    start comes once it has left, first in line."""
+    gpu_ids = {
+        loaded.gpu_ids[(replica.node, index)]: job
+        for job, start in starts
+        for replica in start.placement
+        for index in replica.gpu_indices
+    }
+    parked = Allocation.objects.filter(gpu_id__in=gpu_ids, released_at__isnull=True, suspended=True)
+    blocked: dict[int, set[int]] = defaultdict(set)  # start's job -> parked jobs in its way
+    for gpu_id, parked_job_id, parked_tenant_id in parked.values_list(
+        "gpu_id", "attempt__job_id", "attempt__job__tenant_id"
+    ):
+        job = gpu_ids[gpu_id]
+        if parked_tenant_id != job.tenant_id:
+            blocked[job.pk].add(parked_job_id)
+    if not blocked:
+        return starts, ()
+    in_the_way = sorted(set().union(*blocked.values()))
+    # The messages name no job: the jobs on either side belong to different tenants.
+    for parked_job in (
+        Job.objects.select_for_update().filter(pk__in=in_the_way, state=JobState.SUSPENDED).order_by("pk")
+    ):
+        grace = float((parked_job.spec.get("checkpoint") or {}).get("grace_seconds", 30))
+        message = (
+            "the GPUs it is suspended on were given to another job: it checkpoints and stops, to "
+            "resume from its checkpoint later"
+        )
+        evict = core.Preemption(
+            core.JobId(str(parked_job.pk)), "time-slice-evict", message, grace, core.JobId("")
+        )
+        preempt_job(parked_job, evict)
+    waiting = "waiting for a suspended job to checkpoint and leave the GPUs this job was given"
+    statuses = tuple(
+        core.PendingStatus(core.JobId(str(job_id)), core.ReasonCode.WAITING_FOR_PREEMPTION, waiting, None)
+        for job_id in blocked
+    )
+    return [(job, start) for job, start in starts if job.pk not in blocked], statuses
 
 
 def placement_text(start: core.Start) -> str:

@@ -9,7 +9,7 @@ The fixture invariants_checked runs all of them after each test of a module that
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import pairwise
 from typing import Any
 
@@ -21,7 +21,10 @@ from portal.jobs.choices import ACTIVE_STATES, ATTEMPT_ENDED_STATES, JobState, c
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent
 
 
-def assert_invariants() -> None:
+def assert_invariants(ceilings: Mapping[tuple[int, str], int] | None = None) -> None:
+    """`ceilings`: for a VC whose quota an admin cut below what it held, per (VC id, model), the
+    GPUs it may still hold (what it held then, less what it gave up since); the cut preempts
+    nothing, but the VC must not gain GPUs above its limit."""
     live = list(
         Allocation.objects.filter(released_at__isnull=True).select_related(
             "gpu", "attempt__job__virtual_cluster"
@@ -59,7 +62,8 @@ def assert_invariants() -> None:
         held[(allocation.attempt.job.virtual_cluster_id, allocation.gpu.model)] += 1
     for (vc, model), n in held.items():
         quota = Quota.objects.get(virtual_cluster_id=vc, gpu_model=model)
-        assert n <= quota.guaranteed + quota.borrow_limit, f"VC {vc} holds {n} {model}, more than its quota"
+        limit = max(quota.guaranteed + quota.borrow_limit, (ceilings or {}).get((vc, model), 0))
+        assert n <= limit, f"VC {vc} holds {n} {model}, more than its quota"
     # Gangs whole or absent: an active job holds all its GPUs on its current attempt, or none.
     by_attempt: dict[int, list[Allocation]] = defaultdict(list)
     for allocation in live:
@@ -73,11 +77,13 @@ def assert_invariants() -> None:
         assert len({a.replica for a in allocations}) == job.replicas
 
 
-def assert_all_invariants(acknowledged: Iterable[int] = ()) -> None:
+def assert_all_invariants(
+    acknowledged: Iterable[int] = (), ceilings: Mapping[tuple[int, str], int] | None = None
+) -> None:
     """I1-I6: assert_invariants, then node capacity, one running attempt per job, every
     acknowledged job stored, and every job's transitions recorded as an unbroken chain of events
     with the audit entries of its submission and cancellation."""
-    assert_invariants()
+    assert_invariants(ceilings)
     assert_nodes_within_capacity()
     assert_one_running_attempt_per_job()
     assert_acknowledged_jobs_exist(acknowledged)

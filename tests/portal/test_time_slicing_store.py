@@ -154,3 +154,40 @@ def test_a_lost_node_requeues_a_suspended_job_like_a_running_one(two_running) ->
     assert state(sliced) == "pending" and state(waiting) == "pending"
     assert not gpus(sliced, suspended=True) and not gpus(waiting, suspended=False)
     assert JobAttempt.objects.get(job_id=sliced).state == "lost"
+
+
+def test_another_tenants_job_waits_until_a_job_suspended_on_its_gpus_has_left(two_running, api_for) -> None:  # type: ignore[no-untyped-def]
+    """The core sees a suspended job's GPUs as free, but its paused processes are still there:
+    a job of another tenant placed on them waits while the suspended job checkpoints and
+    leaves, and neither job's messages name the other."""
+    alice, sliced, _ = two_running
+    waiting = submit(alice, "waiting", time_sliceable=True)
+    run_cycle(every_cycle_a_new_turn())
+    assert state(sliced) == "suspended"
+    parked_gpus = gpus(sliced, suspended=True)
+    alice.post(f"/api/v1/jobs/{waiting}/cancel/")  # the job that took the turn ends
+    carol = api_for("carol")
+    other = submit(carol, "other-tenant", vc="speech")
+    own = submit(alice, "same-tenant")
+    node = next(iter(parked_gpus))[0]
+    indices = tuple(sorted(i for _, i in parked_gpus))
+    now = time.time()
+    with transaction.atomic():
+        loaded = load_snapshot(now)
+        placement = (core.ReplicaPlacement(core.NodeName(node), indices),)
+        plan = core.Plan(starts=(core.Start(core.JobId(str(other)), placement),))
+        result = apply_plan(plan, loaded, now)
+    assert result["started"] == 0
+    assert state(other) == "pending" and not gpus(other, suspended=False)
+    assert state(sliced) == "checkpointing"
+    event = Job.objects.get(pk=sliced).events.get(to_state="checkpointing")
+    assert event.data["preemption"] == "time-slice-evict"
+    shown = carol.get(f"/api/v1/jobs/{other}/").json()
+    assert shown["pending_reason"] == "waiting-for-preemption"
+    assert str(sliced) not in shown["pending_message"] and str(other) not in event.reason
+    # A job of the suspended job's own tenant may use those GPUs meanwhile.
+    with transaction.atomic():
+        loaded = load_snapshot(now)
+        plan = core.Plan(starts=(core.Start(core.JobId(str(own)), placement),))
+        assert apply_plan(plan, loaded, now)["started"] == 1
+    assert gpus(own, suspended=False) == parked_gpus

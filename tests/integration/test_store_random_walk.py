@@ -1,0 +1,187 @@
+"""A random walk through the portal's own scheduling path on PostgreSQL.
+
+The core's property tests check random steps against a model of the store; this walks the
+store itself. Jobs are submitted through the REST API, and agents report through the service
+their gateway calls. Nodes are lost and come back, admins cut and raise quotas, and jobs
+finish, fail or are cancelled. After every step a scheduling cycle runs, under the
+introspective profile with a time-slice turn every cycle. The invariants of every scheduling
+test (I1-I6) hold after each step, and a VC whose quota was cut below what it held never
+gains GPUs above its limit. Each seed is one fixed walk, so a failure replays exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from agents.protocol import AttemptState, AttemptStatus, ExitReason
+from portal.agentgw.desired import agent_attempt_id, desired_set_for
+from portal.cluster.choices import NodeState
+from portal.cluster.models import Node, Quota
+from portal.jobs.choices import TERMINAL_STATES, JobState
+from portal.jobs.models import Allocation, Job
+from portal.jobs.services import record_attempt_status, requeue_jobs_of_lost_node
+from scheduler.tasks import run_cycle
+from tests.integration.invariants import assert_all_invariants
+from tests.portal.test_time_slicing_store import every_cycle_a_new_turn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+STEPS = 100
+USERS = {"alice": "vision", "bob": "vision", "carol": "speech", "dave": "speech"}
+STEP_KINDS = ["submit"] * 4 + ["agents"] * 3 + ["end"] * 2 + ["cancel", "node_lost", "node_back", "quota"]
+
+
+class ScriptedAgents:
+    """The agents of every node, reduced to what the portal hears from them: each does what
+    its node's desired set asks and reports it, as the agent's reconcile loop would. The agent
+    of a node that is not ready is silent."""
+
+    def __init__(self) -> None:
+        self._generation = itertools.count(1)
+
+    def report(
+        self,
+        node: Node,
+        attempt_id: str,
+        job_id: int,
+        state: AttemptState,
+        reason: ExitReason | None = None,
+        exit_code: int | None = None,
+    ) -> None:
+        status = AttemptStatus(
+            attempt_id=attempt_id,
+            job_id=str(job_id),
+            state=state,
+            generation=next(self._generation),
+            time=timezone.now(),
+            reason=reason,
+            exit_code=exit_code,
+        )
+        record_attempt_status(node, status)
+
+    def converge(self) -> None:
+        for node in Node.objects.filter(state=NodeState.READY):
+            for desired in desired_set_for(node).attempts:
+                job_id, attempt_id = int(desired.job_id), desired.attempt_id
+                if Job.objects.values_list("state", flat=True).get(pk=job_id) == JobState.CHECKPOINTING:
+                    if desired.checkpoint_and_stop:
+                        self.report(node, attempt_id, job_id, AttemptState.EXITED, ExitReason.CHECKPOINTED, 0)
+                    else:  # a stop request: SIGTERM, then the container is gone
+                        self.report(node, attempt_id, job_id, AttemptState.EXITED, ExitReason.STOPPED, 143)
+                elif desired.run_state == "suspended":
+                    self.report(node, attempt_id, job_id, AttemptState.SUSPENDED)
+                else:
+                    self.report(node, attempt_id, job_id, AttemptState.RUNNING)
+
+    def end(self, job: Job, reason: ExitReason, exit_code: int) -> None:
+        """Every replica of the job's current attempt exits."""
+        attempt = job.current_attempt()
+        held = Allocation.objects.filter(attempt=attempt, released_at__isnull=True)
+        for node_id, replica in held.values_list("node_id", "replica").distinct():
+            node, replica_id = Node.objects.get(pk=node_id), agent_attempt_id(attempt, replica)
+            self.report(node, replica_id, job.pk, AttemptState.EXITED, reason, exit_code)
+
+
+def held_gpus(vc_id: int, model: str) -> int:
+    """GPUs the VC holds as the invariants count them (parked time-slice allocations do not)."""
+    return Allocation.objects.filter(
+        released_at__isnull=True,
+        suspended=False,
+        attempt__job__virtual_cluster_id=vc_id,
+        gpu__model=model,
+    ).count()
+
+
+def submit(rng: random.Random, clients: dict[str, Any], acknowledged: set[int], step: int) -> None:
+    user = rng.choice(sorted(USERS))
+    spec = {
+        "name": f"walk-{step}",
+        "vc": USERS[user],
+        "flavor": f"{rng.choice('ssml')}-{rng.choice(['A100', 'V100'])}",
+        "command": "sleep 600",
+        "replicas": rng.choice([1, 1, 2]),
+        "priority": rng.choice(["opportunistic", "dev", "training"]),
+        "time_sliceable": rng.random() < 0.5,
+        "checkpoint": {"enabled": rng.random() < 0.5},
+    }
+    response = clients[user].post("/api/v1/jobs/", spec, format="json")
+    # A job that cannot fit its VC's quota (cut by an admin) is refused with a field error.
+    assert response.status_code in (201, 400), response.content
+    if response.status_code == 400:
+        assert isinstance(response.json(), dict) and response.json(), response.content
+        return
+    acknowledged.add(int(response.json()["id"]))
+
+
+def cut_or_raise_quota(rng: random.Random, ceilings: dict[tuple[int, str], int]) -> None:
+    quota = rng.choice(list(Quota.objects.order_by("pk")))
+    key = (quota.virtual_cluster_id, quota.gpu_model)
+    held = held_gpus(*key)
+    quota.guaranteed, quota.borrow_limit = rng.randint(0, 12), rng.randint(0, 8)
+    quota.save()
+    if held > quota.guaranteed + quota.borrow_limit:
+        ceilings[key] = max(ceilings.get(key, 0), held)
+
+
+def tighten(ceilings: dict[tuple[int, str], int]) -> None:
+    """A VC above its cut quota may keep what it holds, never regain what it gave up."""
+    for key in list(ceilings):
+        quota = Quota.objects.get(virtual_cluster_id=key[0], gpu_model=key[1])
+        ceiling = min(ceilings[key], held_gpus(*key))
+        if ceiling <= quota.guaranteed + quota.borrow_limit:
+            del ceilings[key]
+        else:
+            ceilings[key] = ceiling
+
+
+@pytest.mark.parametrize("seed", [1, 2, 16])
+def test_invariants_hold_after_every_step_of_a_random_walk(seed: int, api_for: Any, paused_loop: Any) -> None:
+    rng = random.Random(seed)
+    Node.objects.update(state=NodeState.READY)
+    clients = {user: api_for(user) for user in USERS}
+    agents = ScriptedAgents()
+    profile = every_cycle_a_new_turn()
+    acknowledged: set[int] = set()
+    ceilings: dict[tuple[int, str], int] = {}
+    seen: set[str] = set()
+    for step in range(STEPS):
+        kind = rng.choice(STEP_KINDS)
+        if kind == "submit":
+            submit(rng, clients, acknowledged, step)
+        elif kind == "agents":
+            agents.converge()
+        elif kind == "end":
+            running = list(Job.objects.filter(state=JobState.RUNNING).order_by("pk"))
+            if running:
+                outcome = (ExitReason.SUCCEEDED, 0) if rng.random() < 0.7 else (ExitReason.FAILED, 1)
+                agents.end(rng.choice(running), *outcome)
+        elif kind == "cancel":
+            open_jobs = list(Job.objects.exclude(state__in=TERMINAL_STATES).order_by("pk"))
+            if open_jobs:
+                job = rng.choice(open_jobs)
+                response = clients[job.owner.username].post(f"/api/v1/jobs/{job.pk}/cancel/")
+                assert response.status_code == 200, response.content
+        elif kind == "node_lost":
+            node = rng.choice(list(Node.objects.order_by("pk")))
+            Node.objects.filter(pk=node.pk).update(state=NodeState.NOT_READY)
+            requeue_jobs_of_lost_node(node)
+        elif kind == "node_back":
+            Node.objects.filter(pk=rng.choice(list(Node.objects.order_by("pk"))).pk).update(
+                state=NodeState.READY
+            )
+        else:
+            cut_or_raise_quota(rng, ceilings)
+        tighten(ceilings)
+        run_cycle(profile)
+        assert_all_invariants(acknowledged, ceilings)
+        seen.update(Job.objects.values_list("state", flat=True))
+    # The walk reached the states it is meant to exercise (a walk that never got a job running
+    # would check nothing).
+    assert {JobState.PENDING, JobState.RUNNING} <= seen, seen
+    assert seen & {JobState.SUSPENDED, JobState.CHECKPOINTING}, seen
+    assert seen & {JobState.SUCCEEDED, JobState.FAILED}, seen
