@@ -266,9 +266,15 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
     started = start_jobs(starts, loaded)
     resumed = sum(resume_job(job, start, now) for job, start in resumes)
     preempted = 0
+    # A victim's events name the job it was preempted for only if that job is of its tenant.
+    preemptors = {int(p.for_job) for p in plan.preemptions if p.for_job.isdigit()}
+    tenant_of = dict(Job.objects.filter(pk__in=preemptors).values_list("pk", "tenant_id"))
     for preemption in plan.preemptions:
         job = unchanged(preemption.job_id, JobState.RUNNING)
-        if job is not None and preempt_job(job, preemption):
+        if job is None:
+            continue
+        preemptor_tenant = tenant_of.get(int(preemption.for_job)) if preemption.for_job.isdigit() else None
+        if preempt_job(job, preemption, name_preemptor=preemptor_tenant == job.tenant_id):
             preempted += 1
     record_pending_statuses(waiting + plan.pending)
     return {
@@ -456,15 +462,15 @@ def hint_data(hint: core.WhatIfHint) -> dict[str, Any]:
     }
 
 
-def preempt_job(job: Job, preemption: core.Preemption) -> bool:
+def preempt_job(job: Job, preemption: core.Preemption, name_preemptor: bool = True) -> bool:
     """running -> checkpointing; the agents checkpoint (or stop) it within the grace period, and
-    its GPUs are freed when they report it ended (portal.jobs.services)."""
+    its GPUs are freed when they report it ended (portal.jobs.services). The event keeps the
+    job it was preempted for unless `name_preemptor` is false (a job of another tenant)."""
+    data = {"preemption": preemption.reason}
+    if name_preemptor and preemption.for_job:
+        data["for_job"] = preemption.for_job
     if not transition_job(
-        job,
-        JobState.CHECKPOINTING,
-        label="scheduler",
-        reason=preemption.message,
-        data={"preemption": preemption.reason, "for_job": preemption.for_job},
+        job, JobState.CHECKPOINTING, label="scheduler", reason=preemption.message, data=data
     ):
         return False
     attempt = job.current_attempt()

@@ -403,6 +403,7 @@ class _CycleRun:
         self.reasons: dict[str, Status] = {}
         self.reservation: Any = None
         self.reservation_job: str | None = None
+        self.reservation_vc = ""
         self.preemption_attempts = 0
         self.released: set[str] = set()  # running jobs whose GPUs this cycle handed on
         self._victim_base: list[tuple[tuple[float, ...], RunningJob, frozenset[str]]] | None = None
@@ -554,6 +555,7 @@ class _CycleRun:
             self.reservation = self.plugins.backfill.reserve(job, model, self.ctx, self.holds)
             if self.reservation is not None:
                 self.reservation_job = job.id
+                self.reservation_vc = job.vc
                 wait = max(self.reservation.start_at - self.ctx.now, 0.0)
                 failure = Status(
                     failure.code, failure.reason, f"{failure.message}; reserved, expected in {wait:.0f} s"
@@ -684,10 +686,12 @@ class _CycleRun:
     def _held_status(self, job: PendingJob) -> Status:
         res = self.reservation
         wait = max(res.start_at - self.ctx.now, 0.0)
+        same_tenant = self.state.tenant_of(job.vc) == self.state.tenant_of(self.reservation_vc)
+        holder = f"job {res.job_id}" if same_tenant else "a job of another tenant"
         return Status(
             Code.UNSCHEDULABLE,
             ReasonCode.HELD_FOR_RESERVATION,
-            f"held for the reservation of job {res.job_id} ({res.gpus} {model_label(res.model)} "
+            f"held for the reservation of {holder} ({res.gpus} {model_label(res.model)} "
             f"expected free in {wait:.0f} s); this job would delay it",
         )
 
@@ -1254,9 +1258,9 @@ class _CycleRun:
             self.released.add(victim.id)
             if reason is None:
                 continue  # already stopping
-            self.preemptions.append(
-                Preemption(victim.id, reason, _preemption_message(reason, job, victim), grace, job.id)
-            )
+            same_tenant = self.state.tenant_of(job.vc) == self.state.tenant_of(victim.vc)
+            message = _preemption_message(reason, job, victim, same_tenant)
+            self.preemptions.append(Preemption(victim.id, reason, message, grace, job.id))
         new_victims = sum(1 for _, r in chosen if r is not None)
         self.waiting[job.id] = (self.ctx.now + grace, model)
         self.reasons[job.id] = Status(
@@ -1268,15 +1272,19 @@ class _CycleRun:
         return True
 
 
-def _preemption_message(reason: str, job: PendingJob, victim: RunningJob) -> str:
+def _preemption_message(reason: str, job: PendingJob, victim: RunningJob, same_tenant: bool) -> str:
+    """What the victim's owner reads. A job or VC of another tenant is not named: its owner
+    must not learn that it exists."""
+    other = f"job {job.id}" if same_tenant else "a job of another tenant"
     if reason == "priority":
-        return f"preempted for job {job.id}: priority {job.priority} over {victim.priority}"
+        return f"preempted for {other}: priority {job.priority} over {victim.priority}"
     if reason == "reclaim":
-        return f"VC {job.vc} reclaims its guaranteed GPUs from borrowed work of VC {victim.vc} (job {job.id})"
+        owner = f"VC {job.vc}" if same_tenant else "another tenant's VC"
+        return f"{owner} reclaims its guaranteed GPUs from borrowed work of VC {victim.vc} ({other})"
     if reason == "las":
-        return f"preempted for job {job.id}: it has attained less GPU service (LAS demotion)"
+        return f"preempted for {other}: it has attained less GPU service (LAS demotion)"
     if reason == "gittins":
-        return f"preempted for job {job.id}: jobs like it usually finish sooner (Gittins index)"
+        return f"preempted for {other}: jobs like it usually finish sooner (Gittins index)"
     if reason == "defrag":
-        return f"moved to make room for job {job.id}: enough GPUs are free, but scattered (defragmentation)"
-    return f"preempted for job {job.id} ({reason})"
+        return f"moved to make room for {other}: enough GPUs are free, but scattered (defragmentation)"
+    return f"preempted for {other} ({reason})"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from sched_builders import Snap, profile
 
@@ -120,6 +122,33 @@ def test_reclaim_takes_back_only_borrowed_work() -> None:
     plan = decide(snap.build(), PREEMPT, now=5000.0)
     assert [(p.job_id, p.reason) for p in plan.preemptions] == [("speech-borrowed", "reclaim")]
     assert "reclaims its guaranteed GPUs" in plan.preemptions[0].message
+    # The victim's owner (tenant speech) does not learn of vision's job or VC.
+    message = plan.preemptions[0].message
+    assert "vision" not in message and "another tenant's VC" in message
+    assert "a job of another tenant" in message
+
+
+def test_a_victim_learns_the_job_it_was_preempted_for_only_within_its_tenant() -> None:
+    def message_for(tenant: str) -> str:
+        snap = (
+            Snap()
+            .node("n0", 4)
+            .vc("lender", 4)
+            .vc("borrower", 0, borrow=4)
+            .running("victim", [("n0", (0, 1, 2, 3))], vc="borrower", started_at=0)
+            .pending("urgent", 4, vc="lender", submitted_at=5000)
+            .build()
+        )
+        vcs = tuple(replace(vc, tenant=tenant or vc.name) for vc in snap.vcs)
+        plan = decide(replace(snap, vcs=vcs), PREEMPT, now=5000.0)
+        (preemption,) = plan.preemptions
+        return preemption.message
+
+    shared = message_for("one-tenant")  # two VCs of one tenant
+    assert shared.startswith("VC lender reclaims its guaranteed GPUs") and "(job urgent)" in shared
+    other = message_for("")  # each VC its own tenant
+    assert other.startswith("another tenant's VC reclaims its guaranteed GPUs from borrowed work")
+    assert "urgent" not in other and "lender" not in other
 
 
 def test_no_reclaim_beyond_the_guarantee() -> None:
@@ -176,6 +205,12 @@ def test_backfill(limit: float, gpus: int, starts: bool) -> None:
         later = next(p for p in plan.pending if p.job_id == "later")
         assert later.reason is ReasonCode.HELD_FOR_RESERVATION
         assert later.message.startswith("held for the reservation of job head")
+        # A job of another VC and tenant is held as well, without learning whose job it is.
+        snap.pending("elsewhere", gpus, vc="other", submitted_at=3, time_limit_s=limit)
+        statuses = decide(snap.build(), BACKFILL, now=0.0).pending
+        elsewhere = next(p for p in statuses if p.job_id == "elsewhere")
+        assert elsewhere.message.startswith("held for the reservation of a job of another tenant")
+        assert "head" not in elsewhere.message
 
 
 @pytest.mark.parametrize(
