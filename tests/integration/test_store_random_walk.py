@@ -1,9 +1,10 @@
 """A random walk through the portal's own scheduling path on PostgreSQL.
 
 The core's property tests check random steps against a model of the store; this walks the
-store itself. Jobs are submitted through the REST API, and agents report through the service
-their gateway calls. Nodes are lost and come back, admins cut and raise quotas, and jobs
-finish, fail or are cancelled. After every step a scheduling cycle runs, under the
+store itself. Jobs are submitted through the REST API (production jobs by tenant admins, some
+with a time limit that runs out), and agents report through the service their gateway calls.
+Nodes are lost and come back, admins cordon, drain and uncordon them and cut and raise quotas,
+GPUs fail, and jobs finish, fail or are cancelled. After every step a scheduling cycle runs, under the
 introspective profile with a time-slice turn every cycle. The invariants of every scheduling
 test (I1-I6) hold after each step, and a VC whose quota was cut below what it held never
 gains GPUs above its limit. Each seed is one fixed walk, so a failure replays exactly.
@@ -13,18 +14,20 @@ from __future__ import annotations
 
 import itertools
 import random
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from agents.protocol import AttemptState, AttemptStatus, ExitReason
+from agents.protocol import AttemptState, AttemptStatus, ExitReason, GpuSample
 from portal.agentgw.desired import agent_attempt_id, desired_set_for
 from portal.cluster.choices import NodeState
-from portal.cluster.models import Node, Quota
+from portal.cluster.models import Gpu, Node, Quota
+from portal.cluster.services import record_gpu_health, set_node_state
 from portal.jobs.choices import TERMINAL_STATES, JobState
 from portal.jobs.models import Allocation, Job
-from portal.jobs.services import record_attempt_status, requeue_jobs_of_lost_node
+from portal.jobs.services import enforce_time_limits, record_attempt_status, requeue_jobs_of_lost_node
 from scheduler.tasks import run_cycle
 from tests.integration.invariants import assert_all_invariants
 from tests.portal.test_time_slicing_store import every_cycle_a_new_turn
@@ -32,8 +35,17 @@ from tests.portal.test_time_slicing_store import every_cycle_a_new_turn
 pytestmark = pytest.mark.django_db(transaction=True)
 
 STEPS = 100
-USERS = {"alice": "vision", "bob": "vision", "carol": "speech", "dave": "speech"}
-STEP_KINDS = ["submit"] * 4 + ["agents"] * 3 + ["end"] * 2 + ["cancel", "node_lost", "node_back", "quota"]
+USERS = {
+    "alice": "vision",
+    "bob": "vision",
+    "vision-admin": "vision",
+    "carol": "speech",
+    "dave": "speech",
+    "speech-admin": "speech",
+}
+PRIORITIES = ["opportunistic", "dev", "training"]
+STEP_KINDS = ["submit"] * 4 + ["agents"] * 3 + ["end"] * 2 + ["admin"] * 2
+STEP_KINDS += ["cancel", "node_lost", "node_back", "quota", "gpu_fail", "time_limits"]
 
 
 class ScriptedAgents:
@@ -105,7 +117,9 @@ def submit(rng: random.Random, clients: dict[str, Any], acknowledged: set[int], 
         "flavor": f"{rng.choice('ssml')}-{rng.choice(['A100', 'V100'])}",
         "command": "sleep 600",
         "replicas": rng.choice([1, 1, 2]),
-        "priority": rng.choice(["opportunistic", "dev", "training"]),
+        # Production is for tenant admins.
+        "priority": rng.choice(PRIORITIES + (["production"] if user.endswith("-admin") else [])),
+        "time_limit": rng.choice(["1h", "1h", "2m"]),
         "time_sliceable": rng.random() < 0.5,
         "checkpoint": {"enabled": rng.random() < 0.5},
     }
@@ -139,10 +153,12 @@ def tighten(ceilings: dict[tuple[int, str], int]) -> None:
             ceilings[key] = ceiling
 
 
-@pytest.mark.parametrize("seed", [1, 2, 16])
-def test_invariants_hold_after_every_step_of_a_random_walk(seed: int, api_for: Any, paused_loop: Any) -> None:
+@pytest.mark.parametrize("seed", [1, 6, 16])
+def test_invariants_hold_after_every_step_of_a_random_walk(
+    seed: int, api_for: Any, users: dict[str, Any], paused_loop: Any
+) -> None:
     rng = random.Random(seed)
-    Node.objects.update(state=NodeState.READY)
+    Node.objects.update(state=NodeState.READY, last_heartbeat_at=timezone.now())  # agents said hello
     clients = {user: api_for(user) for user in USERS}
     agents = ScriptedAgents()
     profile = every_cycle_a_new_turn()
@@ -170,6 +186,16 @@ def test_invariants_hold_after_every_step_of_a_random_walk(seed: int, api_for: A
             node = rng.choice(list(Node.objects.order_by("pk")))
             Node.objects.filter(pk=node.pk).update(state=NodeState.NOT_READY)
             requeue_jobs_of_lost_node(node)
+        elif kind == "admin":
+            node = rng.choice(list(Node.objects.order_by("pk")))
+            set_node_state(node, rng.choice(["cordon", "drain", "uncordon", "uncordon"]), users["admin"])
+        elif kind == "gpu_fail":
+            if rng.random() < 0.3:  # a failed GPU stays failed: the walk would run out of them
+                gpu = rng.choice(list(Gpu.objects.order_by("pk")))
+                xid = GpuSample(gpu_uuid=gpu.uuid, time=timezone.now(), healthy=False, health_reason="Xid 79")
+                record_gpu_health(gpu.node, [xid])
+        elif kind == "time_limits":  # the periodic check, as if 1, 5 or 90 minutes had passed
+            enforce_time_limits(timezone.now() + timedelta(minutes=rng.choice([1, 5, 90])), 60, 120)
         elif kind == "node_back":
             Node.objects.filter(pk=rng.choice(list(Node.objects.order_by("pk"))).pk).update(
                 state=NodeState.READY
