@@ -267,14 +267,12 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
     resumed = sum(resume_job(job, start, now) for job, start in resumes)
     preempted = 0
     # A victim's events name the job it was preempted for only if that job is of its tenant.
-    preemptors = {int(p.for_job) for p in plan.preemptions if p.for_job.isdigit()}
-    tenant_of = dict(Job.objects.filter(pk__in=preemptors).values_list("pk", "tenant_id"))
+    preemptors = Job.objects.filter(pk__in=[int(p.for_job) for p in plan.preemptions])
+    tenant_of = {str(pk): tenant for pk, tenant in preemptors.values_list("pk", "tenant_id")}
     for preemption in plan.preemptions:
         job = unchanged(preemption.job_id, JobState.RUNNING)
-        if job is None:
-            continue
-        preemptor_tenant = tenant_of.get(int(preemption.for_job)) if preemption.for_job.isdigit() else None
-        if preempt_job(job, preemption, name_preemptor=preemptor_tenant == job.tenant_id):
+        same_tenant = job is not None and tenant_of.get(preemption.for_job) == job.tenant_id
+        if job is not None and preempt_job(job, preemption, name_preemptor=same_tenant):
             preempted += 1
     record_pending_statuses(waiting + plan.pending)
     return {

@@ -54,7 +54,6 @@ from scheduler.core.types import (
     ALL_MODELS,
     ANY_MODEL,
     Gpu,
-    JobId,
     PendingJob,
     PendingStatus,
     Plan,
@@ -179,7 +178,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
         starts=tuple(run.starts),
         preemptions=tuple(run.preemptions),
         pending=_pending_statuses(queue, run.started, run.reasons, estimates, hints),
-        reservation=JobId(run.reservation_job) if run.reservation_job else None,
+        reservation=run.reserved_for.id if run.reserved_for else None,
         wake_at=min(wake_times) if wake_times else None,
         suspends=tuple(suspends),
     )
@@ -402,8 +401,7 @@ class _CycleRun:
         self.preemptions: list[Preemption] = []
         self.reasons: dict[str, Status] = {}
         self.reservation: Any = None
-        self.reservation_job: str | None = None
-        self.reservation_vc = ""
+        self.reserved_for: PendingJob | None = None  # the job holding the reservation
         self.preemption_attempts = 0
         self.released: set[str] = set()  # running jobs whose GPUs this cycle handed on
         self._victim_base: list[tuple[tuple[float, ...], RunningJob, frozenset[str]]] | None = None
@@ -554,8 +552,7 @@ class _CycleRun:
         ):
             self.reservation = self.plugins.backfill.reserve(job, model, self.ctx, self.holds)
             if self.reservation is not None:
-                self.reservation_job = job.id
-                self.reservation_vc = job.vc
+                self.reserved_for = job
                 wait = max(self.reservation.start_at - self.ctx.now, 0.0)
                 failure = Status(
                     failure.code, failure.reason, f"{failure.message}; reserved, expected in {wait:.0f} s"
@@ -595,12 +592,11 @@ class _CycleRun:
                     statement.discard()
                     continue
                 # The waiting job may ask for more CPU or memory per replica than the running
-                # one had: each replica must fit what its node has left.
-                fits = True
+                # one had: its replicas must fit what their nodes have left.
+                if not self._resources_fit(job, holds):
+                    statement.discard()
+                    continue
                 for hold in holds:
-                    if not node_resources_fit(job, self.state.nodes[hold.node_idx]):
-                        fits = False
-                        break
                     statement.reserve(
                         GpuHold(
                             hold.node_idx,
@@ -612,9 +608,6 @@ class _CycleRun:
                             job.user,
                         )
                     )
-                if not fits:
-                    statement.discard()
-                    continue
                 statement.commit()
                 self.released.add(running.id)
                 borrowed = self.ctx.borrowed_gpus.get(running.id, 0)
@@ -663,7 +656,7 @@ class _CycleRun:
             if (
                 self.reservation is not None
                 and backfill is not None
-                and job.id != self.reservation_job
+                and (self.reserved_for is None or job.id != self.reserved_for.id)
                 and not backfill.allows(job, model, copy.copy(self.reservation), self.ctx)
             ):
                 continue
@@ -686,7 +679,7 @@ class _CycleRun:
     def _held_status(self, job: PendingJob) -> Status:
         res = self.reservation
         wait = max(res.start_at - self.ctx.now, 0.0)
-        same_tenant = self.state.tenant_of(job.vc) == self.state.tenant_of(self.reservation_vc)
+        same_tenant = self.reserved_for is not None and self._same_tenant(job, self.reserved_for)
         holder = f"job {res.job_id}" if same_tenant else "a job of another tenant"
         return Status(
             Code.UNSCHEDULABLE,
@@ -873,6 +866,15 @@ class _CycleRun:
             return 0.0, gpus
         return sum([w * p.score(slot, model, gpus, placed, self.ctx) for p, w in self.plugins.score]), gpus
 
+    def _resources_fit(self, job: PendingJob, holds: Sequence[GpuHold]) -> bool:
+        """Whether the CPU and memory of `job`'s replicas fit the nodes of `holds`, one
+        replica per hold, as the state stands (for a swap: with the running job released)."""
+        per_node = Counter(hold.node_idx for hold in holds)
+        return all(node_resources_fit(job, self.state.nodes[idx], n) for idx, n in per_node.items())
+
+    def _same_tenant(self, job: PendingJob, other: PendingJob | RunningJob) -> bool:
+        return self.state.tenant_of(job.vc) == self.state.tenant_of(other.vc)
+
     def _placeable(self, hold: GpuHold) -> bool:
         slot = self.state.nodes[hold.node_idx]
         return slot.usable and all(i in slot.gpus and slot.gpus[i].healthy for i in hold.gpu_indices)
@@ -901,10 +903,8 @@ class _CycleRun:
             )
         if len(holds) != job.replicas:
             return False
-        # Others may have taken the CPU or memory it gave up while suspended.
-        for idx, replicas in Counter(hold.node_idx for hold in holds).items():
-            if not node_resources_fit(job, state.nodes[idx], replicas):
-                return False
+        if not self._resources_fit(job, holds):
+            return False  # others took the CPU or memory it gave up while suspended
         for hold in holds:
             statement.reserve(hold)
         return True
@@ -1258,8 +1258,7 @@ class _CycleRun:
             self.released.add(victim.id)
             if reason is None:
                 continue  # already stopping
-            same_tenant = self.state.tenant_of(job.vc) == self.state.tenant_of(victim.vc)
-            message = _preemption_message(reason, job, victim, same_tenant)
+            message = _preemption_message(reason, job, victim, self._same_tenant(job, victim))
             self.preemptions.append(Preemption(victim.id, reason, message, grace, job.id))
         new_victims = sum(1 for _, r in chosen if r is not None)
         self.waiting[job.id] = (self.ctx.now + grace, model)
