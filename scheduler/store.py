@@ -119,6 +119,9 @@ def load_snapshot(now: float) -> LoadedState:
         if allocation.attempt.resumed_at is not None:
             slice_started[job_id] = allocation.attempt.resumed_at.timestamp()
     running, pending = [], []
+    held = [
+        (node, i) for replicas in placements.values() for node, indices in replicas.values() for i in indices
+    ]
     for job in jobs:
         common: dict[str, Any] = {
             "id": core.JobId(str(job.pk)),
@@ -155,6 +158,21 @@ def load_snapshot(now: float) -> LoadedState:
                     **common,
                 )
             )
+        elif job.pk in suspended_on and job.pk not in placements:
+            # Told to leave the GPUs it was parked on (or cancelled there): it checkpoints or
+            # stops on them, so until it is gone they are its own, but not its VC's quota.
+            left = core.left_parked(placement_of(suspended_on[job.pk]), held)
+            if left:
+                common["cpu_milli_per_replica"] = common["memory_mib_per_replica"] = 0
+                running.append(
+                    core.RunningJob(
+                        placement=left,
+                        started_at=started[job.pk],
+                        stopping=True,
+                        parked=True,
+                        **common,
+                    )
+                )
         elif job.pk in placements:
             if len(placements[job.pk]) != job.replicas:  # spread over one-GPU replicas
                 cpu_milli, memory_mib = job.resources_per_replica(len(placements[job.pk]))
@@ -262,7 +280,6 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
             starts.append((job, start))
         elif job := unchanged(start.job_id, JobState.SUSPENDED):
             resumes.append((job, start))
-    starts, waiting = clear_parked_gpus(starts, loaded)
     started = start_jobs(starts, loaded)
     resumed = sum(resume_job(job, start, now) for job, start in resumes)
     preempted = 0
@@ -270,11 +287,13 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
     preemptors = Job.objects.filter(pk__in=[int(p.for_job) for p in plan.preemptions])
     tenant_of = {str(pk): tenant for pk, tenant in preemptors.values_list("pk", "tenant_id")}
     for preemption in plan.preemptions:
-        job = unchanged(preemption.job_id, JobState.RUNNING)
+        # A suspended job is told to leave the GPUs it is parked on (time-slice-evict).
+        job_id = preemption.job_id
+        job = unchanged(job_id, JobState.RUNNING) or unchanged(job_id, JobState.SUSPENDED)
         same_tenant = job is not None and tenant_of.get(preemption.for_job) == job.tenant_id
         if job is not None and preempt_job(job, preemption, name_preemptor=same_tenant):
             preempted += 1
-    record_pending_statuses(waiting + plan.pending)
+    record_pending_statuses(plan.pending)
     return {
         "started": started,
         "preempted": preempted,
@@ -282,52 +301,6 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
         "resumed": resumed,
         "pending": len(plan.pending),
     }
-
-
-def clear_parked_gpus(
-    starts: list[tuple[Job, core.Start]], loaded: LoadedState
-) -> tuple[list[tuple[Job, core.Start]], tuple[core.PendingStatus, ...]]:
-    """The starts that may go ahead now, and the status of those that wait. A suspended job's
-    paused processes stay on the GPUs it is parked on, so only a job of its tenant may use them
-    meanwhile (the core sees them as free). A start of another tenant's job there waits: the
-    parked job is asked to checkpoint and stop (it resumes later from its checkpoint), and the
-    start comes once it has left, first in line."""
-    gpu_ids = {
-        loaded.gpu_ids[(replica.node, index)]: job
-        for job, start in starts
-        for replica in start.placement
-        for index in replica.gpu_indices
-    }
-    parked = Allocation.objects.filter(gpu_id__in=gpu_ids, released_at__isnull=True, suspended=True)
-    blocked: dict[int, set[int]] = defaultdict(set)  # start's job -> parked jobs in its way
-    for gpu_id, parked_job_id, parked_tenant_id in parked.values_list(
-        "gpu_id", "attempt__job_id", "attempt__job__tenant_id"
-    ):
-        job = gpu_ids[gpu_id]
-        if parked_tenant_id != job.tenant_id:
-            blocked[job.pk].add(parked_job_id)
-    if not blocked:
-        return starts, ()
-    in_the_way = sorted(set().union(*blocked.values()))
-    # The messages name no job: the jobs on either side belong to different tenants.
-    for parked_job in (
-        Job.objects.select_for_update().filter(pk__in=in_the_way, state=JobState.SUSPENDED).order_by("pk")
-    ):
-        grace = float((parked_job.spec.get("checkpoint") or {}).get("grace_seconds", 30))
-        message = (
-            "the GPUs it is suspended on were given to another job: it checkpoints and stops, to "
-            "resume from its checkpoint later"
-        )
-        evict = core.Preemption(
-            core.JobId(str(parked_job.pk)), "time-slice-evict", message, grace, core.JobId("")
-        )
-        preempt_job(parked_job, evict)
-    waiting = "waiting for a suspended job to checkpoint and leave the GPUs this job was given"
-    statuses = tuple(
-        core.PendingStatus(core.JobId(str(job_id)), core.ReasonCode.WAITING_FOR_PREEMPTION, waiting, None)
-        for job_id in blocked
-    )
-    return [(job, start) for job, start in starts if job.pk not in blocked], statuses
 
 
 def placement_text(start: core.Start) -> str:

@@ -33,6 +33,7 @@ from scheduler.core.types import (
     VcName,
     VirtualCluster,
     WhatIfHint,
+    left_parked,
 )
 
 __all__ = [
@@ -65,5 +66,6 @@ __all__ = [
     "VirtualCluster",
     "WhatIfHint",
     "decide",
+    "left_parked",
     "load_profile",
 ]

@@ -235,6 +235,8 @@ def borrowed_by_job(
     start order, so the most recently started work is the borrowed (reclaimable) part."""
     groups: dict[tuple[str, str], list[RunningJob]] = {}
     for job in snapshot.running:
+        if job.parked:
+            continue  # charged to no VC
         job_holds = holds.get(job.id)
         model = job_holds[0].model if job_holds else job.gpu_model
         rows = state.quotas.get(job.vc)
@@ -404,6 +406,16 @@ class _CycleRun:
         self.reserved_for: PendingJob | None = None  # the job holding the reservation
         self.preemption_attempts = 0
         self.released: set[str] = set()  # running jobs whose GPUs this cycle handed on
+        # Time-slicing: GPUs a suspended job is parked on, with that job. Its paused processes
+        # stay there, so only a job of its tenant may use them meanwhile (see _start).
+        self.parked: dict[tuple[int, int], PendingJob] = {
+            (idx, index): job
+            for job in ctx.snapshot.pending
+            for replica in job.suspended_on
+            if (idx := self.state.node_idx_by_name.get(replica.node)) is not None
+            for index in replica.gpu_indices
+        }
+        self.evicted: set[str] = set()  # suspended jobs told to leave the GPUs they are parked on
         self._victim_base: list[tuple[tuple[float, ...], RunningJob, frozenset[str]]] | None = None
         # Preemption searches that found nothing, by what decides eligibility; a later job
         # with the same key and at least as many GPUs cannot do better.
@@ -475,6 +487,14 @@ class _CycleRun:
         if job.replicas <= 0 or job.gpus_per_replica <= 0:
             self.reasons[job.id] = Status(
                 Code.UNRESOLVABLE, ReasonCode.NO_MATCHING_GPU, "requests no GPUs; nothing to place"
+            )
+            return
+        if job.id in self.evicted:
+            self.reasons[job.id] = Status(
+                Code.UNSCHEDULABLE,
+                ReasonCode.QUEUED_BEHIND,
+                "the GPUs it is suspended on went to a job ranked before it: it checkpoints and "
+                "stops, and then waits to start again from its checkpoint",
             )
             return
         looked_at_nodes = False
@@ -571,6 +591,7 @@ class _CycleRun:
             for job in queue
             if job.id not in self.started
             and job.id not in self.waiting
+            and job.id not in self.evicted
             and job.id in self.reasons
             and self.reasons[job.id].reason in turn_reasons
         ]
@@ -713,6 +734,11 @@ class _CycleRun:
             ReplicaPlacement(self.state.nodes[h.node_idx].node.name, h.gpu_indices) for h in reserved
         )
         statement.commit()
+        if self.parked:
+            in_the_way = self._parked_in_the_way(job, reserved)
+            if in_the_way:
+                self._wait_for_parked(job, model, in_the_way)
+                return
         # The reservation is already counted in the VC's usage: borrowed = what lies above
         # the guarantee now minus what lay above it before.
         quota_model = self._quota_model(job, model)
@@ -736,6 +762,60 @@ class _CycleRun:
             )
         )
         self.started[job.id] = model
+
+    def _parked_in_the_way(self, job: PendingJob, holds: Sequence[GpuHold]) -> list[PendingJob]:
+        """Suspended jobs of another tenant parked on the GPUs of `holds`, in id order."""
+        found: dict[str, PendingJob] = {}
+        for hold in holds:
+            for index in hold.gpu_indices:
+                parked = self.parked.get((hold.node_idx, index))
+                if parked is not None and parked.id != job.id and not self._same_tenant(job, parked):
+                    found[parked.id] = parked
+        return [found[job_id] for job_id in sorted(found)]
+
+    def _wait_for_parked(self, job: PendingJob, model: str, in_the_way: Sequence[PendingJob]) -> None:
+        """The job keeps the GPUs it was given, held for it as for a preemption, while the
+        suspended jobs parked there checkpoint and leave; it starts first in line once they
+        have. A parked job that resumes elsewhere in this plan leaves them by that move."""
+        grace = self.settings.grace_period_s
+        for parked in in_the_way:
+            if parked.id in self.evicted or parked.id in self.started:
+                continue
+            self.evicted.add(parked.id)
+            self._hold_for_checkpoint(parked)
+            self.preemptions.append(
+                Preemption(
+                    parked.id,
+                    "time-slice-evict",
+                    "the GPUs it is suspended on went to a job of another tenant: it checkpoints "
+                    "and stops, to start again from its checkpoint later",
+                    grace,
+                    job.id,
+                )
+            )
+        self.waiting[job.id] = (self.ctx.now + grace, model)
+        self.reasons[job.id] = Status(
+            Code.UNSCHEDULABLE,
+            ReasonCode.WAITING_FOR_PREEMPTION,
+            f"waiting for a suspended job to checkpoint and leave the {job.gpus} {model_label(model)} "
+            f"it was given (grace {grace:.0f} s)",
+        )
+
+    def _hold_for_checkpoint(self, parked: PendingJob) -> None:
+        """A parked job told to leave checkpoints on its GPUs until it is gone: those still
+        free stay out of reach for the rest of the cycle, charged to no one (RunningJob.parked)."""
+        state = self.state
+        for replica in parked.suspended_on:
+            idx = state.node_idx_by_name.get(replica.node)
+            if idx is None:
+                continue
+            slot = state.nodes[idx]
+            by_model: dict[str, list[int]] = {}
+            for i in replica.gpu_indices:
+                if i in slot.gpus and i in slot.free.get(slot.gpus[i].model, ()):
+                    by_model.setdefault(slot.gpus[i].model, []).append(i)
+            for model, indices in by_model.items():
+                state.occupy(GpuHold(idx, model, tuple(indices), 0, 0, parked.vc, parked.user))
 
     # -- placement ---------------------------------------------------------------------
 
@@ -1056,8 +1136,8 @@ class _CycleRun:
                 holds = self.holds.get(victim.id)
                 if not holds:
                     continue
-                if victim.gpu_share_milli:
-                    continue  # a share frees no whole GPU
+                if victim.gpu_share_milli or victim.parked:
+                    continue  # a share frees no whole GPU; a parked job's GPUs are not charged
                 models = frozenset(h.model for h in holds)
                 if victim.stopping:
                     base.append(((-1.0,), victim, models))

@@ -66,8 +66,9 @@ def estimate_starts(
         if job.id in released:
             continue
         if job.stopping:
+            vc = "" if job.parked else job.vc  # a parked job's GPUs are charged to no VC
             for hold in holds.get(job.id, ()):
-                fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), job.vc))
+                fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), vc))
         else:
             going_on.append(job)
     ends = expected_ends(going_on, ctx, default_s)

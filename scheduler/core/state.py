@@ -283,6 +283,11 @@ class ClusterState:
         self._remove_free(hold)
         self._add_usage(hold, len(hold.gpu_indices))
 
+    def occupy(self, hold: GpuHold) -> None:
+        """Mark GPUs busy without charging anyone: a parked job told to leave holds them
+        while it checkpoints, but not its VC's quota (RunningJob.parked)."""
+        self._remove_free(hold)
+
     def charge(self, hold: GpuHold) -> None:
         """Charge GPUs to a VC and user without taking them: a preempted job holds the GPUs its
         preemptor will have until it is gone, so in the cycle that preempts it its VC and user
@@ -416,9 +421,10 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
             busy[node_idx].update(indices)
             cpu_used[node_idx] += job.cpu_milli_per_replica
             memory_used[node_idx] += job.memory_mib_per_replica
-            by_model[model] = by_model.get(model, 0) + len(indices)
-            charged += len(indices)
-        if job.placement and not job_holds:
+            if not job.parked:
+                by_model[model] = by_model.get(model, 0) + len(indices)
+                charged += len(indices)
+        if job.placement and not job_holds and not job.parked:
             # Node gone from the snapshot: still charge the VC so quotas stay conservative.
             by_model[job.gpu_model] = by_model.get(job.gpu_model, 0) + job.gpus
             charged = job.gpus

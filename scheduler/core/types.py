@@ -14,6 +14,7 @@ Conventions:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NewType
@@ -122,6 +123,10 @@ class RunningJob:
     # `slice_started_at` is when its current quantum began (None = started_at).
     time_sliceable: bool = False
     slice_started_at: float | None = None
+    # A suspended job told to leave the GPUs it is parked on, checkpointing there (always
+    # `stopping` too): it holds them until it is gone, but not its VC's quota, which it gave
+    # up when it was suspended (see `left_parked`).
+    parked: bool = False
     gpus: int = field(init=False, compare=False, repr=False)  # derived from placement
 
     def __post_init__(self) -> None:
@@ -180,6 +185,22 @@ class PendingJob:
     @property
     def waiting_since(self) -> float:
         return self.submitted_at if self.queued_at is None else self.queued_at
+
+
+def left_parked(
+    parked_on: tuple[ReplicaPlacement, ...], held: Iterable[tuple[str, int]]
+) -> tuple[ReplicaPlacement, ...]:
+    """The part of a suspended job's parked GPUs that no running job holds (`held` is their
+    (node, GPU index) pairs). A suspended job told to leave checkpoints there, so until it is
+    gone those GPUs are its own, as a stopping job's (other jobs of its tenant may share the
+    rest by time, as they did while it was parked)."""
+    taken = set(held)
+    left = []
+    for replica in parked_on:
+        indices = tuple(i for i in replica.gpu_indices if (replica.node, i) not in taken)
+        if indices:
+            left.append(ReplicaPlacement(replica.node, indices))
+    return tuple(left)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from scheduler.core import (
     VcName,
     VirtualCluster,
     decide,
+    left_parked,
 )
 from scheduler.core.plugins.defrag import Defragment
 from scheduler.core.service_history import FinishedHistory
@@ -99,6 +100,7 @@ class SimJob:
     pending_view: PendingJob | None = None
     suspended_on: tuple[ReplicaPlacement, ...] = ()  # time-slicing: waits to resume there
     suspensions: int = 0
+    parked: bool = False  # checkpointing on GPUs it was parked on (RunningJob.parked)
     first_in_line: bool = False  # GPUs were freed for it (PendingJob.first_in_line)
     moved: bool = False  # requeued after a migration (PendingJob.moved)
 
@@ -302,6 +304,20 @@ class Simulator:
                     pending[suspend.job_id] = job
                 immediate = False
                 for preemption in plan.preemptions:
+                    if preemption.job_id in pending:
+                        # A suspended job told to leave the GPUs it is parked on: it checkpoints
+                        # on those no running job holds (holding them meanwhile, as in the
+                        # portal), then queues again.
+                        job = pending.pop(preemption.job_id)
+                        held = [
+                            (r.node, i) for j in running.values() for r in j.placement for i in r.gpu_indices
+                        ]
+                        job.placement = left_parked(job.suspended_on, held)
+                        job.suspended_on = ()
+                        job.pending_view = None
+                        job.parked = True
+                        running[preemption.job_id] = job
+                        busy += job.gpus
                     job = running[preemption.job_id]
                     self._advance(job, t)
                     job.stopping = True
@@ -355,7 +371,7 @@ class Simulator:
 
     @staticmethod
     def _requeue(job: SimJob, t: float) -> None:
-        job.stopping = False
+        job.stopping = job.parked = False
         job.running_since = None
         job.placement = ()
         job.queued_at = t
@@ -379,6 +395,7 @@ class Simulator:
                     time_limit_s=self.time_limit_s,
                     submitted_at=job.trace.submit,
                     stopping=job.stopping,
+                    parked=job.parked,
                     time_sliceable=self.time_sliceable,
                 )
             )

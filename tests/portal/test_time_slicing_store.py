@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 
-from portal.agentgw.desired import desired_set_for
-from portal.cluster.models import Node
+from agents.protocol import AttemptState, AttemptStatus, ExitReason
+from portal.agentgw.desired import agent_attempt_id, desired_set_for
+from portal.cluster.models import Node, Quota
 from portal.jobs.choices import JobState
 from portal.jobs.models import Allocation, Job, JobAttempt
-from portal.jobs.services import transition_job
+from portal.jobs.services import record_attempt_status, transition_job
 from scheduler import core
 from scheduler.store import apply_plan, load_snapshot
 from scheduler.tasks import run_cycle
@@ -157,37 +159,76 @@ def test_a_lost_node_requeues_a_suspended_job_like_a_running_one(two_running) ->
 
 
 def test_another_tenants_job_waits_until_a_job_suspended_on_its_gpus_has_left(two_running, api_for) -> None:  # type: ignore[no-untyped-def]
-    """The core sees a suspended job's GPUs as free, but its paused processes are still there:
-    a job of another tenant placed on them waits while the suspended job checkpoints and
-    leaves, and neither job's messages name the other."""
-    alice, sliced, _ = two_running
+    """A suspended job's paused processes stay on its GPUs: when the cycle gives them to a job
+    of another tenant (the suspended one cannot come back: its VC's quota was cut), that job
+    waits while the suspended one checkpoints and leaves, and neither job's messages name the
+    other. The cycle sees the leaving job holding the GPUs until its agent reports it gone."""
+    alice, sliced, plain = two_running
     waiting = submit(alice, "waiting", time_sliceable=True)
     run_cycle(every_cycle_a_new_turn())
     assert state(sliced) == "suspended"
     parked_gpus = gpus(sliced, suspended=True)
     alice.post(f"/api/v1/jobs/{waiting}/cancel/")  # the job that took the turn ends
+    assert not gpus(waiting, suspended=False)
+    Quota.objects.filter(virtual_cluster__name="vision", gpu_model="A100").update(borrow_limit=0)
     carol = api_for("carol")
     other = submit(carol, "other-tenant", vc="speech")
-    own = submit(alice, "same-tenant")
+
+    run_cycle(every_cycle_a_new_turn())
+    assert state(other) == "pending" and not gpus(other, suspended=False)
+    assert state(sliced) == "checkpointing" and gpus(sliced, suspended=True) == parked_gpus
+    event = Job.objects.get(pk=sliced).events.get(to_state="checkpointing")
+    assert event.data["preemption"] == "time-slice-evict" and "for_job" not in event.data
+    shown = carol.get(f"/api/v1/jobs/{other}/").json()
+    assert shown["pending_reason"] == "waiting-for-preemption"
+    assert str(sliced) not in shown["pending_message"] and str(other) not in event.reason
+
+    # Until it is gone, the cycle sees it holding those GPUs (charged to no quota).
+    with transaction.atomic():
+        leaving = next(j for j in load_snapshot(time.time()).snapshot.running if j.id == str(sliced))
+    assert leaving.stopping and leaving.parked
+    assert {(r.node, i) for r in leaving.placement for i in r.gpu_indices} == parked_gpus
+    run_cycle(every_cycle_a_new_turn())
+    assert state(other) == "pending" and not gpus(other, suspended=False)
+
+    # Its agent reports the checkpoint written and the process gone: the GPUs go to the job
+    # that waited for them, and the suspended job queues again.
+    attempt = Job.objects.get(pk=sliced).current_attempt()
+    replicas = Allocation.objects.filter(attempt=attempt).values_list("node_id", "replica").distinct()
+    for node_id, replica in replicas:
+        status = AttemptStatus(
+            attempt_id=agent_attempt_id(attempt, replica),
+            job_id=str(sliced),
+            state=AttemptState.EXITED,
+            generation=1,
+            time=timezone.now(),
+            reason=ExitReason.CHECKPOINTED,
+            exit_code=0,
+        )
+        record_attempt_status(Node.objects.get(pk=node_id), status)
+    assert state(sliced) == "pending" and not gpus(sliced, suspended=True)
+    run_cycle(every_cycle_a_new_turn())
+    assert state(other) == "scheduled" and gpus(other, suspended=False) == parked_gpus
+    assert state(plain) == "running"
+
+
+def test_a_job_of_the_suspended_jobs_tenant_may_use_its_gpus(two_running) -> None:  # type: ignore[no-untyped-def]
+    """Time-slicing shares GPUs within a tenant: a job of the suspended job's tenant may start
+    on the GPUs it is parked on, and the suspended job is left parked."""
+    alice, sliced, _ = two_running
+    waiting = submit(alice, "waiting", time_sliceable=True)
+    run_cycle(every_cycle_a_new_turn())
+    parked_gpus = gpus(sliced, suspended=True)
+    alice.post(f"/api/v1/jobs/{waiting}/cancel/")
+    Quota.objects.filter(virtual_cluster__name="vision", gpu_model="A100").update(borrow_limit=0)
     node = next(iter(parked_gpus))[0]
     indices = tuple(sorted(i for _, i in parked_gpus))
+    own = submit(alice, "same-tenant")
     now = time.time()
     with transaction.atomic():
         loaded = load_snapshot(now)
         placement = (core.ReplicaPlacement(core.NodeName(node), indices),)
-        plan = core.Plan(starts=(core.Start(core.JobId(str(other)), placement),))
-        result = apply_plan(plan, loaded, now)
-    assert result["started"] == 0
-    assert state(other) == "pending" and not gpus(other, suspended=False)
-    assert state(sliced) == "checkpointing"
-    event = Job.objects.get(pk=sliced).events.get(to_state="checkpointing")
-    assert event.data["preemption"] == "time-slice-evict"
-    shown = carol.get(f"/api/v1/jobs/{other}/").json()
-    assert shown["pending_reason"] == "waiting-for-preemption"
-    assert str(sliced) not in shown["pending_message"] and str(other) not in event.reason
-    # A job of the suspended job's own tenant may use those GPUs meanwhile.
-    with transaction.atomic():
-        loaded = load_snapshot(now)
         plan = core.Plan(starts=(core.Start(core.JobId(str(own)), placement),))
         assert apply_plan(plan, loaded, now)["started"] == 1
     assert gpus(own, suspended=False) == parked_gpus
+    assert state(sliced) == "suspended"

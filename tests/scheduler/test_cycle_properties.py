@@ -27,6 +27,7 @@ from scheduler.core import (
     VcName,
     VirtualCluster,
     decide,
+    left_parked,
     load_profile,
 )
 
@@ -74,6 +75,8 @@ class Portal:
     next_id: int = 0
     finished: list[tuple[int, float]] = field(default_factory=lambda: list(HISTORY))
     moved: set[str] = field(default_factory=set)  # stopping for a migration
+    # Suspended jobs told to leave the GPUs they are parked on, as they were when parked.
+    evicted: dict[str, PendingJob] = field(default_factory=dict)
 
     def snapshot(self) -> Snapshot:
         vcs = tuple(
@@ -150,6 +153,9 @@ class Portal:
 
     def _requeue(self, job: RunningJob) -> None:
         del self.running[job.id]
+        if job.id in self.evicted:  # back in the queue, parked nowhere
+            self.pending[job.id] = replace(self.evicted.pop(job.id), suspended_on=(), queued_at=self.now)
+            return
         self.pending[job.id] = PendingJob(
             job.id,
             job.vc,
@@ -170,6 +176,7 @@ class Portal:
         self.moved.discard(job.id)
 
     def apply_plan(self, plan: Plan) -> None:
+        evictions = []
         for suspend in plan.suspends:
             # Time-slicing: the job leaves its GPUs at once and waits to resume there.
             job = self.running.pop(suspend.job_id)
@@ -196,6 +203,9 @@ class Portal:
                     self.pending[status.job_id], first_in_line=first, moved=False
                 )
         for preemption in plan.preemptions:
+            if preemption.job_id in self.pending:
+                evictions.append(preemption)
+                continue
             # Like the portal: signal, keep the GPUs through the grace period, then requeue.
             self.running[preemption.job_id] = replace(self.running[preemption.job_id], stopping=True)
             if preemption.reason == "defrag":
@@ -216,6 +226,32 @@ class Portal:
                 time_sliceable=job.time_sliceable,
                 gpu_model=job.gpu_model,
                 cpu_milli_per_replica=job.cpu_milli_per_replica,
+            )
+        for preemption in evictions:
+            # A suspended job told to leave the GPUs it is parked on checkpoints on those that
+            # no running job holds, as a stopping job through the grace period (the portal's
+            # snapshot shows it so, once the plan is applied).
+            parked = self.pending[preemption.job_id]
+            assert parked.suspended_on and preemption.reason == "time-slice-evict"
+            held = [(r.node, i) for j in self.running.values() for r in j.placement for i in r.gpu_indices]
+            left = left_parked(parked.suspended_on, held)
+            if not left:  # its GPUs are all in use by its own tenant's jobs
+                self.pending[parked.id] = replace(parked, suspended_on=(), queued_at=self.now)
+                continue
+            del self.pending[parked.id]
+            self.evicted[parked.id] = parked
+            self.running[parked.id] = RunningJob(
+                parked.id,
+                parked.vc,
+                parked.user,
+                left,
+                started_at=self.now,
+                priority=parked.priority,
+                submitted_at=parked.submitted_at,
+                time_sliceable=True,
+                gpu_model=parked.gpu_model,
+                stopping=True,
+                parked=True,
             )
 
 
@@ -278,12 +314,27 @@ def check_invariants(portal: Portal, before: Snapshot, plan: Plan) -> None:
     for suspend in plan.suspends:
         assert suspend.for_job in starts
         assert pending_before[suspend.for_job].vc == running_before[suspend.job_id].vc
+    # A suspended job's paused processes stay on its GPUs: no job of another tenant (here
+    # another VC) starts there, not even in the plan that tells it to leave.
+    parked = {
+        (replica.node, index): job
+        for job in before.pending
+        for replica in job.suspended_on
+        for index in replica.gpu_indices
+    }
+    for start in plan.starts:
+        job = pending_before[start.job_id]
+        for replica in start.placement:
+            for index in replica.gpu_indices:
+                there = parked.get((replica.node, index))
+                assert there is None or there.vc == job.vc, f"{job.id} started on {there} parked GPUs"
     # A VC that started work is within guarantee + borrow limit afterwards (shares counted
-    # as whole GPUs, rounded up).
+    # as whole GPUs, rounded up; a parked job leaving its GPUs counts for none, see
+    # RunningJob.parked).
     started_vcs = {pending_before[s.job_id].vc for s in plan.starts}
     for vc in started_vcs:
         guaranteed, borrow = portal.quotas[vc]
-        mine = [j for j in portal.running.values() if j.vc == vc]
+        mine = [j for j in portal.running.values() if j.vc == vc and not j.parked]
         share_milli = sum(j.gpu_share_milli for j in mine)
         used = sum(j.gpus for j in mine if not j.gpu_share_milli) + -(-share_milli // 1000)
         assert used <= guaranteed + borrow, f"VC {vc} holds {used} > {guaranteed} + {borrow}"
@@ -339,6 +390,37 @@ def test_time_slicing_keeps_the_invariants_when_a_vc_is_crowded(steps: list[tupl
     profile = PROFILES["default-timeslice"]
     nodes = cluster_nodes()
     portal = Portal(nodes, {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
+    for op in steps:
+        portal.apply(op)
+        portal.now += 60.0
+        before = portal.snapshot()
+        plan = decide(before, profile, portal.now)
+        portal.apply_plan(plan)
+        check_invariants(portal, before, plan)
+
+
+other_vc_submit = st.tuples(
+    st.just("submit"),
+    st.sampled_from([2, 4, 8]),
+    st.just(1),
+    st.just("speech"),
+    st.just(0),
+    st.sampled_from(["", "A100"]),
+    st.just(0),
+)
+nlp_quota = st.tuples(st.just("quota"), st.just("nlp"), st.integers(0, 4), st.just(0))
+parked_crowd = st.one_of(crowded_submit, crowded_submit, other_vc_submit, finish, finish, nlp_quota)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(parked_crowd, min_size=4, max_size=40))
+def test_no_job_of_another_tenant_starts_on_gpus_a_suspended_job_is_parked_on(
+    steps: list[tuple[object, ...]],
+) -> None:
+    """On one node, a VC's jobs take turns; when the job holding a turn ends and the suspended
+    one cannot come back (its quota was cut), another VC's jobs want those GPUs."""
+    profile = PROFILES["default-timeslice"]
+    portal = Portal(cluster_nodes()[:1], {"vision": (8, 8), "speech": (8, 8), "nlp": (4, 0)})
     for op in steps:
         portal.apply(op)
         portal.now += 60.0
