@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sched_builders import Snap, profile
 
-from scheduler.core import NodeName, ReplicaPlacement, decide
+from scheduler.core import NodeName, Quota, ReasonCode, ReplicaPlacement, VcName, VirtualCluster, decide
 
 SLICE = profile(
     queue_sort=["fifo"],
@@ -144,3 +146,64 @@ def test_a_suspended_job_resumes_in_place_only_with_cpu_for_it() -> None:
     assert plan.starts == ()
     [status] = plan.pending
     assert status.job_id == "r"
+
+
+def parked_on_n0(*, other_vc_job: str = "other") -> Snap:
+    """r (VC team, suspended on all of n0) cannot come back: team's quota was cut to 0. A job
+    of `other_vc_job`'s VC fits only on n0 (n1 is busy)."""
+    return (
+        Snap()
+        .node("n0", 4)
+        .node("n1", 4)
+        .vc("team", guaranteed=0)
+        .vc("other", guaranteed=8)
+        .running("x", [("n1", (0, 1, 2, 3))], vc="other", started_at=0.0)
+        .pending("r", 4, submitted_at=0.0, time_sliceable=True, suspended_on=ALL4)
+    )
+
+
+def test_a_job_of_another_tenant_waits_while_a_suspended_job_leaves_its_gpus() -> None:
+    snap = parked_on_n0().pending("o", 2, vc="other", submitted_at=100.0).build()
+    plan = decide(snap, SLICE, 5000.0)
+    assert plan.starts == () and plan.suspends == ()
+    [evict] = plan.preemptions
+    assert (evict.job_id, evict.reason, evict.for_job) == ("r", "time-slice-evict", "o")
+    assert "another tenant" in evict.message and "o" not in evict.message.split()
+    status = {s.job_id: s for s in plan.pending}
+    assert status["o"].reason is ReasonCode.WAITING_FOR_PREEMPTION
+    assert status["o"].estimated_start == 5000.0 + evict.grace_period_s
+    assert "r" not in status["o"].message.split()
+
+
+def test_a_job_of_the_suspended_jobs_tenant_may_start_on_its_gpus() -> None:
+    snap = parked_on_n0().pending("t", 2, vc="lab", submitted_at=100.0).build()
+    lab = VirtualCluster(VcName("lab"), (Quota("*", 4, 0),), tenant="team")  # r's tenant
+    plan = decide(replace(snap, vcs=(*snap.vcs, lab)), SLICE, 5000.0)
+    assert [(s.job_id, s.placement[0].node) for s in plan.starts] == [("t", "n0")]
+    assert plan.preemptions == ()
+
+
+def test_a_leaving_parked_job_holds_its_gpus_but_no_quota() -> None:
+    """The cycle after: r checkpoints on n0 (stopping, parked). o, first in line, does not get
+    n0 meanwhile, not even by preemption (x cannot be preempted, and r is no one's victim: its
+    GPUs are not charged to anyone); a job of r's VC is not charged for r's GPUs either."""
+    snap = (
+        Snap()
+        .node("n0", 4)
+        .node("n1", 4)
+        .vc("team", guaranteed=2)
+        .vc("other", guaranteed=8)
+        .running("x", [("n1", (0, 1))], vc="other", started_at=0.0, preemptible=False)
+        .running("r", [("n0", (0, 1, 2, 3))], started_at=0.0, stopping=True, parked=True)
+        .pending("o", 4, vc="other", submitted_at=100.0, first_in_line=True, priority=1000)
+        .pending("t", 2, submitted_at=200.0)
+        .build()
+    )
+    with_priority = profile(
+        queue_sort=["fifo"], admission=["vc_quota"], preemption=["priority"], post_cycle=["timeslice"]
+    )
+    plan = decide(snap, with_priority, 5000.0)
+    on_n1 = (ReplicaPlacement(NodeName("n1"), (2, 3)),)
+    assert [(s.job_id, s.placement) for s in plan.starts] == [("t", on_n1)]
+    assert plan.preemptions == ()
+    assert {s.job_id: s.reason for s in plan.pending}["o"] is not ReasonCode.WAITING_FOR_PREEMPTION
