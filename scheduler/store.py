@@ -481,9 +481,9 @@ def suspend_job(job: Job, suspend: core.Suspend) -> bool:
 
 
 def resume_job(job: Job, start: core.Start, now: float) -> bool:
-    """suspended -> running on the GPUs it was paused on. A paused process cannot move, so when
-    the plan puts it anywhere else the job checkpoints and stops instead, to restart from its
-    checkpoint on a new attempt (a preemption)."""
+    """suspended -> running on the GPUs it was paused on. A paused process cannot move: the core
+    resumes a job only where it is parked (elsewhere it has it checkpoint and stop instead,
+    `time-slice-move`), so a resume anywhere else is a stale plan and is not made."""
     attempt = job.current_attempt()
     parked = list(
         Allocation.objects.filter(attempt=attempt, released_at__isnull=True, suspended=True).select_related(
@@ -492,9 +492,6 @@ def resume_job(job: Job, start: core.Start, now: float) -> bool:
     )
     where = {(a.node.name, a.gpu.index) for a in parked}
     if where != {(r.node, i) for r in start.placement for i in r.gpu_indices}:
-        grace = float((job.spec.get("checkpoint") or {}).get("grace_seconds", 30))
-        message = "its GPUs are taken: it checkpoints and stops, to restart from its checkpoint elsewhere"
-        preempt_job(job, core.Preemption(start.job_id, "time-slice-move", message, grace, start.job_id))
         return False
     try:
         with transaction.atomic():

@@ -46,6 +46,7 @@ from scheduler.core.framework import (
 from scheduler.core.plugins.admission import model_label
 from scheduler.core.plugins.placement import node_resources_fit
 from scheduler.core.plugins.sharing import WHOLE, ShareCandidate
+from scheduler.core.plugins.timeslice import gpus_of
 from scheduler.core.profile import PluginSet, Profile
 from scheduler.core.registry import build_plugin
 from scheduler.core.state import ClusterState, GpuHold, NodeSlot, build_state, whole_gpus
@@ -54,6 +55,7 @@ from scheduler.core.types import (
     ALL_MODELS,
     ANY_MODEL,
     Gpu,
+    JobId,
     PendingJob,
     PendingStatus,
     Plan,
@@ -549,8 +551,9 @@ class _CycleRun:
         model, failure = failures[0] if len(failures) == 1 else self._most_telling(failures)
         if outcome_key is not None and not looked_at_nodes and not self._may_preempt(failure):
             self._outcomes[outcome_key] = (self.state.version, failure)
-        # 5. Preemption.
-        if not job.gpu_share_milli and self._may_preempt(failure):  # shares free no whole GPU
+        # 5. Preemption. Shares free no whole GPU, and a suspended job would only have to move
+        # to the GPUs freed for it (it waits for its own, or for free ones).
+        if not job.gpu_share_milli and not job.suspended_on and self._may_preempt(failure):
             self.preemption_attempts += 1
             for candidate_model in models:
                 key = self._preemption_key(job, candidate_model, failure)
@@ -733,6 +736,23 @@ class _CycleRun:
         placement = tuple(
             ReplicaPlacement(self.state.nodes[h.node_idx].node.name, h.gpu_indices) for h in reserved
         )
+        if job.suspended_on and gpus_of(placement) != gpus_of(job.suspended_on):
+            # A paused process cannot move: a suspended job placed anywhere but where it is
+            # parked checkpoints and stops there instead, to start from its checkpoint later.
+            statement.discard()
+            self._leave_parked(
+                job,
+                "time-slice-move",
+                "its GPUs are taken: it checkpoints and stops, to start again from its checkpoint elsewhere",
+                job.id,
+            )
+            self.reasons[job.id] = Status(
+                Code.UNSCHEDULABLE,
+                ReasonCode.QUEUED_BEHIND,
+                "the GPUs it is suspended on are taken and a paused job cannot move: it checkpoints "
+                "and stops, to start again from its checkpoint",
+            )
+            return
         statement.commit()
         if self.parked:
             in_the_way = self._parked_in_the_way(job, reserved)
@@ -779,20 +799,14 @@ class _CycleRun:
         have. A parked job that resumes elsewhere in this plan leaves them by that move."""
         grace = self.settings.grace_period_s
         for parked in in_the_way:
-            if parked.id in self.evicted or parked.id in self.started:
-                continue
-            self.evicted.add(parked.id)
-            self._hold_for_checkpoint(parked)
-            self.preemptions.append(
-                Preemption(
-                    parked.id,
+            if parked.id not in self.evicted and parked.id not in self.started:
+                self._leave_parked(
+                    parked,
                     "time-slice-evict",
                     "the GPUs it is suspended on went to a job of another tenant: it checkpoints "
                     "and stops, to start again from its checkpoint later",
-                    grace,
                     job.id,
                 )
-            )
         self.waiting[job.id] = (self.ctx.now + grace, model)
         self.reasons[job.id] = Status(
             Code.UNSCHEDULABLE,
@@ -800,6 +814,13 @@ class _CycleRun:
             f"waiting for a suspended job to checkpoint and leave the {job.gpus} {model_label(model)} "
             f"it was given (grace {grace:.0f} s)",
         )
+
+    def _leave_parked(self, parked: PendingJob, reason: str, message: str, for_job: JobId) -> None:
+        """Tell a suspended job to checkpoint and stop where it is parked; it takes no further
+        part in this cycle."""
+        self.evicted.add(parked.id)
+        self._hold_for_checkpoint(parked)
+        self.preemptions.append(Preemption(parked.id, reason, message, self.settings.grace_period_s, for_job))
 
     def _hold_for_checkpoint(self, parked: PendingJob) -> None:
         """A parked job told to leave checkpoints on its GPUs until it is gone: those still

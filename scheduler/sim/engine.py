@@ -305,19 +305,30 @@ class Simulator:
                 immediate = False
                 for preemption in plan.preemptions:
                     if preemption.job_id in pending:
-                        # A suspended job told to leave the GPUs it is parked on: it checkpoints
-                        # on those no running job holds (holding them meanwhile, as in the
-                        # portal), then queues again.
-                        job = pending.pop(preemption.job_id)
+                        # A suspended job told to leave the GPUs it is parked on (for another
+                        # tenant's job, or because it cannot resume there): it checkpoints on
+                        # those no running job holds, holding them meanwhile as in the portal,
+                        # then queues again.
+                        job = pending[preemption.job_id]
                         held = [
                             (r.node, i) for j in running.values() for r in j.placement for i in r.gpu_indices
                         ]
-                        job.placement = left_parked(job.suspended_on, held)
+                        left = left_parked(job.suspended_on, held)
                         job.suspended_on = ()
-                        job.pending_view = None
-                        job.parked = True
+                        job.preemptions += 1
+                        preemptions += 1
+                        by_reason[preemption.reason] = by_reason.get(preemption.reason, 0) + 1
+                        lost_gpu_s += self.overhead * job.gpus
+                        if not left or self.overhead <= 0:
+                            self._requeue(job, t)  # nothing to hold: its own VC's jobs are there
+                            immediate = True
+                            continue
+                        del pending[preemption.job_id]
+                        job.placement, job.parked, job.stopping = left, True, True
                         running[preemption.job_id] = job
                         busy += job.gpus
+                        push(t + self.overhead, _Event.RELEASE, preemption.job_id, job.attempt)
+                        continue
                     job = running[preemption.job_id]
                     self._advance(job, t)
                     job.stopping = True

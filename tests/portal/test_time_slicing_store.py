@@ -104,27 +104,53 @@ def test_a_waiting_job_takes_the_turn_of_a_time_sliceable_one_and_gives_it_back(
     assert not Job.objects.get(pk=plain).events.filter(to_state="suspended").exists()
 
 
-def test_a_resume_elsewhere_is_a_checkpoint_and_restart(two_running) -> None:  # type: ignore[no-untyped-def]
+def test_a_suspended_job_whose_gpus_are_taken_checkpoints_and_restarts_elsewhere(two_running) -> None:  # type: ignore[no-untyped-def]
+    """The job that took its turn keeps its GPUs and others are free: a paused process cannot
+    move, so the cycle has it checkpoint and stop, and it restarts there on a new attempt."""
     alice, sliced, plain = two_running
     waiting = submit(alice, "waiting", time_sliceable=True)
     run_cycle(every_cycle_a_new_turn())
     assert state(sliced) == "suspended"
-    elsewhere = sorted(gpus(plain, suspended=False))
-    now = time.time()
-    with transaction.atomic():
-        loaded = load_snapshot(now)
-        suspended = next(j for j in loaded.snapshot.pending if j.id == str(sliced))
-        assert suspended.suspended_on and suspended.time_sliceable
-        placement = (core.ReplicaPlacement(core.NodeName(elsewhere[0][0]), tuple(i for _, i in elsewhere)),)
-        plan = core.Plan(starts=(core.Start(core.JobId(str(sliced)), placement, resume=True),))
-        result = apply_plan(plan, loaded, now)
-    assert result["resumed"] == 0
+    turn_gpus = gpus(waiting, suspended=False)
+    freed = gpus(plain, suspended=False)
+    alice.post(f"/api/v1/jobs/{plain}/cancel/")
+    report_gone(plain, ExitReason.STOPPED)
+    run(waiting)
+    run_cycle(slow_turns())
     assert state(sliced) == "checkpointing"
     event = Job.objects.get(pk=sliced).events.get(to_state="checkpointing")
     assert event.data["preemption"] == "time-slice-move"
-    # It never held the other job's GPUs, and the job on its own GPUs keeps them.
-    assert gpus(plain, suspended=False) == set(elsewhere)
-    assert gpus(waiting, suspended=False) == gpus(sliced, suspended=True)
+    assert gpus(waiting, suspended=False) == turn_gpus == gpus(sliced, suspended=True)
+    report_gone(sliced, ExitReason.CHECKPOINTED)
+    assert state(sliced) == "pending"
+    run_cycle(slow_turns())
+    assert state(sliced) == "scheduled" and gpus(sliced, suspended=False) == freed
+    assert JobAttempt.objects.filter(job_id=sliced).count() == 2
+
+
+def slow_turns() -> core.Profile:
+    """The tests' profile with an hour-long quantum: no turn is due."""
+    data = json.loads(LIVE_PROFILE.read_text())
+    data["plugin_args"]["timeslice"]["quantum_s"] = 3600
+    return core.Profile.from_dict(data)
+
+
+def report_gone(job_id: int, reason: ExitReason) -> None:
+    """What the agents report when the job's processes have exited (a checkpoint written, or a
+    stop)."""
+    attempt = Job.objects.get(pk=job_id).current_attempt()
+    replicas = Allocation.objects.filter(attempt=attempt).values_list("node_id", "replica").distinct()
+    for node_id, replica in replicas:
+        status = AttemptStatus(
+            attempt_id=agent_attempt_id(attempt, replica),
+            job_id=str(job_id),
+            state=AttemptState.EXITED,
+            generation=1,
+            time=timezone.now(),
+            reason=reason,
+            exit_code=0 if reason is ExitReason.CHECKPOINTED else 143,
+        )
+        record_attempt_status(Node.objects.get(pk=node_id), status)
 
 
 def test_no_turn_is_taken_when_the_suspension_cannot_be_made(two_running) -> None:  # type: ignore[no-untyped-def]
@@ -193,19 +219,7 @@ def test_another_tenants_job_waits_until_a_job_suspended_on_its_gpus_has_left(tw
 
     # Its agent reports the checkpoint written and the process gone: the GPUs go to the job
     # that waited for them, and the suspended job queues again.
-    attempt = Job.objects.get(pk=sliced).current_attempt()
-    replicas = Allocation.objects.filter(attempt=attempt).values_list("node_id", "replica").distinct()
-    for node_id, replica in replicas:
-        status = AttemptStatus(
-            attempt_id=agent_attempt_id(attempt, replica),
-            job_id=str(sliced),
-            state=AttemptState.EXITED,
-            generation=1,
-            time=timezone.now(),
-            reason=ExitReason.CHECKPOINTED,
-            exit_code=0,
-        )
-        record_attempt_status(Node.objects.get(pk=node_id), status)
+    report_gone(sliced, ExitReason.CHECKPOINTED)
     assert state(sliced) == "pending" and not gpus(sliced, suspended=True)
     run_cycle(every_cycle_a_new_turn())
     assert state(other) == "scheduled" and gpus(other, suspended=False) == parked_gpus

@@ -232,7 +232,7 @@ class Portal:
             # no running job holds, as a stopping job through the grace period (the portal's
             # snapshot shows it so, once the plan is applied).
             parked = self.pending[preemption.job_id]
-            assert parked.suspended_on and preemption.reason == "time-slice-evict"
+            assert parked.suspended_on and preemption.reason in ("time-slice-evict", "time-slice-move")
             held = [(r.node, i) for j in self.running.values() for r in j.placement for i in r.gpu_indices]
             left = left_parked(parked.suspended_on, held)
             if not left:  # its GPUs are all in use by its own tenant's jobs

@@ -207,3 +207,23 @@ def test_a_leaving_parked_job_holds_its_gpus_but_no_quota() -> None:
     assert [(s.job_id, s.placement) for s in plan.starts] == [("t", on_n1)]
     assert plan.preemptions == ()
     assert {s.job_id: s.reason for s in plan.pending}["o"] is not ReasonCode.WAITING_FOR_PREEMPTION
+
+
+def test_a_suspended_job_that_cannot_resume_in_place_checkpoints_instead_of_moving() -> None:
+    """w holds the GPUs r is parked on (its quantum is not up) and n1 is free: a paused process
+    cannot move, so r is told to checkpoint and stop, and n1 stays free for others."""
+    snap = (
+        Snap()
+        .node("n0", 4)
+        .node("n1", 4)
+        .vc("team", guaranteed=8)
+        .running("w", [("n0", (0, 1, 2, 3))], started_at=900.0, time_sliceable=True)
+        .pending("r", 4, submitted_at=0.0, time_sliceable=True, suspended_on=ALL4)
+        .pending("later", 4, submitted_at=500.0)
+        .build()
+    )
+    plan = decide(snap, SLICE, 1000.0)
+    [move] = plan.preemptions
+    assert (move.job_id, move.reason) == ("r", "time-slice-move")
+    assert [(s.job_id, s.placement[0].node, s.resume) for s in plan.starts] == [("later", "n1", False)]
+    assert {s.job_id: s.reason for s in plan.pending} == {"r": ReasonCode.QUEUED_BEHIND}

@@ -56,7 +56,7 @@ class TimeSlice:
                 if running.id in released or running.vc != job.vc:
                     continue
                 if job.suspended_on:
-                    fits = _gpus_of(running.placement) == _gpus_of(job.suspended_on)
+                    fits = gpus_of(running.placement) == gpus_of(job.suspended_on)
                 else:
                     fits = (len(running.placement), running.gpus) == (job.replicas, job.gpus)
                     fits = fits and all(len(r.gpu_indices) == job.gpus_per_replica for r in running.placement)
@@ -89,5 +89,6 @@ def _model_of(job: RunningJob, ctx: CycleContext) -> str:
     return node.gpus[replica.gpu_indices[0]].model
 
 
-def _gpus_of(placement: Sequence[Any]) -> set[tuple[str, int]]:
+def gpus_of(placement: Sequence[Any]) -> set[tuple[str, int]]:
+    """The (node, GPU index) pairs of a placement."""
     return {(r.node, i) for r in placement for i in r.gpu_indices}
