@@ -159,8 +159,8 @@ def load_snapshot(now: float) -> LoadedState:
                 )
             )
         elif job.pk in suspended_on and job.pk not in placements:
-            # Told to leave the GPUs it was parked on (or cancelled there): it checkpoints or
-            # stops on them, so until it is gone they are its own, but not its VC's quota.
+            # Told to leave the GPUs it was parked on: it checkpoints or stops on them, so
+            # until it is gone they are its own, but not its VC's quota.
             left = core.left_parked(placement_of(suspended_on[job.pk]), held)
             if left:
                 common["cpu_milli_per_replica"] = common["memory_mib_per_replica"] = 0
