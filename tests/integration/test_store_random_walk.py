@@ -4,7 +4,8 @@ The core's property tests check random steps against a model of the store; this 
 store itself. Jobs are submitted through the REST API (production jobs by tenant admins, some
 with a time limit that runs out), and agents report through the service their gateway calls.
 Nodes are lost and come back, admins cordon, drain and uncordon them and cut and raise quotas,
-GPUs fail, and jobs finish, fail or are cancelled. After every step a scheduling cycle runs, under the
+GPUs fail, and jobs finish, fail or are cancelled; a squeeze keeps a suspended job from coming
+back while the other tenant asks for its GPU model. After every step a scheduling cycle runs, under the
 introspective profile with a time-slice turn every cycle. The invariants of every scheduling
 test (I1-I6) hold after each step, and a VC whose quota was cut below what it held never
 gains GPUs above its limit. Each seed is one fixed walk, so a failure replays exactly.
