@@ -796,10 +796,10 @@ class _CycleRun:
     def _wait_for_parked(self, job: PendingJob, model: str, in_the_way: Sequence[PendingJob]) -> None:
         """The job keeps the GPUs it was given, held for it as for a preemption, while the
         suspended jobs parked there checkpoint and leave; it starts first in line once they
-        have. A parked job that resumes elsewhere in this plan leaves them by that move."""
+        have."""
         grace = self.settings.grace_period_s
         for parked in in_the_way:
-            if parked.id not in self.evicted and parked.id not in self.started:
+            if parked.id not in self.evicted:
                 self._leave_parked(
                     parked,
                     "time-slice-evict",
