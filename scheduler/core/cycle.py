@@ -807,13 +807,17 @@ class _CycleRun:
                     "and stops, to start again from its checkpoint later",
                     job.id,
                 )
-        self.waiting[job.id] = (self.ctx.now + grace, model)
-        self.reasons[job.id] = Status(
-            Code.UNSCHEDULABLE,
-            ReasonCode.WAITING_FOR_PREEMPTION,
+        self._wait(
+            job,
+            model,
             f"waiting for a suspended job to checkpoint and leave the {job.gpus} {model_label(model)} "
             f"it was given (grace {grace:.0f} s)",
         )
+
+    def _wait(self, job: PendingJob, model: str, message: str) -> None:
+        """The job keeps the GPUs it was given while others leave them, for one grace period."""
+        self.waiting[job.id] = (self.ctx.now + self.settings.grace_period_s, model)
+        self.reasons[job.id] = Status(Code.UNSCHEDULABLE, ReasonCode.WAITING_FOR_PREEMPTION, message)
 
     def _leave_parked(self, parked: PendingJob, reason: str, message: str, for_job: JobId) -> None:
         """Tell a suspended job to checkpoint and stop where it is parked; it takes no further
@@ -1362,10 +1366,9 @@ class _CycleRun:
             message = _preemption_message(reason, job, victim, self._same_tenant(job, victim))
             self.preemptions.append(Preemption(victim.id, reason, message, grace, job.id))
         new_victims = sum(1 for _, r in chosen if r is not None)
-        self.waiting[job.id] = (self.ctx.now + grace, model)
-        self.reasons[job.id] = Status(
-            Code.UNSCHEDULABLE,
-            ReasonCode.WAITING_FOR_PREEMPTION,
+        self._wait(
+            job,
+            model,
             f"waiting for {len(chosen)} job(s) to release {job.gpus} {model_label(model)} "
             f"({new_victims} preempted now, grace {grace:.0f} s)",
         )

@@ -346,6 +346,17 @@ def check_invariants(portal: Portal, before: Snapshot, plan: Plan) -> None:
             assert reasons[job_id].message and reasons[job_id].reason
 
 
+def replay(portal: Portal, profile: Profile, steps: list[tuple[object, ...]]) -> None:
+    """Each step a minute apart, then a cycle whose plan the portal applies, then the invariants."""
+    for op in steps:
+        portal.apply(op)
+        portal.now += 60.0
+        before = portal.snapshot()
+        plan = decide(before, profile, portal.now)
+        portal.apply_plan(plan)
+        check_invariants(portal, before, plan)
+
+
 PROFILES = {name: load_profile(name) for name in ("fifo", "tiresias", "default")}
 # The default profile with time-slicing in quanta of two steps.
 PROFILES["default-timeslice"] = replace(
@@ -359,16 +370,8 @@ PROFILES["default-timeslice"] = replace(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(step, min_size=1, max_size=40))
 def test_invariants_hold_after_every_step(profile_name: str, steps: list[tuple[object, ...]]) -> None:
-    profile: Profile = PROFILES[profile_name]
-    nodes = cluster_nodes()
-    portal = Portal(nodes, {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
-    for op in steps:
-        portal.apply(op)
-        portal.now += 60.0
-        before = portal.snapshot()
-        plan = decide(before, profile, portal.now)
-        portal.apply_plan(plan)
-        check_invariants(portal, before, plan)
+    portal = Portal(cluster_nodes(), {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
+    replay(portal, PROFILES[profile_name], steps)
 
 
 crowded_submit = st.tuples(
@@ -387,16 +390,8 @@ crowded = st.one_of(crowded_submit, crowded_submit, finish, node_down, node_up)
 @given(steps=st.lists(crowded, min_size=4, max_size=40))
 def test_time_slicing_keeps_the_invariants_when_a_vc_is_crowded(steps: list[tuple[object, ...]]) -> None:
     """One VC with a 4-GPU guarantee and a stream of same-sized jobs: turns are taken often."""
-    profile = PROFILES["default-timeslice"]
-    nodes = cluster_nodes()
-    portal = Portal(nodes, {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
-    for op in steps:
-        portal.apply(op)
-        portal.now += 60.0
-        before = portal.snapshot()
-        plan = decide(before, profile, portal.now)
-        portal.apply_plan(plan)
-        check_invariants(portal, before, plan)
+    portal = Portal(cluster_nodes(), {"vision": (8, 8), "speech": (8, 4), "nlp": (4, 0)})
+    replay(portal, PROFILES["default-timeslice"], steps)
 
 
 other_vc_submit = st.tuples(
@@ -419,12 +414,5 @@ def test_no_job_of_another_tenant_starts_on_gpus_a_suspended_job_is_parked_on(
 ) -> None:
     """On one node, a VC's jobs take turns; when the job holding a turn ends and the suspended
     one cannot come back (its quota was cut), another VC's jobs want those GPUs."""
-    profile = PROFILES["default-timeslice"]
     portal = Portal(cluster_nodes()[:1], {"vision": (8, 8), "speech": (8, 8), "nlp": (4, 0)})
-    for op in steps:
-        portal.apply(op)
-        portal.now += 60.0
-        before = portal.snapshot()
-        plan = decide(before, profile, portal.now)
-        portal.apply_plan(plan)
-        check_invariants(portal, before, plan)
+    replay(portal, PROFILES["default-timeslice"], steps)
