@@ -119,9 +119,7 @@ def load_snapshot(now: float) -> LoadedState:
         if allocation.attempt.resumed_at is not None:
             slice_started[job_id] = allocation.attempt.resumed_at.timestamp()
     running, pending = [], []
-    held = [
-        (node, i) for replicas in placements.values() for node, indices in replicas.values() for i in indices
-    ]
+    held: set[tuple[str, int]] | None = None  # GPUs of running jobs, worked out when needed
     for job in jobs:
         common: dict[str, Any] = {
             "id": core.JobId(str(job.pk)),
@@ -161,6 +159,13 @@ def load_snapshot(now: float) -> LoadedState:
         elif job.pk in suspended_on and job.pk not in placements:
             # Told to leave the GPUs it was parked on: it checkpoints or stops on them, so
             # until it is gone they are its own, but not its VC's quota.
+            if held is None:
+                held = {
+                    (node, i)
+                    for by_replica in placements.values()
+                    for node, gpus in by_replica.values()
+                    for i in gpus
+                }
             left = core.left_parked(placement_of(suspended_on[job.pk]), held)
             if left:
                 common["cpu_milli_per_replica"] = common["memory_mib_per_replica"] = 0

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 from django.db import transaction
-from django.utils import timezone
 
-from agents.protocol import AttemptState, AttemptStatus, ExitReason
-from portal.agentgw.desired import agent_attempt_id, desired_set_for
+from agents.protocol import ExitReason
+from portal.agentgw.desired import desired_set_for
 from portal.cluster.models import Node, Quota
 from portal.jobs.choices import JobState
 from portal.jobs.models import Allocation, Job, JobAttempt
-from portal.jobs.services import record_attempt_status, transition_job
+from portal.jobs.services import transition_job
 from scheduler import core
 from scheduler.store import apply_plan, load_snapshot
 from scheduler.tasks import run_cycle
+from tests.integration.scripted_agents import ScriptedAgents
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,15 +113,14 @@ def test_a_suspended_job_whose_gpus_are_taken_checkpoints_and_restarts_elsewhere
     assert state(sliced) == "suspended"
     turn_gpus = gpus(waiting, suspended=False)
     freed = gpus(plain, suspended=False)
-    alice.post(f"/api/v1/jobs/{plain}/cancel/")
-    report_gone(plain, ExitReason.STOPPED)
+    alice.post(f"/api/v1/jobs/{plain}/cancel/")  # its GPUs are freed at once
     run(waiting)
     run_cycle(slow_turns())
     assert state(sliced) == "checkpointing"
     event = Job.objects.get(pk=sliced).events.get(to_state="checkpointing")
     assert event.data["preemption"] == "time-slice-move"
     assert gpus(waiting, suspended=False) == turn_gpus == gpus(sliced, suspended=True)
-    report_gone(sliced, ExitReason.CHECKPOINTED)
+    ScriptedAgents().end(Job.objects.get(pk=sliced), ExitReason.CHECKPOINTED, 0)
     assert state(sliced) == "pending"
     run_cycle(slow_turns())
     assert state(sliced) == "scheduled" and gpus(sliced, suspended=False) == freed
@@ -133,24 +132,6 @@ def slow_turns() -> core.Profile:
     data = json.loads(LIVE_PROFILE.read_text())
     data["plugin_args"]["timeslice"]["quantum_s"] = 3600
     return core.Profile.from_dict(data)
-
-
-def report_gone(job_id: int, reason: ExitReason) -> None:
-    """What the agents report when the job's processes have exited (a checkpoint written, or a
-    stop)."""
-    attempt = Job.objects.get(pk=job_id).current_attempt()
-    replicas = Allocation.objects.filter(attempt=attempt).values_list("node_id", "replica").distinct()
-    for node_id, replica in replicas:
-        status = AttemptStatus(
-            attempt_id=agent_attempt_id(attempt, replica),
-            job_id=str(job_id),
-            state=AttemptState.EXITED,
-            generation=1,
-            time=timezone.now(),
-            reason=reason,
-            exit_code=0 if reason is ExitReason.CHECKPOINTED else 143,
-        )
-        record_attempt_status(Node.objects.get(pk=node_id), status)
 
 
 def test_no_turn_is_taken_when_the_suspension_cannot_be_made(two_running) -> None:  # type: ignore[no-untyped-def]
@@ -219,7 +200,7 @@ def test_another_tenants_job_waits_until_a_job_suspended_on_its_gpus_has_left(tw
 
     # Its agent reports the checkpoint written and the process gone: the GPUs go to the job
     # that waited for them, and the suspended job queues again.
-    report_gone(sliced, ExitReason.CHECKPOINTED)
+    ScriptedAgents().end(Job.objects.get(pk=sliced), ExitReason.CHECKPOINTED, 0)
     assert state(sliced) == "pending" and not gpus(sliced, suspended=True)
     run_cycle(every_cycle_a_new_turn())
     assert state(other) == "scheduled" and gpus(other, suspended=False) == parked_gpus
