@@ -9,10 +9,11 @@ Scenarios (all in process, no database, one core):
 The cluster is 90 % busy with running jobs of 1/2/4/8 GPUs (a steady state: most of the
 queue cannot start), pending jobs ask for 1/2/4/8 GPUs (some as 2-replica gangs) in 8 VCs
 with quotas and borrowing, 40 users. Each scenario reports the median and worst `decide` time
-over N repeats (CPU time of this process, and wall time), the reference's time over the
-same queue and free GPUs, their ratio, and
-the peak memory of one cycle (tracemalloc, measured in a separate pass so it does not slow
-the timed runs). Prints one JSON object last.
+over N repeats (CPU time of this process, and wall time; the 50,000-job scenario N // 2),
+the reference's time over the same queue and free GPUs, their ratio, and the peak memory
+of one cycle (tracemalloc, measured in a separate pass so it does not slow the timed runs).
+The two 10,000-job scenarios are timed in turns, call by call, so the growth between them
+does not depend on how the machine's speed drifted between two blocks of runs. Prints one JSON object last.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from scheduler.core import (
@@ -151,58 +154,70 @@ def fifo_first_fit(snapshot: Snapshot) -> int:
     return started
 
 
-def timed(fn: Any, repeat: int) -> tuple[list[float], list[float]]:
-    """Wall and CPU seconds per call. CPU time (process_time) is what one core spent, which
-    stays meaningful when other processes share the machine; wall time is reported too."""
-    wall, cpu = [], []
+def timed(fns: Sequence[Callable[[], Any]], repeat: int) -> list[tuple[list[float], list[float]]]:
+    """Wall and CPU seconds per call of each function, the functions taking turns.
+
+    CPU time (process_time) is what one core spent, which stays meaningful when other
+    processes share the machine; wall time is reported too. Taking turns puts any drift of
+    the machine's speed during the run (clock scaling, a neighbour) on every function alike,
+    so a ratio between them measures the code, not when each block happened to run."""
+    times: list[tuple[list[float], list[float]]] = [([], []) for _ in fns]
     for _ in range(repeat):
-        gc.collect()
-        w, c = time.perf_counter(), time.process_time()
-        fn()
-        cpu.append(time.process_time() - c)
-        wall.append(time.perf_counter() - w)
-    return wall, cpu
+        for fn, (wall, cpu) in zip(fns, times, strict=True):
+            gc.collect()
+            w, c = time.perf_counter(), time.process_time()
+            fn()
+            cpu.append(time.process_time() - c)
+            wall.append(time.perf_counter() - w)
+    return times
 
 
-def scenario(nodes: int, pending: int, profile: Profile, repeat: int, memory: bool) -> dict[str, Any]:
-    snapshot = build_snapshot(nodes, pending)
-    plan = decide(snapshot, profile, 100_000.0)
-    ours_wall, ours_cpu = timed(lambda: decide(snapshot, profile, 100_000.0), repeat)
-    _, ref_cpu = timed(lambda: fifo_first_fit(snapshot), repeat)
-    result: dict[str, Any] = {
-        "nodes": nodes,
-        "gpus": nodes * 8,
-        "running_jobs": len(snapshot.running),
-        "pending_jobs": pending,
-        "started": len(plan.starts),
-        "preempted": len(plan.preemptions),
-        "cycle_cpu_ms_p50": round(statistics.median(ours_cpu) * 1000, 1),
-        "cycle_cpu_ms_max": round(max(ours_cpu) * 1000, 1),
-        "cycle_wall_ms_p50": round(statistics.median(ours_wall) * 1000, 1),
-        "fifo_first_fit_cpu_ms_p50": round(statistics.median(ref_cpu) * 1000, 1),
-        "ratio_to_fifo_first_fit": round(statistics.median(ours_cpu) / statistics.median(ref_cpu), 2),
-    }
-    if memory:
-        gc.collect()
-        tracemalloc.start()
-        decide(snapshot, profile, 100_000.0)
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        result["cycle_peak_mib"] = round(peak / 2**20, 1)
-    return result
+def scenarios(
+    sizes: Sequence[tuple[int, int]], profile: Profile, repeat: int, memory: bool
+) -> list[dict[str, Any]]:
+    """One result per (nodes, pending) size; the sizes' cycles and references take turns."""
+    snapshots = [build_snapshot(nodes, pending) for nodes, pending in sizes]
+    plans = [decide(snapshot, profile, 100_000.0) for snapshot in snapshots]
+    ours = timed([partial(decide, snapshot, profile, 100_000.0) for snapshot in snapshots], repeat)
+    reference = timed([partial(fifo_first_fit, snapshot) for snapshot in snapshots], repeat)
+    results = []
+    for (nodes, pending), snapshot, plan, (ours_wall, ours_cpu), (_, ref_cpu) in zip(
+        sizes, snapshots, plans, ours, reference, strict=True
+    ):
+        result: dict[str, Any] = {
+            "nodes": nodes,
+            "gpus": nodes * 8,
+            "running_jobs": len(snapshot.running),
+            "pending_jobs": pending,
+            "started": len(plan.starts),
+            "preempted": len(plan.preemptions),
+            "cycle_cpu_ms_p50": round(statistics.median(ours_cpu) * 1000, 1),
+            "cycle_cpu_ms_max": round(max(ours_cpu) * 1000, 1),
+            "cycle_wall_ms_p50": round(statistics.median(ours_wall) * 1000, 1),
+            "fifo_first_fit_cpu_ms_p50": round(statistics.median(ref_cpu) * 1000, 1),
+            "ratio_to_fifo_first_fit": round(statistics.median(ours_cpu) / statistics.median(ref_cpu), 2),
+        }
+        if memory:
+            gc.collect()
+            tracemalloc.start()
+            decide(snapshot, profile, 100_000.0)
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            result["cycle_peak_mib"] = round(peak / 2**20, 1)
+        results.append(result)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=11)
     parser.add_argument("--profile", default="default")
     args = parser.parse_args(argv)
     profile = load_profile(args.profile)
 
-    small = scenario(125, 10_000, profile, args.repeat, memory=True)
-    doubled = scenario(250, 10_000, profile, args.repeat, memory=False)
-    large = scenario(2_000, 50_000, profile, max(args.repeat // 2, 2), memory=True)
+    small, doubled = scenarios([(125, 10_000), (250, 10_000)], profile, args.repeat, memory=True)
+    (large,) = scenarios([(2_000, 50_000)], profile, max(args.repeat // 2, 2), memory=True)
     summary = {
         "profile": args.profile,
         "python": sys.version.split()[0],
