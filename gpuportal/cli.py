@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from gpuportal import __version__, config
@@ -452,14 +453,16 @@ def cmd_queue(ctx: Context) -> int:
     if not jobs:
         ctx.err.print("No pending jobs." if args.all else "You have no pending jobs.")
         return OK
+    columns = ("ID", "NAME", "VC", "OWNER", "GPUS", "PRIORITY", "POS", "REASON", "START")
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "NAME", "VC", "OWNER", "GPUS", "PRIORITY", "POS", "REASON", "START", "WHY"):
-        table.add_column(column, no_wrap=column != "WHY")
+    for column in (*columns, "WHY"):
+        table.add_column(column, no_wrap=True)
+    rows = []
     for job in jobs:
         start = relative(job.estimated_start_at)
         if job.estimated_start_at is not None:
             start += f" ({job.estimated_start_at.astimezone().strftime('%H:%M')})"
-        table.add_row(
+        row = (
             str(job.id),
             escape(job.name),
             escape(job.vc),
@@ -469,9 +472,31 @@ def cmd_queue(ctx: Context) -> int:
             "-" if job.queue_position is None else str(job.queue_position),
             escape(job.pending_reason or "-"),
             start,
-            escape(job.pending_message),
         )
-    ctx.out.print(table)
+        rows.append(row)
+        table.add_row(*row, escape(job.pending_message))
+    # One line per job where it fits, and always into a pipe or file (scripts read lines); a
+    # terminal too narrow for the messages gets them below the table, wrapped, by job id.
+    width = Measurement.get(ctx.out, ctx.out.options.update(width=10_000), table).maximum
+    if width <= ctx.out.width:
+        ctx.out.print(table)
+        return OK
+    if not ctx.out.is_terminal:
+        Console(highlight=False, soft_wrap=False, width=width).print(table)
+        return OK
+    short = Table(box=None, header_style="bold", pad_edge=False)
+    for column in columns:
+        short.add_column(column, no_wrap=True)
+    for row in rows:
+        short.add_row(*row)
+    why = Table(box=None, header_style="bold", pad_edge=False)
+    why.add_column("ID", no_wrap=True)
+    why.add_column("WHY")
+    for job in jobs:
+        why.add_row(str(job.id), escape(job.pending_message or "-"))
+    ctx.out.print(short)
+    ctx.out.print()
+    ctx.out.print(why)
     return OK
 
 

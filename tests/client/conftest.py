@@ -36,16 +36,22 @@ def cli_env(home: Path, url: str | None, token: str | None) -> dict[str, str]:
 
 @pytest.fixture
 def run_cli(live_stack: dict[str, Any], tmp_path: Path) -> RunCli:
-    """run_cli(token, "list", "--all") -> CompletedProcess; token None means the stored one."""
+    """run_cli(token, "list", "--all") -> CompletedProcess; token None means the stored one;
+    `env` adds to (or overrides) the clean environment, e.g. the terminal's width."""
 
     def run(
-        token: str | None, *args: str, input: str | None = None, timeout: float = 240, url: bool = True
+        token: str | None,
+        *args: str,
+        input: str | None = None,
+        timeout: float = 240,
+        url: bool = True,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-m", "gpuportal", *args, "--poll", "0.5"]
             if args and args[0] in ("submit", "logs")
             else [sys.executable, "-m", "gpuportal", *args],
-            env=cli_env(tmp_path / "home", live_stack["http"] if url else None, token),
+            env={**cli_env(tmp_path / "home", live_stack["http"] if url else None, token), **(env or {})},
             cwd=tmp_path,
             input=input,
             capture_output=True,

@@ -4,6 +4,7 @@ runtime): what a researcher sees, and the exit codes scripts rely on."""
 from __future__ import annotations
 
 import json
+import re
 import stat
 import sys
 from pathlib import Path
@@ -142,6 +143,21 @@ def test_list_status_queue_cancel_and_nodes(run_cli, tokens, tmp_path) -> None: 
     assert queue.returncode == 0
     row = next(line for line in queue.stdout.splitlines() if line.startswith(str(job_id)))
     assert job.pending_reason in row
+    # 80 columns cannot hold the message beside the other columns. Into a pipe each job stays
+    # one line, whole; on a terminal (rich's TTY_COMPATIBLE) the messages go below the table,
+    # wrapped, by job id.
+    assert len(job.pending_message) > 20
+    piped = run_cli(tokens["alice"], "queue", env={"COLUMNS": "80"})
+    row = next(line for line in piped.stdout.splitlines() if line.startswith(str(job_id)))
+    assert job.pending_reason in row and row.rstrip().endswith(job.pending_message)
+    narrow = run_cli(tokens["alice"], "queue", env={"COLUMNS": "80", "TTY_COMPATIBLE": "1"})
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", narrow.stdout).splitlines()  # the terminal's styles
+    assert max(len(line) for line in lines) <= 80
+    row = next(line for line in lines if line.startswith(str(job_id)) and job.pending_reason in line)
+    assert "WHY" not in lines[0] and "WHY" in "".join(lines[1:])
+    why = lines[lines.index(row) + 1 :]
+    below = " ".join(line.strip() for line in why if line.strip() and not line.startswith("ID"))
+    assert below.startswith(str(job_id)) and " ".join(job.pending_message.split()) in below
     queued = json.loads(run_cli(tokens["alice"], "queue", "-o", "json").stdout)
     assert queued[0]["pending_reason"] == job.pending_reason
     assert queued[0]["pending_message"] == job.pending_message
