@@ -379,8 +379,11 @@ def cmd_status(ctx: Context) -> int:
     ctx.out.print(info)
     if job.attempts:
         attempts = Table(title="Attempts", title_justify="left", box=None, header_style="bold")
-        for column in ("#", "STATE", "RESUME", "STARTED", "ENDED", "EXIT", "PLACEMENT", "REASON"):
-            attempts.add_column(column)
+        # Times and states stay whole on a narrow terminal; a long placement or reason folds.
+        for column in ("#", "STATE", "RESUME", "STARTED", "ENDED", "EXIT"):
+            attempts.add_column(column, no_wrap=True)
+        for column in ("PLACEMENT", "REASON"):
+            attempts.add_column(column, overflow="fold")
         for attempt in job.attempts:
             placement: dict[tuple[int, str], list[int]] = {}
             for allocation in attempt.allocations:
@@ -402,8 +405,10 @@ def cmd_status(ctx: Context) -> int:
         ctx.out.print(attempts)
     if events:
         table = Table(title="Events", title_justify="left", box=None, header_style="bold")
-        for column in ("TIME", "FROM", "TO", "BY", "WHY"):
-            table.add_column(column)
+        for column in ("TIME", "FROM", "TO"):
+            table.add_column(column, no_wrap=True)
+        for column in ("BY", "WHY"):
+            table.add_column(column, overflow="fold")
         for event in events[-ctx.args.events :] if ctx.args.events else events:
             table.add_row(
                 clock(event.created_at),

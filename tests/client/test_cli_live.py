@@ -167,6 +167,11 @@ def test_list_status_queue_cancel_and_nodes(run_cli, tokens, tmp_path) -> None: 
     assert "Why pending" in status.stdout and job.pending_reason in status.stdout
     assert "Events" in status.stdout
     assert "What would help" not in status.stdout
+    # On a narrow terminal an event's time stays on one line (the long columns fold).
+    narrow = run_cli(tokens["alice"], "status", str(job_id), env={"COLUMNS": "44", "TTY_COMPATIBLE": "1"})
+    events = re.sub(r"\x1b\[[0-9;]*m", "", narrow.stdout).split("Events")[1]
+    stamps = re.findall(r"^ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", events, flags=re.MULTILINE)
+    assert len(stamps) == job.events.count() >= 1, events
     hint = {
         "kind": "fewer-gpus",
         "message": "as 1x1 A100 instead of 1x2 it starts now",
