@@ -331,7 +331,8 @@ class PortalClient:
         last_seen: tuple[Any, ...] | None = None
         ended_polls = 0
         while True:
-            job = self.get_job(job_id)
+            # Events first, then the job: the job read is then the newer of the two, so a
+            # waiting reason never shows after the event that ended the wait.
             if events:
                 while True:
                     page = self.request(
@@ -342,6 +343,7 @@ class PortalClient:
                         yield JobEvent.model_validate(item)
                     if not page.get("next"):
                         break
+            job = self.get_job(job_id)
             latest = job.latest_attempt.number if job.latest_attempt else None
             seen = (job.state, latest, job.pending_reason, job.pending_message)
             if seen != last_seen:

@@ -24,6 +24,7 @@ from gpuportal.client import (
     Unreachable,
     flatten_errors,
 )
+from gpuportal.models import JobDetail, LogLine
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,6 +181,42 @@ def test_lists_follow_the_pages() -> None:
         jobs = client.list_jobs(state=["pending", "running"], limit=None)
         assert [j.id for j in jobs] == [0, 1, 2, 3, 4, 5]
         assert [j.id for j in client.list_jobs(state=["pending", "running"], limit=3)] == [0, 1, 2]
+
+
+def test_follow_never_shows_a_wait_after_the_event_that_ended_it() -> None:
+    """The portal moves on between two requests of one poll: here the job is placed right
+    after each read of it. A reason read before the events would show after them."""
+    stages = [("pending", "new"), ("scheduled", ""), ("succeeded", "")]
+    stage = 0
+    now = datetime.now(UTC).isoformat()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal stage
+        path = request.url.path
+        if path == "/api/v1/jobs/7/":
+            state, reason = stages[stage]
+            stage = min(stage + 1, len(stages) - 1)
+            job = {"id": 7, "name": "j", "vc": "v", "owner": "o", "state": state, "pending_reason": reason}
+            return httpx.Response(200, json=job)
+        assert path == "/api/v1/jobs/7/events/", path
+        offset = int(request.url.params["offset"])
+        happened = [
+            {"id": i + 1, "created_at": now, "to_state": to_state} for i, (to_state, _) in enumerate(stages)
+        ][: stage + 1]
+        return httpx.Response(200, json={"count": len(happened), "next": None, "results": happened[offset:]})
+
+    with fake_portal(handler) as client:
+        seen = [
+            (
+                "job" if isinstance(item, JobDetail) else "event",
+                item.state if isinstance(item, JobDetail) else item.to_state,
+            )
+            for item in client.follow_logs(7, poll_s=0, events=True)
+            if not isinstance(item, LogLine)
+        ]
+    assert seen.index(("job", "pending")) < seen.index(("event", "scheduled")), seen
+    assert seen[-1] == ("job", "succeeded"), seen
+    assert [s for kind, s in seen if kind == "event"] == ["pending", "scheduled", "succeeded"], seen
 
 
 def test_relative_times_read_like_a_queue() -> None:
