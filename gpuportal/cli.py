@@ -64,6 +64,10 @@ STATE_STYLES = {
 }
 
 
+# The width of output that goes to a pipe or a file: wide enough that no table wraps.
+PIPE_WIDTH = 10_000
+
+
 class UsageError(Exception):
     """Bad input found before anything was sent (exit 2)."""
 
@@ -74,6 +78,8 @@ class Context:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.out = Console(highlight=False, soft_wrap=False)
+        if not self.out.is_terminal:  # a pipe or a file: whole lines, one row each, for scripts
+            self.out.width = PIPE_WIDTH
         self.err = Console(stderr=True, highlight=False)
         self._client: PortalClient | None = None
 
@@ -480,14 +486,11 @@ def cmd_queue(ctx: Context) -> int:
         )
         rows.append(row)
         table.add_row(*row, escape(job.pending_message))
-    # One line per job where it fits, and always into a pipe or file (scripts read lines); a
-    # terminal too narrow for the messages gets them below the table, wrapped, by job id.
-    width = Measurement.get(ctx.out, ctx.out.options.update(width=10_000), table).maximum
+    # One line per job where it fits; a terminal too narrow for the messages gets them below
+    # the table, wrapped, by job id.
+    width = Measurement.get(ctx.out, ctx.out.options.update(width=PIPE_WIDTH), table).maximum
     if width <= ctx.out.width:
         ctx.out.print(table)
-        return OK
-    if not ctx.out.is_terminal:
-        Console(highlight=False, soft_wrap=False, width=width).print(table)
         return OK
     short = Table(box=None, header_style="bold", pad_edge=False)
     for column in columns:

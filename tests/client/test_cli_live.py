@@ -144,8 +144,8 @@ def test_list_status_queue_cancel_and_nodes(run_cli, tokens, tmp_path) -> None: 
     row = next(line for line in queue.stdout.splitlines() if line.startswith(str(job_id)))
     assert job.pending_reason in row
     # 80 columns cannot hold the message beside the other columns. Into a pipe each job stays
-    # one line, whole; on a terminal (rich's TTY_COMPATIBLE) the messages go below the table,
-    # wrapped, by job id.
+    # one line, whole, whatever COLUMNS says; on a terminal (rich's TTY_COMPATIBLE) the
+    # messages go below the table, wrapped, by job id.
     assert len(job.pending_message) > 20
     piped = run_cli(tokens["alice"], "queue", env={"COLUMNS": "80"})
     row = next(line for line in piped.stdout.splitlines() if line.startswith(str(job_id)))
