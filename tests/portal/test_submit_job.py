@@ -102,7 +102,11 @@ NEVER_FITS = [
     # vision may hold at most 8 + 8 A100
     ({"flavor": "l-A100", "replicas": 3}, "replicas", "may hold at most 16"),
     # no node has 16 A100
-    ({"flavor": "f-A100"}, "resources", "largest node has 8"),
+    (
+        {"resources": {"gpus": 16, "gpu_model": "A100", "cpu": 8, "memory_gb": 8}},
+        "resources",
+        "largest node has 8",
+    ),
     # 2 A100 nodes hold at most 2 replicas of 8
     (
         {"resources": {"gpus": 8, "gpu_model": "A100", "cpu": 8, "memory_gb": 8}, "replicas": 3},
@@ -126,6 +130,17 @@ def test_a_job_that_can_never_fit_is_rejected_with_why(api_for, small_job, chang
     response = api_for("alice").post("/api/v1/jobs/", spec, format="json")
     assert response.status_code == 400, response.json()
     assert words in " ".join(response.json()[field])
+    assert Job.objects.count() == 0
+
+
+def test_a_flavor_wider_than_every_node_is_refused(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    """An admin may define a flavor before the nodes that can run it exist."""
+    from portal.cluster.models import Flavor
+
+    Flavor.objects.create(name="x-A100", gpu_model="A100", gpus=16, cpu=8, memory_gb=8, max_runtime_hours=1)
+    response = api_for("alice").post("/api/v1/jobs/", {**small_job, "flavor": "x-A100"}, format="json")
+    assert response.status_code == 400, response.json()
+    assert "largest node has 8" in " ".join(response.json()["resources"])
     assert Job.objects.count() == 0
 
 
