@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from playwright.async_api import Page, expect
 
 from tests.browser.conftest import sign_in
@@ -243,3 +244,32 @@ async def test_create_and_revoke_an_api_token(live_stack: dict[str, Any], users:
     await expect(page.get_by_role("status").filter(has_text="shown only once")).to_contain_text("gpp_")
     await page.get_by_role("button", name="Revoke laptop").click()
     await expect(page.get_by_role("row", name=re.compile("laptop"))).to_contain_text("revoked")
+
+
+def add_notes(job_id: int, count: int) -> None:
+    from django.db import connection
+
+    from portal.jobs.models import Job
+    from portal.jobs.services import record_job_event
+
+    try:
+        job = Job.objects.get(pk=job_id)
+        for i in range(count):
+            record_job_event(job, "portal", f"note {i}")
+    finally:
+        connection.close()
+
+
+async def test_a_long_timeline_opens_at_the_latest_event(
+    live_stack: dict[str, Any], users: Any, submit_as: Any, page: Page
+) -> None:
+    # The timeline scrolls inside its card, oldest first: the latest events must be in sight.
+    job = await submit_as("alice", name="many-events")
+    await sync_to_async(add_notes)(job["id"], 30)
+    await sign_in(page, live_stack["http"], "alice")
+    await page.goto(f"{live_stack['http']}/jobs/{job['id']}")
+    timeline = page.get_by_role("list", name="Events")
+    await expect(timeline).to_contain_text("note 29", timeout=LONG)
+    await timeline.scroll_into_view_if_needed()
+    await expect(timeline.get_by_text("note 29", exact=True)).to_be_in_viewport()
+    await expect(timeline.get_by_text("submitted", exact=True)).not_to_be_in_viewport()
