@@ -180,6 +180,39 @@ def test_list_filters_and_pagination(api_for, small_job) -> None:  # type: ignor
     assert alice.get("/api/v1/jobs/?state=bogus").status_code == 400
 
 
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("limit=abc", "limit"),
+        ("limit=0", "limit"),
+        ("limit=-1", "limit"),
+        ("offset=-5", "offset"),
+        ("offset=x", "offset"),
+    ],
+)
+def test_a_bad_page_is_refused_by_name(api_for, small_job, query, field) -> None:  # type: ignore[no-untyped-def]
+    alice = api_for("alice")
+    alice.post("/api/v1/jobs/", small_job, format="json")
+    response = alice.get(f"/api/v1/jobs/?{query}")
+    assert response.status_code == 400, response.content
+    assert response.json()[field], response.json()
+
+
+def test_one_page_holds_at_most_a_thousand_items(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    from portal.jobs.models import JobEvent
+
+    alice = api_for("alice")
+    job_id = alice.post("/api/v1/jobs/", small_job, format="json").json()["id"]
+    JobEvent.objects.bulk_create(
+        JobEvent(job_id=job_id, actor_label="portal", reason=f"note {i}") for i in range(1005)
+    )
+    page = alice.get(f"/api/v1/jobs/{job_id}/events/?limit=5000").json()
+    assert page["count"] == 1006 and len(page["results"]) == 1000 and page["next"]
+    rest = alice.get(page["next"]).json()
+    assert len(rest["results"]) == 6 and rest["next"] is None
+    assert len(alice.get(f"/api/v1/jobs/{job_id}/events/?limit=3&offset=1004").json()["results"]) == 2
+
+
 def test_cancel_and_events(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
     alice = api_for("alice")
     job_id = alice.post("/api/v1/jobs/", small_job, format="json").json()["id"]
