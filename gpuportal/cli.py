@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,16 @@ STATE_STYLES = {
 
 # The width of output that goes to a pipe or a file: wide enough that no table wraps.
 PIPE_WIDTH = 10_000
+
+
+def listing(columns: Sequence[str], rows: Iterable[Sequence[str]], wraps: Sequence[str] = ()) -> Table:
+    """A borderless table, one row per item; only the columns named in `wraps` may wrap."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in columns:
+        table.add_column(column, no_wrap=column not in wraps)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 class UsageError(Exception):
@@ -321,25 +331,26 @@ def cmd_list(ctx: Context) -> int:
     if not jobs:
         ctx.err.print("No jobs." if args.all else "You have no jobs here (--all shows your tenants' jobs).")
         return OK
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "NAME", "VC", "OWNER", "STATE", "GPUS", "PRIORITY", "SUBMITTED", "NOTE"):
-        table.add_column(column, no_wrap=column != "NOTE")
+    rows = []
     for job in jobs:
         note = job.pending_reason if job.state == "pending" else ""
         if job.ended and job.exit_code is not None:
             note = f"exit {job.exit_code}"
-        table.add_row(
-            str(job.id),
-            escape(job.name),
-            escape(job.vc),
-            escape(job.owner),
-            styled_state(job.state),
-            escape(gpus_of(job)),
-            escape(job.priority_class),
-            relative(job.submitted_at),
-            escape(note),
+        rows.append(
+            (
+                str(job.id),
+                escape(job.name),
+                escape(job.vc),
+                escape(job.owner),
+                styled_state(job.state),
+                escape(gpus_of(job)),
+                escape(job.priority_class),
+                relative(job.submitted_at),
+                escape(note),
+            )
         )
-    ctx.out.print(table)
+    columns = ("ID", "NAME", "VC", "OWNER", "STATE", "GPUS", "PRIORITY", "SUBMITTED", "NOTE")
+    ctx.out.print(listing(columns, rows, wraps=("NOTE",)))
     return OK
 
 
@@ -465,9 +476,6 @@ def cmd_queue(ctx: Context) -> int:
         ctx.err.print("No pending jobs." if args.all else "You have no pending jobs.")
         return OK
     columns = ("ID", "NAME", "VC", "OWNER", "GPUS", "PRIORITY", "POS", "REASON", "START")
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in (*columns, "WHY"):
-        table.add_column(column, no_wrap=True)
     rows = []
     for job in jobs:
         start = relative(job.estimated_start_at)
@@ -485,26 +493,18 @@ def cmd_queue(ctx: Context) -> int:
             start,
         )
         rows.append(row)
-        table.add_row(*row, escape(job.pending_message))
+    whys = [escape(job.pending_message or "-") for job in jobs]
+    table = listing((*columns, "WHY"), ((*row, why) for row, why in zip(rows, whys, strict=True)))
     # One line per job where it fits; a terminal too narrow for the messages gets them below
     # the table, wrapped, by job id.
     width = Measurement.get(ctx.out, ctx.out.options.update(width=PIPE_WIDTH), table).maximum
     if width <= ctx.out.width:
         ctx.out.print(table)
         return OK
-    short = Table(box=None, header_style="bold", pad_edge=False)
-    for column in columns:
-        short.add_column(column, no_wrap=True)
-    for row in rows:
-        short.add_row(*row)
-    why = Table(box=None, header_style="bold", pad_edge=False)
-    why.add_column("ID", no_wrap=True)
-    why.add_column("WHY")
-    for job in jobs:
-        why.add_row(str(job.id), escape(job.pending_message or "-"))
-    ctx.out.print(short)
+    ctx.out.print(listing(columns, rows))
     ctx.out.print()
-    ctx.out.print(why)
+    ids = [str(job.id) for job in jobs]
+    ctx.out.print(listing(("ID", "WHY"), zip(ids, whys, strict=True), wraps=("WHY",)))
     return OK
 
 
@@ -513,9 +513,7 @@ def cmd_nodes(ctx: Context) -> int:
     if ctx.args.output == "json":
         print_json(ctx, dump(nodes))
         return OK
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("NODE", "STATE", "RACK", "MODEL", "FREE", "GPUS", "UNHEALTHY", "HEARTBEAT"):
-        table.add_column(column, no_wrap=True)
+    rows = []
     for node in nodes:
         models = sorted({g.model for g in node.gpus})
         free = sum(1 for g in node.gpus if g.healthy and not g.allocated)
@@ -525,17 +523,20 @@ def cmd_nodes(ctx: Context) -> int:
             f"{g.index}: {g.health_reason or 'unhealthy'}" for g in node.gpus if not g.healthy
         )
         state = node.state + (f" ({node.state_reason})" if node.state_reason else "")
-        table.add_row(
-            escape(node.name),
-            escape(state),
-            escape(node.rack or "-"),
-            escape(", ".join(models) or "-"),
-            f"{free}/{len(node.gpus)}",
-            marks or "-",
-            escape(unhealthy or "-"),
-            relative(node.last_heartbeat_at),
+        rows.append(
+            (
+                escape(node.name),
+                escape(state),
+                escape(node.rack or "-"),
+                escape(", ".join(models) or "-"),
+                f"{free}/{len(node.gpus)}",
+                marks or "-",
+                escape(unhealthy or "-"),
+                relative(node.last_heartbeat_at),
+            )
         )
-    ctx.out.print(table)
+    columns = ("NODE", "STATE", "RACK", "MODEL", "FREE", "GPUS", "UNHEALTHY", "HEARTBEAT")
+    ctx.out.print(listing(columns, rows))
     ctx.err.print("[dim]GPUS: # allocated, . free, x unhealthy[/]")
     return OK
 
