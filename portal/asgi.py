@@ -6,6 +6,9 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+# Each request runs in a thread of its own here: without a pool, every request leaves a
+# connection behind until the garbage collector finds it (settings.py, DATABASE_POOL_SIZE).
+os.environ.setdefault("DATABASE_POOL_SIZE", "16")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -88,8 +88,9 @@ DATABASES = {
     "default": parse_database_url(env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:55432/gpuportal"))
 }
 # Under ASGI each request runs in a thread of its own, so a persistent connection is opened per
-# request and lingers (a hundred idle connections after a hundred requests). The web server sets
-# DATABASE_POOL_SIZE to share a pool of at most that many connections per process instead.
+# request and lingers until the garbage collector finds it (a hundred idle connections after a
+# few hundred requests). The ASGI entry point (asgi.py) therefore sets DATABASE_POOL_SIZE to 16
+# unless it is set: a pool of at most that many connections per process.
 if (DATABASE_POOL_SIZE := env_int("DATABASE_POOL_SIZE", 0)) > 0:
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps the connections
     DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 2, "max_size": DATABASE_POOL_SIZE, "timeout": 10}}

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from portal.accounts.services import create_api_token
 from portal.cluster.models import Node
+from portal.jobs.models import JobEvent
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
@@ -82,3 +83,36 @@ def test_the_celery_worker_and_beat_run_the_heartbeat_check(live_stack, users) -
     # Beat triggers the same task on its own, with nobody calling it.
     Node.objects.filter(name="v100-node-1").update(state="ready", last_heartbeat_at=stale)
     wait_for(lambda: Node.objects.get(name="v100-node-1").state == "not-ready", 40, "beat to run the check")
+
+
+def connections_to_the_database() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_the_web_server_shares_a_bounded_pool_of_database_connections(live_stack, users) -> None:  # type: ignore[no-untyped-def]
+    # Under ASGI each request runs in a thread of its own. With a connection per thread, each
+    # request left one open behind it until the garbage collector found it: a client following
+    # a chatty job's output filled PostgreSQL's hundred connections in seconds.
+    _, token = create_api_token(users["alice"], "laptop")
+    alice = httpx.Client(base_url=live_stack["http"], headers={"Authorization": f"Bearer {token}"})
+    job_id = alice.post(
+        "/api/v1/jobs/", content=JOB_YAML, headers={"Content-Type": "application/yaml"}
+    ).json()["id"]
+    JobEvent.objects.bulk_create(
+        JobEvent(job_id=job_id, actor_label="portal", reason=f"note {i}") for i in range(1000)
+    )
+    before = connections_to_the_database()
+    most = before
+    for page in range(200):
+        response = alice.get(f"/api/v1/jobs/{job_id}/events/", params={"limit": 100, "offset": page * 5})
+        assert response.status_code == 200
+        if page % 10 == 9:
+            most = max(most, connections_to_the_database())
+    assert most - before <= 16, (before, most)
