@@ -25,7 +25,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from gpuportal import __version__, config
-from gpuportal.client import AuthError, BadRequest, PortalClient, PortalError
+from gpuportal.client import AuthError, BadRequest, NotFound, PortalClient, PortalError
 from gpuportal.models import Job, JobDetail, JobEvent, LogLine
 
 OK = 0
@@ -634,6 +634,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for message in messages:
                 if field != "detail" or message != error.message:
                     ctx.err.print(f"  {escape(field)}: {escape(message)}")
+        return error.exit_code
+    except NotFound as error:
+        # The same words for a job that does not exist and another tenant's job.
+        job = getattr(args, "job_id", None)
+        message = f"job {job} not found" if job is not None else escape(error.message)
+        ctx.err.print(f"[red]error:[/] {message}")
         return error.exit_code
     except PortalError as error:
         ctx.err.print(f"[red]error:[/] {escape(error.message)}")

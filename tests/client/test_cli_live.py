@@ -214,9 +214,12 @@ def test_another_tenants_job_is_not_found(run_cli, tokens, tmp_path) -> None:  #
     for command in (["status", job_id], ["logs", job_id], ["cancel", job_id], ["logs", job_id, "-f"]):
         result = run_cli(tokens["carol"], *command)
         assert result.returncode == cli.NOT_FOUND, (command, result.stderr)
-        assert "not found" in result.stderr.lower() or "no job" in result.stderr.lower()
+        assert f"job {job_id} not found" in result.stderr
         no_traceback(result)
-    assert run_cli(tokens["carol"], "status", "999999").returncode == cli.NOT_FOUND
+        # Word for word what a job that does not exist gets.
+        made_up = run_cli(tokens["carol"], *[part if part != job_id else "999999" for part in command])
+        assert made_up.returncode == cli.NOT_FOUND
+        assert made_up.stderr.replace("999999", job_id) == result.stderr
     assert Job.objects.get(pk=int(job_id)).state == "pending"
     # A revoked or made-up token is an authentication failure, not "not found".
     assert run_cli("gpp_made_up", "status", job_id).returncode == cli.AUTH
