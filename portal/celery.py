@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import setup_logging
+from celery.signals import setup_logging, task_postrun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -25,3 +25,11 @@ def use_django_logging(**kwargs: Any) -> None:
     from django.conf import settings
 
     logging.config.dictConfig(settings.LOGGING)
+
+
+@task_postrun.connect
+def forget_logged_statements(**kwargs: Any) -> None:
+    """A task is a unit of work like a request (portal.lib.db.end_of_work)."""
+    from portal.lib.db import end_of_work
+
+    end_of_work()

@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -38,6 +37,7 @@ from portal.agentgw.outbox import node_group
 from portal.cluster import services as cluster_services
 from portal.cluster.models import Node
 from portal.jobs import services as job_services
+from portal.lib.db import database_sync_to_async
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import close_old_connections
 
 from agents.protocol import GpuSample
+from portal.lib.db import end_of_work
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def _write(samples: list[tuple[int, list[GpuSample]]], heartbeats: set[int]) -> 
             except Exception:
                 log.exception("%d telemetry samples not stored", sum(len(s) for _, s in samples))
     finally:
-        close_old_connections()
+        end_of_work()
 
 
 class IngestBuffer:

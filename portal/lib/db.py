@@ -1,8 +1,35 @@
-"""Writing several new rows in one statement, for the few paths where statements are the cost."""
+"""Database work outside requests, and writing several new rows in one statement for the few
+paths where statements are the cost."""
 
 from __future__ import annotations
 
-from django.db import connection, models
+from typing import Any
+
+from channels.db import DatabaseSyncToAsync
+from django.db import close_old_connections, connection, models, reset_queries
+
+
+def end_of_work() -> None:
+    """What Django does around each request, for work that is not one (a websocket message, a
+    telemetry write, a Celery task): connections past their age or broken are closed, and
+    with DEBUG the statements logged so far are dropped. Django keeps up to 9,000 per
+    connection, with their parameters (a whole chunk of a job's output each), and forgets them
+    only when a request starts: a socket's thread would hold hundreds of megabytes."""
+    reset_queries()
+    close_old_connections()
+
+
+class _DatabaseCall(DatabaseSyncToAsync):
+    def thread_handler(self, loop: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().thread_handler(loop, *args, **kwargs)
+        finally:
+            reset_queries()
+
+
+# Channels' database_sync_to_async (stale connections closed around each call), which also
+# drops the statements DEBUG logged (end_of_work). Consumers reach the database through this.
+database_sync_to_async = _DatabaseCall
 
 
 def insert_together(*objs: models.Model) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from portal.accounts.models import Tenant
 from portal.jobs.models import Job
+from portal.lib.db import database_sync_to_async
 from portal.live.hub import hub
 from portal.live.publish import ALL_JOBS_GROUP, job_group, tenant_group
 
