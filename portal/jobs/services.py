@@ -707,7 +707,8 @@ def requeue_lost_job(job: Job, reason: str) -> None:
 def record_log_chunk(node: Node, chunk: LogChunk) -> int:
     """Stores the chunk's lines; lines the portal already has are skipped. Returns lines added."""
     attempt, replica = _replica_for(node, chunk.attempt_id)
-    lines = chunk.text.split("\n")
+    # A job prints what it likes; PostgreSQL text cannot hold NUL, which would refuse the chunk.
+    lines = chunk.text.replace("\x00", "\ufffd").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     existing = set(

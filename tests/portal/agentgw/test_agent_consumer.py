@@ -355,3 +355,22 @@ async def test_telemetry_is_kept_per_attempt_and_only_for_the_reporting_nodes_gp
     assert {p["gpu_uuid"] for p in pushed} == set(own)
     await browser.disconnect()
     await two.disconnect()
+
+
+async def test_output_with_nul_bytes_is_kept_and_the_connection_stays(users, paused_loop) -> None:  # type: ignore[no-untyped-def]
+    # A job may print anything. PostgreSQL text cannot hold NUL, and the chunk used to fail its
+    # insert, close the node's connection and lose every line it carried.
+    one, _ = await greet("a100-node-1")
+    two, _ = await greet("a100-node-2")
+    job = await sync_to_async(place_a_job)(users["alice"])
+    (replica,) = decode_from_portal(await one.receive_from(timeout=10)).attempts
+    await one.send_to(text_data=status(replica.attempt_id, job, AttemptState.RUNNING, 1))
+    text = "\rprogress 50%\rprogress 100%\n\x00nul \x1b[31mred\x1b[0m\nafter\n"
+    chunk = LogChunk(attempt_id=replica.attempt_id, stream="stdout", seq=0, text=text)
+    await one.send_to(text_data=encode(chunk))
+    await one.send_to(text_data=encode(Heartbeat(uptime_s=2)))
+    assert await one.receive_nothing(timeout=0.5)  # still connected: no close frame
+    lines = [line.text async for line in LogLine.objects.order_by("seq")]
+    assert lines == ["\rprogress 50%\rprogress 100%", "\ufffdnul \x1b[31mred\x1b[0m", "after"]
+    await one.disconnect()
+    await two.disconnect()
