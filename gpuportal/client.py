@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel
 
 from gpuportal.models import (
+    TERMINAL_STATES,
     ApiToken,
     Flavor,
     Job,
@@ -323,13 +324,16 @@ class PortalClient:
         reason changes, and with ``events=True`` every new :class:`JobEvent` (polling the job
         alone can miss a state that lasted less than one poll). Lines of an attempt are drained
         before moving on to the next attempt, and once more after the job ended, because the
-        agent may deliver the last lines after the final status.
+        agent may deliver the last lines after the final status; the event that ended the job
+        comes after them.
         """
         attempt = from_attempt
         after: dict[int, int] = {}  # attempt number -> last line id shown
         events_seen = 0
         last_seen: tuple[Any, ...] | None = None
         ended_polls = 0
+        # The job's end is told after the output it ended with, which may arrive a poll later.
+        ending: list[JobEvent] = []
         while True:
             # Events first, then the job: the job read is then the newer of the two, so a
             # waiting reason never shows after the event that ended the wait.
@@ -340,7 +344,13 @@ class PortalClient:
                     )
                     for item in page["results"]:
                         events_seen += 1
-                        yield JobEvent.model_validate(item)
+                        event = JobEvent.model_validate(item)
+                        if event.to_state in TERMINAL_STATES:
+                            ending.append(event)
+                            continue
+                        yield from ending  # not the end after all: in order
+                        ending.clear()
+                        yield event
                     if not page.get("next"):
                         break
             job = self.get_job(job_id)
@@ -365,6 +375,7 @@ class PortalClient:
             if job.ended:
                 ended_polls += 1
                 if ended_polls > 1:  # one more look for lines that trail the final status
+                    yield from ending
                     return
             time.sleep(poll_s)
 

@@ -215,8 +215,49 @@ def test_follow_never_shows_a_wait_after_the_event_that_ended_it() -> None:
             if not isinstance(item, LogLine)
         ]
     assert seen.index(("job", "pending")) < seen.index(("event", "scheduled")), seen
-    assert seen[-1] == ("job", "succeeded"), seen
+    assert seen[-2:] == [("job", "succeeded"), ("event", "succeeded")], seen
     assert [s for kind, s in seen if kind == "event"] == ["pending", "scheduled", "succeeded"], seen
+
+
+def test_follow_tells_the_end_after_the_output_that_trails_it() -> None:
+    """The agent may deliver a job's last lines after its final status: they come before the
+    event that ended the job, not after it."""
+    polls = 0
+    now = datetime.now(UTC).isoformat()
+    attempt = {"number": 1, "state": "running"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal polls
+        path = request.url.path
+        if path == "/api/v1/jobs/7/events/":
+            offset = int(request.url.params["offset"])
+            happened = [{"id": 1, "created_at": now, "to_state": "running"}]
+            if polls >= 1:
+                happened.append({"id": 2, "created_at": now, "to_state": "succeeded"})
+            return httpx.Response(
+                200, json={"count": len(happened), "next": None, "results": happened[offset:]}
+            )
+        if path == "/api/v1/jobs/7/":
+            polls += 1
+            state = "running" if polls == 1 else "succeeded"
+            job = {"id": 7, "name": "j", "vc": "v", "owner": "o", "state": state, "attempts": [attempt]}
+            return httpx.Response(200, json=job)
+        assert path == "/api/v1/jobs/7/logs/", path
+        lines = [{"id": 1, "attempt": 1, "text": "first"}]
+        if polls >= 3:  # the last line lands after the job was seen to end
+            lines.append({"id": 2, "attempt": 1, "text": "last"})
+        after = int(request.url.params.get("after", 0))
+        return httpx.Response(
+            200, json={"count": 2, "next": None, "results": [ln for ln in lines if ln["id"] > after]}
+        )
+
+    with fake_portal(handler) as client:
+        seen = [
+            item.text if isinstance(item, LogLine) else item.to_state
+            for item in client.follow_logs(7, poll_s=0, events=True)
+            if not isinstance(item, JobDetail)
+        ]
+    assert seen == ["running", "first", "last", "succeeded"], seen
 
 
 def test_relative_times_read_like_a_queue() -> None:
