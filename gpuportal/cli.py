@@ -481,18 +481,19 @@ def cmd_queue(ctx: Context) -> int:
         start = relative(job.estimated_start_at)
         if job.estimated_start_at is not None:
             start += f" ({job.estimated_start_at.astimezone().strftime('%H:%M')})"
-        row = (
-            str(job.id),
-            escape(job.name),
-            escape(job.vc),
-            escape(job.owner),
-            escape(gpus_of(job)),
-            escape(job.priority_class),
-            "-" if job.queue_position is None else str(job.queue_position),
-            escape(job.pending_reason or "-"),
-            start,
+        rows.append(
+            (
+                str(job.id),
+                escape(job.name),
+                escape(job.vc),
+                escape(job.owner),
+                escape(gpus_of(job)),
+                escape(job.priority_class),
+                "-" if job.queue_position is None else str(job.queue_position),
+                escape(job.pending_reason or "-"),
+                start,
+            )
         )
-        rows.append(row)
     whys = [escape(job.pending_message or "-") for job in jobs]
     table = listing((*columns, "WHY"), ((*row, why) for row, why in zip(rows, whys, strict=True)))
     # One line per job where it fits; a terminal too narrow for the messages gets them below

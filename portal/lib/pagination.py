@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
+
+from portal.lib.query import whole_number
 
 
 class LimitOffsetPages(LimitOffsetPagination):
@@ -18,21 +19,10 @@ class LimitOffsetPages(LimitOffsetPagination):
     def get_limit(self, request: Request) -> int | None:
         if self.limit_query_param not in request.query_params:
             return self.default_limit
-        limit = _whole_number(request, self.limit_query_param, minimum=1)
+        limit = whole_number(request, self.limit_query_param, minimum=1)
         return min(limit, self.max_limit)
 
     def get_offset(self, request: Request) -> int:
         if self.offset_query_param not in request.query_params:
             return 0
-        return _whole_number(request, self.offset_query_param, minimum=0)
-
-
-def _whole_number(request: Request, name: str, minimum: int) -> int:
-    raw = request.query_params[name]
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError({name: [f"Give a whole number, not {raw[:40]!r}."]}) from None
-    if value < minimum:
-        raise ValidationError({name: [f"Give a number of at least {minimum}."]})
-    return value
+        return whole_number(request, self.offset_query_param, minimum=0)

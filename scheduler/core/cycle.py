@@ -412,7 +412,8 @@ class _CycleRun:
         # stay there, so only a job of its tenant may use them meanwhile (see _start).
         self.parked: dict[tuple[int, int], PendingJob] = {
             (idx, index): job
-            for job in [job for job in ctx.snapshot.pending if job.suspended_on]  # (the cheap scan)
+            for job in ctx.snapshot.pending
+            if job.suspended_on
             for replica in job.suspended_on
             if (idx := self.state.node_idx_by_name.get(replica.node)) is not None
             for index in replica.gpu_indices

@@ -34,6 +34,7 @@ from portal.jobs.api.serializers import (
 from portal.jobs.filtersets import JobFilterSet
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, LogLine, TelemetrySample
 from portal.jobs.spec import JobSpecSerializer
+from portal.lib.query import whole_number
 from portal.lib.renderers import CSVRenderer
 from portal.lib.throttling import WriteThrottle
 
@@ -139,10 +140,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         attempt = job.current_attempt()
         if "attempt" in request.query_params:
-            attempt = job.attempts.filter(number=_int_param(request, "attempt")).first()
+            attempt = job.attempts.filter(number=whole_number(request, "attempt")).first()
         lines = LogLine.objects.filter(attempt=attempt).select_related("attempt").order_by("id")
         if "after" in request.query_params:
-            lines = lines.filter(id__gt=_int_param(request, "after"))
+            lines = lines.filter(id__gt=whole_number(request, "after"))
         if request.query_params.get("stream") in ("stdout", "stderr"):
             lines = lines.filter(stream=request.query_params["stream"])
         page = self.paginate_queryset(lines)
@@ -161,7 +162,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         attempt = job.current_attempt()
         if "attempt" in request.query_params:
-            attempt = job.attempts.filter(number=_int_param(request, "attempt")).first()
+            attempt = job.attempts.filter(number=whole_number(request, "attempt")).first()
         samples = (
             TelemetrySample.objects.filter(attempt=attempt).select_related("attempt").order_by("time", "id")
         )
@@ -172,13 +173,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             samples = samples.filter(time__gt=after)
         page = self.paginate_queryset(samples)
         return self.get_paginated_response(TelemetrySampleSerializer(page, many=True).data)
-
-
-def _int_param(request: Request, name: str) -> int:
-    try:
-        return int(request.query_params[name])
-    except ValueError:
-        raise ValidationError({name: ["Give a whole number."]}) from None
 
 
 class UsageView(APIView):
