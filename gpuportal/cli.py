@@ -142,6 +142,13 @@ def clock(moment: datetime | None) -> str:
     return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
 
 
+def wall_time(moment: datetime, now: datetime | None = None) -> str:
+    """'14:05' today, 'Dec 12 03:16' on another day: a bare time two weeks out reads as today."""
+    local = moment.astimezone()
+    today = (now or datetime.now(UTC)).astimezone().date()
+    return local.strftime("%H:%M") if local.date() == today else local.strftime("%b %d %H:%M")
+
+
 def gpus_of(job: Job) -> str:
     if job.replicas > 1:
         return f"{job.replicas}x{job.gpus_per_replica} {job.gpu_model}".strip()
@@ -480,7 +487,7 @@ def cmd_queue(ctx: Context) -> int:
     for job in jobs:
         start = relative(job.estimated_start_at)
         if job.estimated_start_at is not None:
-            start += f" ({job.estimated_start_at.astimezone().strftime('%H:%M')})"
+            start += f" ({wall_time(job.estimated_start_at)})"
         rows.append(
             (
                 str(job.id),

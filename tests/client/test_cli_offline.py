@@ -268,6 +268,15 @@ def test_relative_times_read_like_a_queue() -> None:
     assert cli.relative(None, now) == "-"
 
 
+def test_estimated_starts_on_another_day_name_the_day() -> None:
+    now = datetime.now(UTC)
+    later_today = now.astimezone().replace(hour=23, minute=59, second=0, microsecond=0)
+    assert cli.wall_time(later_today, now) == "23:59"
+    two_weeks = (now + timedelta(days=14)).astimezone()
+    assert cli.wall_time(two_weeks, now) == two_weeks.strftime("%b %d %H:%M")
+    assert two_weeks.strftime("%H:%M") != cli.wall_time(two_weeks, now)
+
+
 def test_gpu_indices_read_as_ranges() -> None:
     assert cli.index_ranges([3, 0, 1, 2, 6]) == "0-3,6"
     assert cli.index_ranges(list(range(8))) == "0-7"
