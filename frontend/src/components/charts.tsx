@@ -1,6 +1,7 @@
 // Small SVG charts: a quota bar, a stacked bar and a multi-series line chart.
 
 import type { ModelUse } from "../lib/cluster";
+import { formatClock, formatDuration } from "../lib/format";
 
 export function QuotaBar({ inUse, guaranteed, borrowLimit, label }: {
   inUse: number;
@@ -105,11 +106,15 @@ export function LineChart({ title, unit, series, yMax }: { title: string; unit: 
         <text className="tick" x={PAD_L - 4} y={y(0)} textAnchor="end">
           0
         </text>
-        <text className="tick" x={W - 4} y={H - 2} textAnchor="end">
-          now
-        </text>
+        {/* The axis spans the first to the last sample, which for a finished job is not now. */}
         <text className="tick" x={PAD_L} y={H - 2}>
-          {Math.round((t1 - t0) / 1000)} s ago
+          {formatClock(t0)}
+        </text>
+        <text className="tick" x={(PAD_L + W - 4) / 2} y={H - 2} textAnchor="middle">
+          {formatDuration((t1 - t0) / 1000)}
+        </text>
+        <text className="tick" x={W - 4} y={H - 2} textAnchor="end">
+          {formatClock(t1)}
         </text>
         {series.map((s, i) => (
           <polyline

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
 import { reconnectDelayMs } from "./backoff";
-import { formatDuration, formatRelative } from "./format";
+import { formatClock, formatDuration, formatRelative } from "./format";
 
 describe("format", () => {
   it("formats durations", () => {
@@ -16,6 +16,17 @@ describe("format", () => {
     expect(formatRelative("2026-01-01T11:58:00Z", now)).toBe("2m ago");
     expect(formatRelative("2026-01-01T13:00:00Z", now)).toBe("in 1h");
     expect(formatRelative(null, now)).toBe("–");
+  });
+
+  it("names the day of a moment that is not today", () => {
+    const now = new Date(2026, 10, 28, 15, 0, 0).getTime();
+    const earlierToday = new Date(2026, 10, 28, 3, 8, 50).getTime();
+    const twoDaysAgo = new Date(2026, 10, 26, 3, 8, 50).getTime();
+    const time = new Date(earlierToday).toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+    expect(formatClock(earlierToday, now)).toBe(time);
+    expect(formatClock(twoDaysAgo, now)).not.toBe(time);
+    expect(formatClock(twoDaysAgo, now).endsWith(time)).toBe(true);
+    expect(formatClock(Number.NaN, now)).toBe("–");
   });
 });
 

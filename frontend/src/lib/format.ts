@@ -36,6 +36,15 @@ export function formatTime(iso: string | null | undefined): string {
   });
 }
 
+/** A moment on a time axis: the time of day, with the date when it is not today. */
+export function formatClock(t: number, now: number = Date.now()): string {
+  const d = new Date(t);
+  if (Number.isNaN(d.getTime())) return "–";
+  const sameDay = d.toDateString() === new Date(now).toDateString();
+  const time = d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  return sameDay ? time : `${d.toLocaleDateString(undefined, { month: "short", day: "numeric" })}, ${time}`;
+}
+
 export function elapsedSeconds(fromIso: string | null | undefined, toIso?: string | null, now = Date.now()): number {
   if (!fromIso) return NaN;
   const end = toIso ? Date.parse(toIso) : now;
