@@ -88,9 +88,10 @@ class Context:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.out = Console(highlight=False, soft_wrap=False)
-        if not self.out.is_terminal:  # a pipe or a file: whole lines, one row each, for scripts
-            self.out.width = PIPE_WIDTH
         self.err = Console(stderr=True, highlight=False)
+        for console in (self.out, self.err):
+            if not console.is_terminal:  # a pipe or a file: whole lines, one row each, for scripts
+                console.width = PIPE_WIDTH
         self._client: PortalClient | None = None
 
     def client(self) -> PortalClient:

@@ -108,6 +108,14 @@ def test_expected_failures_give_a_message_and_an_exit_code_not_a_traceback(home:
         assert "Traceback" not in result.stderr + result.stdout
 
 
+def test_messages_into_a_file_are_whole_lines(home: Path) -> None:
+    """`gpuportal submit --follow 2> log` keeps each message on one line, whatever COLUMNS says."""
+    result = run_cli(home, "list", env={"COLUMNS": "30"})
+    assert result.returncode == cli.AUTH
+    message = "error: no portal URL: run `gpuportal login --url URL` or set GPUPORTAL_URL"
+    assert result.stderr.splitlines() == [message], result.stderr
+
+
 def test_help_lists_every_command_and_the_exit_codes(home: Path) -> None:
     result = run_cli(home, "--help")
     assert result.returncode == 0
