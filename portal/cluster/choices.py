@@ -11,8 +11,11 @@ class NodeState(models.TextChoices):
 
 
 class QueueingPolicy(models.TextChoices):
-    """How a virtual cluster orders its own pending jobs: the name of a scheduler queue-sort plugin."""
+    """How a virtual cluster orders its own pending jobs: the scheduler profile's order, or the
+    name of a scheduler queue-sort plugin. A policy of its own also decides alone whether one
+    of the VC's jobs may preempt another of the same priority class (FIFO: never)."""
 
+    PROFILE = "", "The scheduler's order"
     FIFO = "fifo", "First in, first out"
     PRIORITY = "priority", "Priority class, then submit time"
     LAS = "las", "Least attained GPU service (Tiresias)"

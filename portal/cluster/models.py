@@ -37,7 +37,7 @@ class VirtualCluster(models.Model):
     name = models.SlugField(max_length=64, unique=True)
     description = models.CharField(max_length=200, blank=True)
     queueing_policy = models.CharField(
-        max_length=16, choices=QueueingPolicy.choices, default=QueueingPolicy.FIFO
+        max_length=16, choices=QueueingPolicy.choices, default=QueueingPolicy.PROFILE, blank=True
     )
     max_gpus_per_user = models.PositiveIntegerField(
         null=True, blank=True, help_text="Per-user limit inside this VC; empty means no limit."

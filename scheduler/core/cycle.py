@@ -39,6 +39,7 @@ from scheduler.core.framework import (
     Code,
     CycleContext,
     PreemptionHorizonPlugin,
+    PreemptionPlugin,
     QueueSortPlugin,
     RotationPlugin,
     Status,
@@ -128,6 +129,21 @@ def spread_waited_jobs(snapshot: Snapshot, now: float) -> Snapshot:
     return dataclasses.replace(snapshot, pending=tuple(spread)) if changed else snapshot
 
 
+def own_order_evictors(ctx: CycleContext, plugins: PluginSet) -> dict[str, list[Any]]:
+    """Per VC with a queueing policy of its own: the only preemption rule between two of its
+    jobs of one priority class. That policy orders them (queue_positions), so it alone may
+    let one take another's GPUs: LAS does once the runner has dropped queues, FIFO, priority
+    and shortest-expected-first never do. Otherwise a VC set to FIFO would still see a newer
+    job preempt an older one for the profile's Gittins index. Built after queue_positions,
+    which makes the VCs' sorters."""
+    evictors: dict[str, list[Any]] = {}
+    for vc in ctx.snapshot.vcs:
+        order = plugins.by_name.get(vc.queueing_policy) if vc.queueing_policy else None
+        if order is not None:
+            evictors[vc.name] = [order] if isinstance(order, PreemptionPlugin) else []
+    return evictors
+
+
 def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     # 0. Jobs that may spread after a wait and have waited long enough.
     snapshot = spread_waited_jobs(snapshot, now)
@@ -174,6 +190,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
             horizons,
             probes=proposals.probes,
             positions=positions,
+            vc_evictors=run.vc_evictors,
         )
         hints = choose(proposals, estimates, now)
     return Plan(
@@ -428,6 +445,11 @@ class _CycleRun:
         # plans the moves for a job blocked only by layout: see _try_preempt.
         self._migrator: Any = next((p for p in plugins.preemption if hasattr(p, "plan_moves")), None)
         self._evictors = [p for p in plugins.preemption if p is not self._migrator]
+        self.vc_evictors = own_order_evictors(ctx, plugins)
+        self._vc_horizons = {
+            vc: [p for p in rules if isinstance(p, PreemptionHorizonPlugin)]
+            for vc, rules in self.vc_evictors.items()
+        }
         self._blocked_shapes: dict[tuple[str, int, int], tuple[int, Status]] = {}
         self._admissions: dict[tuple[str, str, str, int, int], tuple[int, Status]] = {}
         self._rack_nodes: dict[str, list[int]] | None = None
@@ -1148,7 +1170,8 @@ class _CycleRun:
     # -- step 5: preemption ------------------------------------------------------------
 
     def _preemption_key(self, job: PendingJob, model: str, failure: Status) -> tuple[Any, ...]:
-        horizon = tuple(h.horizon_key(job, self.ctx) for h in self._horizons)
+        horizons = self._horizons + self._vc_horizons.get(job.vc, [])
+        horizon = tuple(h.horizon_key(job, self.ctx) for h in horizons)
         user = job.user if failure.reason is ReasonCode.USER_LIMIT else ""
         return (job.priority, horizon, model, job.vc, user, failure.reason)
 
@@ -1183,7 +1206,7 @@ class _CycleRun:
         asked, about every running job of any VC (it keeps few: see _try_preempt; a moved job
         keeps its GPU count); otherwise all the others."""
         ctx = self.ctx
-        asked = [self._migrator] if migrate else self._evictors
+        everyone = [self._migrator] if migrate else self._evictors
         limit = len(ctx.snapshot.running) if migrate else self.settings.max_victims
         same_vc_only = failure.reason in _QUOTA_REASONS
         same_user_only = failure.reason is ReasonCode.USER_LIMIT
@@ -1198,11 +1221,14 @@ class _CycleRun:
                 continue
             if model not in models:
                 continue
+            asked = everyone
             if victim.stopping:
                 victims.append((victim, None))
             elif migrate or victim.vc == job.vc or ctx.borrowed_gpus.get(victim.id, 0) > 0:
                 # A moved job restarts elsewhere on as many GPUs as it gave up, so its VC
                 # loses nothing: the VC rule binds evictions only.
+                if not migrate and victim.vc == job.vc and victim.priority == job.priority:
+                    asked = self.vc_evictors.get(job.vc, self._evictors)
                 for plugin in asked:
                     reason = plugin.may_preempt(job, victim, ctx)
                     if reason:

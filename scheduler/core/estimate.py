@@ -17,6 +17,7 @@ import heapq
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
 from scheduler.core.plugins.backfill import expected_ends
@@ -40,6 +41,7 @@ def estimate_starts(
     horizons: Sequence[PreemptionHorizonPlugin] = (),
     probes: Mapping[str, Sequence[PendingJob]] | None = None,
     positions: Sequence[int] | None = None,
+    vc_evictors: Mapping[str, Sequence[Any]] | None = None,
 ) -> dict[str, float | None]:
     """Estimated start per pending job id (None when it cannot start on this cluster).
 
@@ -53,7 +55,11 @@ def estimate_starts(
 
     `positions`, when given, says where each job of `queue` stands in the snapshot's pending
     list (queue_positions): the horizon keys are then worked out over that list, read in the
-    order the jobs were made, and put in queue order by position."""
+    order the jobs were made, and put in queue order by position.
+
+    `vc_evictors` are the rules of VCs with a queueing policy of their own
+    (cycle.own_order_evictors): between two jobs of such a VC and one priority class only
+    those rules count, as in the cycle."""
     now, state = ctx.now, ctx.state
     default_s = settings.default_runtime_s
     released = released or set()
@@ -196,6 +202,8 @@ def estimate_starts(
                     at if at == end or r.vc == vc or lends else end
                     for at, (r, end), lends in zip(yields, running, borrowing, strict=True)
                 ]
+                if vc_evictors and vc in vc_evictors:
+                    ats = _own_order_yields(job, ats, running, floors, vc_evictors[vc], ctx)
                 for i in [i for i in released_running if not ats[i] <= cursor]:
                     # Counted as gone for the kind before, but not yet for this kind: back in use.
                     released_running.discard(i)
@@ -355,6 +363,30 @@ def _yield_times(
             for b, at, floor in zip(best, times, floors, strict=True)
         ]
     return best
+
+
+def _own_order_yields(
+    job: PendingJob,
+    ats: list[float],
+    running: Sequence[tuple[RunningJob, float]],
+    floors: Sequence[float | None],
+    rules: Sequence[Any],
+    ctx: CycleContext,
+) -> list[float]:
+    """`ats` with the running jobs of `job`'s VC and priority class yielding by their VC's own
+    rules only (none: at their end)."""
+    horizons = [rule for rule in rules if isinstance(rule, PreemptionHorizonPlugin)]
+    out = list(ats)
+    for i, (r, end) in enumerate(running):
+        if r.vc != job.vc or r.priority != job.priority:
+            continue
+        out[i] = end
+        floor = floors[i]
+        for horizon in horizons:
+            at = horizon.yields_at(job, r, ctx)
+            if at is not None and floor is not None:
+                out[i] = min(out[i], max(at, floor))
+    return out
 
 
 def _has_nan(times: Sequence[float]) -> bool:

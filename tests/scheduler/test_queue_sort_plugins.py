@@ -288,3 +288,39 @@ def test_shipped_profiles_start_the_owners_job_before_an_older_borrower(name: st
     plan = decide(snap.build(), load_profile(name), now=1000.0)
     assert [s.job_id for s in plan.starts] == ["lender-own"]
     assert not plan.preemptions
+
+
+@pytest.mark.parametrize(
+    ("policy", "preempts"),
+    [
+        pytest.param("", True, id="no-policy-of-its-own-the-profile-las-preempts"),
+        pytest.param("las", True, id="las-vc-preempts-by-its-own-rule"),
+        pytest.param("fifo", False, id="fifo-vc-never-lets-a-newer-job-preempt"),
+        pytest.param("sef", False, id="shortest-first-vc-never-preempts"),
+    ],
+)
+def test_inside_a_vc_with_its_own_policy_only_that_policy_preempts(policy: str, preempts: bool) -> None:
+    """A VC set to FIFO keeps an older running job of its own from being preempted for a newer
+    one of the same class by the profile's LAS, and its estimate says so; a job of another VC
+    still borrows under the profile's rules, and a higher class still preempts."""
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .vc("team", 1, queueing_policy=policy)
+        .running("old", [("n0", (0,))], vc="team", attained_gpu_s=2000, estimated_runtime_s=3000)
+        .pending("new", vc="team", submitted_at=50)
+    )
+    las = {"thresholds": [1000]}
+    p = profile(queue_sort=["las", "fifo"], preemption=["priority", "las"], plugin_args={"las": las})
+    plan = decide(snap.build(), p, now=100.0)
+    assert [pr.job_id for pr in plan.preemptions] == (["old"] if preempts else [])
+    if not preempts:
+        # It waits for the running job's expected end (3,000 s expected, 2,000 run on its one
+        # GPU: 1,000 s from now), not for a preemption now.
+        (status,) = plan.pending
+        assert status.estimated_start == pytest.approx(1100.0)
+
+    urgent = Snap().node("n0", 1).vc("team", 1, queueing_policy=policy)
+    urgent.running("old", [("n0", (0,))], vc="team", attained_gpu_s=2000, priority=100)
+    urgent.pending("prod", vc="team", submitted_at=50, priority=1000)
+    assert [pr.job_id for pr in decide(urgent.build(), p, now=100.0).preemptions] == ["old"]
