@@ -288,6 +288,9 @@ class Supervisor:
 
     def wait(self) -> int:
         """Blocks until Ctrl-C (or SIGTERM) or until one process exits; returns that process's code."""
+        # SIGINT too: a shell starts a background job with SIGINT ignored, and Python keeps it
+        # so, which left `kill -INT` (what Ctrl-C sends) without effect on `make up &`.
+        signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
         try:
             while True:
