@@ -15,7 +15,11 @@ from agents.protocol import AttemptState, DesiredAttempt, LogChunk, RuntimeInfo
 
 LogStream = Literal["stdout", "stderr"]
 LOG_STREAMS: tuple[LogStream, ...] = ("stdout", "stderr")
-MAX_LOG_LINE = 16384  # longer lines are split; each piece counts as a line
+# Bytes of output one log line holds at most. Longer lines are split at a character boundary
+# (each piece counts as a line), and split as their bytes arrive: a job that never writes a
+# newline (a progress bar redrawn with carriage returns, binary data) is seen live and never
+# makes the agent hold its output in memory.
+MAX_LOG_LINE = 16384
 MAX_CHUNK_CHARS = 256 * 1024  # well below the protocol's limit for one log message
 
 
@@ -90,10 +94,24 @@ class Runtime(Protocol):
         ...
 
 
-def split_long_line(text: str) -> list[str]:
-    if len(text) <= MAX_LOG_LINE:
-        return [text]
-    return [text[i : i + MAX_LOG_LINE] for i in range(0, len(text), MAX_LOG_LINE)]
+def _piece_end(raw: bytes) -> int:
+    """Where the first piece of a line longer than MAX_LOG_LINE ends: at MAX_LOG_LINE, moved back
+    before a character cut in two (UTF-8 continuation bytes, at most three)."""
+    end = MAX_LOG_LINE
+    while end > MAX_LOG_LINE - 3 and raw[end] & 0xC0 == 0x80:
+        end -= 1
+    return end
+
+
+def split_long_line(raw: bytes) -> tuple[list[bytes], bytes]:
+    """The pieces cut off the front of `raw` while it is longer than MAX_LOG_LINE, and the rest.
+    They depend on the bytes alone, so a line is cut the same whether it came whole or in reads."""
+    pieces = []
+    while len(raw) > MAX_LOG_LINE:
+        end = _piece_end(raw)
+        pieces.append(raw[:end])
+        raw = raw[end:]
+    return pieces, raw
 
 
 class LineNumbering:
@@ -109,22 +127,26 @@ class LineNumbering:
         self._partial = b""
 
     def feed(self, data: bytes) -> list[LogLine]:
-        """The lines that `data` completes."""
-        *complete, self._partial = (self._partial + data).split(b"\n")
-        return self._number(complete)
+        """The lines that `data` completes, and the pieces of a long line it is still writing."""
+        *complete, partial = (self._partial + data).split(b"\n")
+        pieces = []
+        for raw in complete:
+            front, rest = split_long_line(raw)
+            pieces += [*front, rest]
+        front, self._partial = split_long_line(partial)
+        return self._number(pieces + front)
 
     def finish(self) -> list[LogLine]:
         """The last line, when the output ended without a newline."""
         rest, self._partial = self._partial, b""
         return self._number([rest] if rest else [])
 
-    def _number(self, raw_lines: list[bytes]) -> list[LogLine]:
+    def _number(self, pieces: list[bytes]) -> list[LogLine]:
         lines = []
-        for raw in raw_lines:
-            for piece in split_long_line(raw.decode("utf-8", "replace")):
-                if self.seq >= self.from_seq:
-                    lines.append(LogLine(self.stream, self.seq, piece))
-                self.seq += 1
+        for piece in pieces:
+            if self.seq >= self.from_seq:
+                lines.append(LogLine(self.stream, self.seq, piece.decode("utf-8", "replace")))
+            self.seq += 1
         return lines
 
 

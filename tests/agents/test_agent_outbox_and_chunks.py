@@ -41,6 +41,31 @@ def test_a_long_line_takes_several_numbers_and_a_reader_resumes_without_gap() ->
     assert numbered([output], from_seq=2) == lines[2:]
 
 
+def test_output_without_newlines_comes_out_in_pieces_as_it_arrives() -> None:
+    """A progress bar redrawn with carriage returns for a whole run: its pieces reach the
+    portal while it runs, and the agent never holds more than one line's bytes of it."""
+    bar = b"".join(b"\repoch 1: %6d/100000" % step for step in range(60_000))  # 1.26 MB, no newline
+    numbering = LineNumbering("stdout")
+    live = []
+    for at in range(0, len(bar), 4096):
+        live += numbering.feed(bar[at : at + 4096])
+        assert len(numbering._partial) <= MAX_LOG_LINE
+    assert len(live) == len(bar) // MAX_LOG_LINE  # every full piece before the output ends
+    lines = live + numbering.finish()
+    assert "".join(line.text for line in lines).encode() == bar
+    assert [(line.seq, line.text) for line in lines] == numbered([bar])
+
+
+def test_a_long_line_is_cut_between_characters() -> None:
+    text = "\u20ac" * 20_000 + "\n"  # three-byte characters: byte 16,384 falls inside one
+    whole = numbered([text.encode()])
+    assert [len(piece.encode()) for _, piece in whole] == [16_383, 16_383, 16_383, 10_851]
+    assert all(len(piece.encode()) <= MAX_LOG_LINE and "\ufffd" not in piece for _, piece in whole)
+    assert "".join(piece for _, piece in whole) == text[:-1]
+    data = text.encode()
+    assert numbered([data[i : i + 1000] for i in range(0, len(data), 1000)]) == whole
+
+
 def test_chunks_follow_streams_and_sequence_runs() -> None:
     lines = [
         LogLine("stdout", 0, "a"),
