@@ -3,6 +3,7 @@ import { useCallback, useEffect, useRef, useState } from "react";
 import { api, query } from "../api/client";
 import type { LiveLogLine } from "../api/live";
 import type { LogLine, Page } from "../api/types";
+import { lastRedraw } from "../lib/format";
 import { ErrorBanner, Spinner } from "./common";
 
 export interface ShownLine {
@@ -186,7 +187,7 @@ export function LogView({
           shown.map((l) => (
             <div key={l.key} className={l.stream === "stderr" ? "log-line stderr" : "log-line"}>
               {replicas.size > 1 && <span className="replica">[{l.replica}] </span>}
-              {l.text}
+              {lastRedraw(l.text)}
             </div>
           ))
         )}

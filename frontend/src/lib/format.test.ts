@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
 import { reconnectDelayMs } from "./backoff";
-import { formatClock, formatDuration, formatRelative } from "./format";
+import { formatClock, formatDuration, formatRelative, lastRedraw } from "./format";
 
 describe("format", () => {
   it("formats durations", () => {
@@ -16,6 +16,13 @@ describe("format", () => {
     expect(formatRelative("2026-01-01T11:58:00Z", now)).toBe("2m ago");
     expect(formatRelative("2026-01-01T13:00:00Z", now)).toBe("in 1h");
     expect(formatRelative(null, now)).toBe("–");
+  });
+
+  it("shows a line redrawn with carriage returns as a terminal would", () => {
+    expect(lastRedraw("epoch 1:  10%\repoch 1:  20%\repoch 1:  30%")).toBe("epoch 1:  30%");
+    expect(lastRedraw("done\r")).toBe("done");
+    expect(lastRedraw("plain line")).toBe("plain line");
+    expect(lastRedraw("")).toBe("");
   });
 
   it("names the day of a moment that is not today", () => {

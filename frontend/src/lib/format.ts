@@ -36,6 +36,14 @@ export function formatTime(iso: string | null | undefined): string {
   });
 }
 
+/** What a terminal shows of a line redrawn with carriage returns (a progress bar): the text
+ * after the last one. A browser would show every redraw side by side. A CR that ends the line
+ * (CRLF output) is dropped. */
+export function lastRedraw(text: string): string {
+  const line = text.endsWith("\r") ? text.slice(0, -1) : text;
+  return line.slice(line.lastIndexOf("\r") + 1);
+}
+
 /** A moment on a time axis: the time of day, with the date when it is not today. */
 export function formatClock(t: number, now: number = Date.now()): string {
   const d = new Date(t);
