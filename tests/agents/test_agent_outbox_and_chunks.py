@@ -3,6 +3,7 @@ portal is away."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,10 @@ def test_output_without_newlines_comes_out_in_pieces_as_it_arrives() -> None:
     for at in range(0, len(bar), 4096):
         live += numbering.feed(bar[at : at + 4096])
         assert len(numbering._partial) <= MAX_LOG_LINE
-    assert len(live) == len(bar) // MAX_LOG_LINE  # every full piece before the output ends
+    assert len(live) >= len(bar) // MAX_LOG_LINE  # every full piece before the output ends
+    # Each piece ends after a whole redraw, so its last one reads whole.
+    assert all(line.text.endswith("\r") and len(line.text.encode()) <= MAX_LOG_LINE for line in live)
+    assert all(re.fullmatch(r"epoch 1: +\d+/100000", line.text.split("\r")[-2]) for line in live)
     lines = live + numbering.finish()
     assert "".join(line.text for line in lines).encode() == bar
     assert [(line.seq, line.text) for line in lines] == numbered([bar])
