@@ -351,9 +351,11 @@ def start_demo_cluster(
     commands = portal_commands(host, port, f"worker-{port}", run_dir / "celerybeat-schedule")
     for name, cmd in commands.items():
         supervisor.start(name, cmd)
+    # The agents start once the web server answers, so that they connect at once instead of
+    # logging refused connections while it starts.
+    wait_until(lambda: port_open(port), 30, "the web server")
     for name, cmd in demo_agent_commands(port, run_dir):
         supervisor.start(name, cmd)
-    wait_until(lambda: port_open(port), 30, "the web server")
     return supervisor
 
 
