@@ -198,6 +198,27 @@ def test_a_bad_page_is_refused_by_name(api_for, small_job, query, field) -> None
     assert response.json()[field], response.json()
 
 
+def test_output_of_an_attempt_the_job_does_not_have_is_refused_by_name(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    from portal.jobs.models import JobAttempt, LogLine
+
+    alice = api_for("alice")
+    job_id = alice.post("/api/v1/jobs/", small_job, format="json").json()["id"]
+    for path in ("logs", "telemetry"):
+        response = alice.get(f"/api/v1/jobs/{job_id}/{path}/?attempt=1")
+        assert response.status_code == 400
+        assert response.json()["attempt"] == [f"Job {job_id} has no attempt 1; its attempts: none yet."]
+    attempt = JobAttempt.objects.create(job_id=job_id, number=1)
+    LogLine.objects.create(attempt=attempt, stream="stdout", seq=0, text="hello")
+    assert [
+        line["text"] for line in alice.get(f"/api/v1/jobs/{job_id}/logs/?attempt=1").json()["results"]
+    ] == ["hello"]
+    refused = alice.get(f"/api/v1/jobs/{job_id}/logs/?attempt=5")
+    assert refused.json() == {"attempt": [f"Job {job_id} has no attempt 5; its attempts: 1."]}
+    stream = alice.get(f"/api/v1/jobs/{job_id}/logs/?stream=stdin")
+    assert stream.status_code == 400 and "stdout or stderr" in stream.json()["stream"][0]
+    assert alice.get(f"/api/v1/jobs/{job_id}/logs/?stream=stderr").json()["count"] == 0
+
+
 def test_one_page_holds_at_most_a_thousand_items(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
     from portal.jobs.models import JobEvent
 

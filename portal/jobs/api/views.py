@@ -138,14 +138,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def logs(self, request: Request, pk: str | None = None) -> Response:
         """The job's output lines, oldest first; poll with `after` to follow."""
         job = self.get_object()
-        attempt = job.current_attempt()
-        if "attempt" in request.query_params:
-            attempt = job.attempts.filter(number=whole_number(request, "attempt")).first()
+        attempt = chosen_attempt(request, job)
+        stream = request.query_params.get("stream")
+        if stream not in (None, "stdout", "stderr"):
+            raise ValidationError({"stream": [f"Give stdout or stderr, not {stream[:40]!r}."]})
         lines = LogLine.objects.filter(attempt=attempt).select_related("attempt").order_by("id")
         if "after" in request.query_params:
             lines = lines.filter(id__gt=whole_number(request, "after"))
-        if request.query_params.get("stream") in ("stdout", "stderr"):
-            lines = lines.filter(stream=request.query_params["stream"])
+        if stream is not None:
+            lines = lines.filter(stream=stream)
         page = self.paginate_queryset(lines)
         return self.get_paginated_response(LogLineSerializer(page, many=True).data)
 
@@ -160,9 +161,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def telemetry(self, request: Request, pk: str | None = None) -> Response:
         """Per-GPU utilization, memory, power and temperature while the job held its GPUs."""
         job = self.get_object()
-        attempt = job.current_attempt()
-        if "attempt" in request.query_params:
-            attempt = job.attempts.filter(number=whole_number(request, "attempt")).first()
+        attempt = chosen_attempt(request, job)
         samples = (
             TelemetrySample.objects.filter(attempt=attempt).select_related("attempt").order_by("time", "id")
         )
@@ -222,3 +221,17 @@ def _time_param(request: Request, name: str, default: datetime) -> datetime:
     if parsed is None:
         raise ValidationError({name: ["Give an ISO 8601 date or time."]})
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def chosen_attempt(request: Request, job: Job) -> JobAttempt | None:
+    """The attempt asked for with `attempt` (the latest without it). A number the job does
+    not have is a 400 that says which it has: an empty answer would read as "no output"."""
+    if "attempt" not in request.query_params:
+        return job.current_attempt()
+    number = whole_number(request, "attempt")
+    attempt = job.attempts.filter(number=number).first()
+    if attempt is None:
+        count = job.attempts.count()
+        has = "none yet" if not count else "1" if count == 1 else f"1 to {count}"
+        raise ValidationError({"attempt": [f"Job {job.pk} has no attempt {number}; its attempts: {has}."]})
+    return attempt
