@@ -1206,7 +1206,9 @@ class _CycleRun:
         asked, about every running job of any VC (it keeps few: see _try_preempt; a moved job
         keeps its GPU count); otherwise all the others."""
         ctx = self.ctx
-        everyone = [self._migrator] if migrate else self._evictors
+        asked = [self._migrator] if migrate else self._evictors
+        # Between jobs of one class in a VC with a policy of its own, only that policy asks.
+        own_rules = None if migrate else self.vc_evictors.get(job.vc)
         limit = len(ctx.snapshot.running) if migrate else self.settings.max_victims
         same_vc_only = failure.reason in _QUOTA_REASONS
         same_user_only = failure.reason is ReasonCode.USER_LIMIT
@@ -1221,15 +1223,15 @@ class _CycleRun:
                 continue
             if model not in models:
                 continue
-            asked = everyone
             if victim.stopping:
                 victims.append((victim, None))
             elif migrate or victim.vc == job.vc or ctx.borrowed_gpus.get(victim.id, 0) > 0:
                 # A moved job restarts elsewhere on as many GPUs as it gave up, so its VC
                 # loses nothing: the VC rule binds evictions only.
-                if not migrate and victim.vc == job.vc and victim.priority == job.priority:
-                    asked = self.vc_evictors.get(job.vc, self._evictors)
-                for plugin in asked:
+                rules = asked
+                if own_rules is not None and victim.vc == job.vc and victim.priority == job.priority:
+                    rules = own_rules
+                for plugin in rules:
                     reason = plugin.may_preempt(job, victim, ctx)
                     if reason:
                         victims.append((victim, reason))
