@@ -84,7 +84,16 @@ from agents.reconcile import (
     Watch,
     reconcile,
 )
-from agents.runtime import LOG_STREAMS, LogLine, ObservedAttempt, Runtime, RuntimeFailure, chunk_lines
+from agents.runtime import (
+    LOG_STREAMS,
+    MAX_CHUNK_CHARS,
+    LogLine,
+    LogStream,
+    ObservedAttempt,
+    Runtime,
+    RuntimeFailure,
+    chunk_lines,
+)
 from agents.runtime.policy import PolicyError
 from agents.store import AttemptRecord, AttemptStore
 from agents.versions import drain_reasons
@@ -95,6 +104,7 @@ log = logging.getLogger("agents")
 # many bytes of log text; beyond that the oldest messages are dropped (and counted).
 OUTBOX_LIMIT = 20_000
 OUTBOX_LOG_BYTES = 64 * 1024 * 1024
+LOST_LOGS_READ_TIMEOUT_S = 60.0
 WELCOME_TIMEOUT_S = 30.0
 REMEMBERED_REQUESTS = 1000
 CHECKPOINTABLE_STATES = (AttemptState.RUNNING, AttemptState.SUSPENDED, AttemptState.CHECKPOINTING)
@@ -162,6 +172,10 @@ class Agent:
         self.refresh_lock = asyncio.Lock()
         self.log_pumps: dict[str, asyncio.Task[None]] = {}
         self.log_buffers: dict[str, list[LogLine]] = {}
+        # Lines whose chunks the outbox dropped while the portal was away, per (attempt,
+        # stream): the range [first, end) of line numbers, read again from the runtime and
+        # sent once the portal is back (_resend_lost_logs).
+        self.lost_logs: dict[tuple[str, LogStream], tuple[int, int]] = {}
         self.answers: OrderedDict[UUID, RequestAck | RequestReject | None] = OrderedDict()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.starting: set[str] = set()  # attempts between record and runtime.start
@@ -244,6 +258,8 @@ class Agent:
         log.info("connected to the portal as node %s", first.node_id)
         # 3.
         loops = [asyncio.create_task(self._sender(connection)), asyncio.create_task(self._heartbeat_loop())]
+        if self.lost_logs:
+            self._spawn(self._resend_lost_logs())
         try:
             # 4.
             async for text in connection:
@@ -321,14 +337,25 @@ class Agent:
         if isinstance(message, LogChunk):
             self.outbox_log_bytes += len(message.text)
         while len(self.outbox) > OUTBOX_LIMIT or self.outbox_log_bytes > OUTBOX_LOG_BYTES:
-            self._pop_outbox()
+            dropped = self._pop_outbox()
             self.outbox_dropped += 1
+            if isinstance(dropped, LogChunk):
+                end = dropped.seq + dropped.text.count("\n")
+                self._note_lost_lines(dropped.attempt_id, dropped.stream, dropped.seq, end)
         self.outbox_ready.set()
 
-    def _pop_outbox(self) -> None:
+    def _note_lost_lines(self, attempt_id: str, stream: LogStream, first: int, end: int) -> None:
+        """Lines `first` to `end - 1` of a stream did not reach the portal; one range per stream
+        (lines in between that did arrive are sent twice, which the portal ignores)."""
+        if (known := self.lost_logs.get((attempt_id, stream))) is not None:
+            first, end = min(first, known[0]), max(end, known[1])
+        self.lost_logs[(attempt_id, stream)] = (first, end)
+
+    def _pop_outbox(self) -> AgentToPortal:
         message = self.outbox.popleft()
         if isinstance(message, LogChunk):
             self.outbox_log_bytes -= len(message.text)
+        return message
 
     def _spawn(self, awaitable: Awaitable[None]) -> None:
         task = asyncio.ensure_future(awaitable)
@@ -489,6 +516,48 @@ class Agent:
             if isinstance(result, Exception) and not isinstance(result, RuntimeFailure):
                 log.warning("log stream of %s ended: %s", attempt_id, result)
         self.flush_logs()
+
+    async def _resend_lost_logs(self) -> None:
+        """Read the lines the outbox dropped again from the runtime, which keeps an attempt's
+        output until the attempt is removed, and send them: a long outage costs no output."""
+        lost, self.lost_logs = self.lost_logs, {}
+        for (attempt_id, stream), (first, end) in lost.items():
+            sent = await self._resend_lines(attempt_id, stream, first, end)
+            if sent < end and not self.connected:  # gone again: the next session goes on
+                self._note_lost_lines(attempt_id, stream, sent, end)
+            elif sent < end:
+                log.warning(
+                    "lines %d to %d of %s's %s could not be read again", sent, end - 1, attempt_id, stream
+                )
+            else:
+                log.info("sent lines %d-%d of %s's %s again", first, end - 1, attempt_id, stream)
+
+    async def _resend_lines(self, attempt_id: str, stream: LogStream, first: int, end: int) -> int:
+        """Send lines `first` to `end - 1` again, in small chunks, each once the outbox has room
+        (so that they do not push each other out of it); returns the number of the first line not
+        sent."""
+        batch: list[LogLine] = []
+        size = 0
+        budget = min(MAX_CHUNK_CHARS, OUTBOX_LOG_BYTES // 4)
+        lines = aiter(self.runtime.logs(attempt_id, stream, first))
+        while self.connected:
+            try:
+                # The lines were written before they were sent; a runtime that follows a live
+                # attempt would wait for ever for lines it no longer has.
+                line = await asyncio.wait_for(anext(lines), LOST_LOGS_READ_TIMEOUT_S)
+            except (StopAsyncIteration, RuntimeFailure, TimeoutError):
+                break
+            batch.append(line)
+            size += len(line.text) + 1
+            if size >= budget or line.seq >= end - 1:
+                while self.connected and self.outbox_log_bytes > OUTBOX_LOG_BYTES // 2:
+                    await asyncio.sleep(0.05)
+                for chunk in chunk_lines(attempt_id, batch):
+                    self.send(chunk)
+                first, batch, size = line.seq + 1, [], 0
+            if line.seq >= end - 1:
+                break
+        return first
 
     def flush_logs(self) -> None:
         buffers, self.log_buffers = self.log_buffers, {}

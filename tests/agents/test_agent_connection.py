@@ -155,6 +155,45 @@ async def test_it_runs_the_desired_attempt_streams_logs_and_resyncs_after_a_drop
             assert await agent.runtime.list_attempts() == []
 
 
+LOUD_AFTER_GO = """
+import os, sys, time
+go = sys.argv[1]
+while not os.path.exists(go):
+    time.sleep(0.02)
+for i in range(2000):
+    print(f"line {i:04d} of the output written while the portal was away", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.asyncio
+async def test_output_the_outbox_dropped_in_an_outage_is_sent_again_once_the_portal_is_back(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("agents.agent.OUTBOX_LOG_BYTES", 4000)  # about 60 lines
+    go = tmp_path / "go"
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        portal.desired = [
+            make_attempt("att-1", command=[PY, "-c", LOUD_AFTER_GO, str(go)], gpus=[gpu(agent, 0)])
+        ]
+        async with running(agent):
+            await wait_for(lambda: portal.last_status("att-1") is not None)
+            portal.refuse_all = True
+            await portal.drop()
+            go.touch()
+            await wait_for(lambda: agent.outbox_dropped > 0 and agent.lost_logs)
+            await asyncio.sleep(0.5)  # the job has written all its lines by now
+            portal.refuse_all = False
+            await wait_for(lambda: len(portal.log_lines("att-1")) == 2000)
+    lines = portal.log_lines("att-1")
+    assert [lines[i] for i in range(2000)] == [
+        f"line {i:04d} of the output written while the portal was away" for i in range(2000)
+    ]
+    assert agent.lost_logs == {}
+
+
 @pytest.mark.asyncio
 async def test_a_restarted_agent_reattaches_stops_what_moved_and_reports_what_vanished(
     state_dir: Path, tmp_path: Path
