@@ -74,6 +74,11 @@ class Job(models.Model):
     pending_message = models.CharField(max_length=500, blank=True)
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
+    topped_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its owner moved it to the front of their own jobs of its VC and priority class.",
+    )
     # The values of the spec's secret_env (the spec keeps only masks): for the job's agents only,
     # encrypted at rest.
     secret_env = EncryptedJSONField(default=dict, blank=True)

@@ -427,6 +427,27 @@ def cancel_job(job: Job, actor: Any, reason: str = "cancelled by user") -> Job:
     return job
 
 
+@transaction.atomic
+def move_to_front(job: Job, actor: Any) -> Job:
+    """Puts a pending job before its owner's other pending jobs of its VC and priority class
+    (Slurm's `scontrol top`). It takes the place of the first of them in the scheduler's
+    order: no one else's job stands further back, and nothing is preempted for it."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.state != JobState.PENDING:
+        raise InvalidTransition(f"Job {job.pk} is {job.state}; only a pending job can move in the queue.")
+    job.topped_at = timezone.now()
+    job.save(update_fields=["topped_at"])
+    record_job_event(
+        job,
+        actor.username,
+        f"moved to the front of {job.owner.username}'s pending jobs in {job.virtual_cluster.name}",
+        {"topped": True},
+    )
+    record_audit(actor, "job.top", job, tenant=job.tenant)
+    request_scheduling_cycle()
+    return job
+
+
 # ---------------------------------------------------------------------------
 # What agents report. Each handler is idempotent: a duplicate, late or reordered message
 # changes nothing wrong, because replica reports are ordered by agents.protocol.supersedes

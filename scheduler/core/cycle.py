@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import gc
 import heapq
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import attrgetter, itemgetter, lt
@@ -311,10 +312,33 @@ def queue_positions(
         own.sort(key=lambda i: -pending[i].priority)
         for k, i in zip(places, own, strict=True):
             order[k] = i
+    if any(job.topped_at is not None for job in pending):
+        _owners_order(order, pending)
     if any(job.first_in_line or job.moved for job in pending):
         # Jobs that GPUs were freed for go first, then moved jobs, each in the order above.
         order.sort(key=lambda i: 0 if pending[i].first_in_line else 1 if pending[i].moved else 2)
     return order
+
+
+def _owners_order(order: list[int], pending: Sequence[PendingJob]) -> None:
+    """Jobs their owner moved to the front (`topped_at`) go first among the owner's jobs of
+    one VC and priority class, the latest moved first, the rest as they were, all within the
+    places those jobs held: an owner reorders only their own jobs, never ahead of anyone."""
+    topped = {(job.vc, job.user, job.priority) for job in pending if job.topped_at is not None}
+    places: dict[tuple[str, str, int], list[int]] = {}
+    for k, i in enumerate(order):
+        job = pending[i]
+        key = (job.vc, job.user, job.priority)
+        if key in topped:
+            places.setdefault(key, []).append(k)
+    for spots in places.values():
+        jobs = sorted((order[k] for k in spots), key=lambda i: _latest_topped_first(pending[i]))
+        for k, i in zip(spots, jobs, strict=True):
+            order[k] = i
+
+
+def _latest_topped_first(job: PendingJob) -> float:
+    return math.inf if job.topped_at is None else -job.topped_at
 
 
 def _lexicographic_order(

@@ -176,6 +176,10 @@ class PendingJob:
     # to restart: it is placed right after the jobs first in line (the job it made room for
     # among them), so that it neither waits as well as moves nor lands in the freed block.
     moved: bool = False
+    # Its owner moved it to the front of their own jobs of its VC and priority class at this
+    # time (Slurm's `scontrol top`): it goes before those, the latest moved first, in the
+    # places they held, so no one else's job stands further back. None = not moved.
+    topped_at: float | None = None
     gpus: int = field(init=False, compare=False, repr=False)  # replicas x GPUs per replica
 
     def __post_init__(self) -> None:

@@ -33,6 +33,11 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
     ),
     (
         "post",
+        "/api/v1/jobs/{job}/top/",
+        {"alice": 200, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
+    (
+        "post",
         "/api/v1/jobs/{job}/cancel/",
         {"alice": 200, "bob": 403, "victor": 403, "carol": 404, None: 401},
     ),

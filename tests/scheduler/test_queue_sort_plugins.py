@@ -324,3 +324,22 @@ def test_inside_a_vc_with_its_own_policy_only_that_policy_preempts(policy: str, 
     urgent.running("old", [("n0", (0,))], vc="team", attained_gpu_s=2000, priority=100)
     urgent.pending("prod", vc="team", submitted_at=50, priority=1000)
     assert [pr.job_id for pr in decide(urgent.build(), p, now=100.0).preemptions] == ["old"]
+
+
+def test_an_owner_moves_their_own_job_to_the_front_of_their_jobs_only() -> None:
+    """Like Slurm's `scontrol top`: alice's moved jobs go first among her jobs of one VC and
+    class, the latest moved first, in the places her jobs held; bob's job keeps its place, and
+    her job of another class does not move."""
+    snap = (
+        Snap()
+        .node("n0", 1)
+        .pending("a-1", user="alice", submitted_at=1)
+        .pending("b-1", user="bob", submitted_at=2)
+        .pending("a-2", user="alice", submitted_at=3, topped_at=0.0)
+        .pending("a-3", user="alice", submitted_at=4)
+        .pending("a-4", user="alice", submitted_at=5, topped_at=50.0)
+        .pending("a-dev", user="alice", submitted_at=6, priority=-1, topped_at=60.0)
+    )
+    assert queue_ids(snap, queue_sort=["priority", "fifo"]) == ["a-4", "b-1", "a-2", "a-1", "a-3", "a-dev"]
+    plan = decide(snap.build(), profile(queue_sort=["priority", "fifo"]), now=100.0)
+    assert [start.job_id for start in plan.starts] == ["a-4"]

@@ -218,6 +218,7 @@ AUDITED = [
     ("post", "api/v1/jobs/", "alice", "spec", "job.submit"),
     ("post", "api/v1/jobs/bulk/", "alice", "bulk", "job."),
     ("post", "api/v1/jobs/(?P<pk>[^/.]+)/cancel/", "alice", None, "job.cancel"),
+    ("post", "api/v1/jobs/(?P<pk>[^/.]+)/top/", "alice", None, "job.top"),
     ("post", "api/v1/tokens/", "alice", {"name": "ci"}, "api_token.create"),
     ("delete", "api/v1/tokens/(?P<pk>[^/.]+)/", "alice", None, "api_token.revoke"),
     (

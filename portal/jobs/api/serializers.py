@@ -91,6 +91,7 @@ class JobSerializer(serializers.ModelSerializer):
             "pending_message",
             "estimated_start_at",
             "queue_position",
+            "topped_at",
             "whatif_hints",
             "retries_left",
             "exit_code",

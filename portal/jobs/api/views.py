@@ -117,6 +117,22 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def top(self, request: Request, pk: str | None = None) -> Response:
+        """Move a pending job to the front of its owner's pending jobs of its VC and priority
+        class; other users' jobs keep their places."""
+        job = self.get_object()
+        if not Job.objects.manageable_by(request.user).filter(pk=job.pk).exists():
+            raise DRFPermissionDenied(
+                "You may move only your own jobs, or any job of a tenant you administer."
+            )
+        try:
+            services.move_to_front(job, request.user)
+        except services.InvalidTransition as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
     @extend_schema(responses=JobEventSerializer(many=True))
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str | None = None) -> Response:
