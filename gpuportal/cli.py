@@ -467,6 +467,15 @@ def cmd_cancel(ctx: Context) -> int:
     return OK
 
 
+def cmd_top(ctx: Context) -> int:
+    job = ctx.client().move_to_front(ctx.args.job_id)
+    ctx.err.print(
+        f"Job {job.id} {escape(job.name)} goes before {escape(job.owner)}'s other pending jobs in "
+        f"{escape(job.vc)} from the next scheduling cycle."
+    )
+    return OK
+
+
 def cmd_queue(ctx: Context) -> int:
     args = ctx.args
     jobs = ctx.client().list_jobs(state="pending", owner=None if args.all else "me", limit=None)
@@ -616,6 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = add("cancel", cmd_cancel, "cancel a job")
     cancel.add_argument("job_id", type=job_id)
+
+    top = add("top", cmd_top, "move a pending job before your other pending jobs (no one else's)")
+    top.add_argument("job_id", type=job_id)
 
     queue = add("queue", cmd_queue, "your pending jobs with reasons and estimated starts")
     queue.add_argument("--all", action="store_true", help="pending jobs of everyone in your tenants")

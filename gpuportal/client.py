@@ -289,6 +289,10 @@ class PortalClient:
     def cancel_job(self, job_id: int) -> Job:
         return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/cancel/"))
 
+    def move_to_front(self, job_id: int) -> Job:
+        """Put a pending job before its owner's other pending jobs of its VC and class."""
+        return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/top/"))
+
     def job_events(self, job_id: int) -> list[JobEvent]:
         return self._parse(JobEvent, self._pages(f"/jobs/{int(job_id)}/events/", limit=None))
 

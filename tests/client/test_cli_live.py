@@ -199,6 +199,11 @@ def test_list_status_queue_cancel_and_nodes(run_cli, tokens, tmp_path) -> None: 
     row = next(line for line in nodes.stdout.splitlines() if line.startswith("a100-node-1"))
     assert "8/8" in row and "........" in row, "every GPU free"
 
+    top = run_cli(tokens["alice"], "top", str(job_id))
+    assert top.returncode == 0 and "goes before alice's other pending jobs in vision" in top.stderr
+    assert Job.objects.get(pk=job_id).topped_at is not None
+    assert run_cli(tokens["bob"], "top", str(job_id)).returncode == cli.AUTH  # not his job
+
     cancel = run_cli(tokens["alice"], "cancel", str(job_id))
     assert cancel.returncode == 0 and "cancelled" in cancel.stderr
     assert Job.objects.get(pk=job_id).state == "cancelled"
@@ -211,7 +216,13 @@ def test_list_status_queue_cancel_and_nodes(run_cli, tokens, tmp_path) -> None: 
 def test_another_tenants_job_is_not_found(run_cli, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
     submitted = run_cli(tokens["alice"], "submit", str(python_job(tmp_path, "mine", "print(1)")), "-q")
     job_id = submitted.stdout.strip()
-    for command in (["status", job_id], ["logs", job_id], ["cancel", job_id], ["logs", job_id, "-f"]):
+    for command in (
+        ["status", job_id],
+        ["logs", job_id],
+        ["cancel", job_id],
+        ["top", job_id],
+        ["logs", job_id, "-f"],
+    ):
         result = run_cli(tokens["carol"], *command)
         assert result.returncode == cli.NOT_FOUND, (command, result.stderr)
         assert f"job {job_id} not found" in result.stderr
