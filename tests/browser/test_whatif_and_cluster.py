@@ -93,3 +93,40 @@ async def test_the_grid_shows_gpu_load_and_admins_cordon_a_node(
     await expect(other.locator("header .badge")).to_have_text("cordoned", timeout=LONG)
     await other.get_by_role("button", name="Make ready").click()
     await expect(other.get_by_role("button", name="Cordon")).to_be_visible(timeout=LONG)
+
+
+def queue_positions(*job_ids: int) -> list[int | None]:
+    from django.db import connection
+
+    from portal.jobs.models import Job
+
+    try:
+        positions = dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "queue_position"))
+        return [positions.get(job_id) for job_id in job_ids]
+    finally:
+        connection.close()
+
+
+async def test_an_owner_moves_a_waiting_job_before_their_others(
+    live_stack: dict[str, Any], users: Any, submit_as: Any, page: Page
+) -> None:
+    """No agent runs, so both jobs wait; the later one, moved from its page, goes first."""
+    first = await submit_as("alice", name="first")
+    later = await submit_as("alice", name="later")
+    await sign_in(page, live_stack["http"], "alice")
+    await page.goto(f"{live_stack['http']}/jobs/{later['id']}")
+    await page.get_by_role("button", name="Move before alice's other jobs").click()
+    moved = page.get_by_role("status").filter(has_text="Moved:")
+    await expect(moved).to_contain_text("goes before alice's other pending jobs in vision", timeout=LONG)
+
+    async def moved_first() -> bool:
+        ahead, behind = await sync_to_async(queue_positions)(later["id"], first["id"])
+        return ahead is not None and behind is not None and ahead < behind
+
+    for _ in range(600):
+        if await moved_first():
+            break
+        await page.wait_for_timeout(100)
+    assert await moved_first(), await sync_to_async(queue_positions)(later["id"], first["id"])
+    await page.reload()
+    await expect(page.get_by_text("moved to the front of alice's pending jobs")).to_be_visible(timeout=LONG)

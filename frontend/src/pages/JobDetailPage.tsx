@@ -79,7 +79,7 @@ export function JobDetailPage({ id }: { id: number }) {
         {!isEnded(j.state) && <CancelButton jobId={j.id} onDone={job.reload} />}
       </PageHeader>
       <ErrorBanner error={job.error} onRetry={job.reload} />
-      {j.state === "pending" && <PendingCard job={j} />}
+      {j.state === "pending" && <PendingCard job={j} onChanged={job.reload} />}
       <div className="grid-2">
         <Section title="Summary">
           <JobSummary job={j} />
@@ -195,7 +195,44 @@ function CancelButton({ jobId, onDone }: { jobId: number; onDone: () => void }) 
   );
 }
 
-function PendingCard({ job }: { job: JobDetail }) {
+function MoveToFrontButton({ job, onDone }: { job: JobDetail; onDone: () => void }) {
+  const [busy, setBusy] = useState(false);
+  const [done, setDone] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const move = async () => {
+    setBusy(true);
+    setError(null);
+    try {
+      await api(`/api/v1/jobs/${job.id}/top/`, { method: "POST" });
+      setDone(true);
+      onDone();
+    } catch (err) {
+      setError(err instanceof Error ? err.message : String(err));
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <p className="hint">
+      <button type="button" className="button" onClick={move} disabled={busy}>
+        {busy ? "Moving…" : `Move before ${job.owner}'s other jobs`}
+      </button>{" "}
+      {done ? (
+        <span role="status">Moved: it goes before {job.owner}'s other pending jobs in {job.vc} from the next scheduling cycle.</span>
+      ) : (
+        <span className="muted">Only {job.owner}'s own pending jobs of its class let it pass; no one else's job waits longer.</span>
+      )}
+      {error && (
+        <span className="field-error" role="alert">
+          {" "}
+          {error}
+        </span>
+      )}
+    </p>
+  );
+}
+
+function PendingCard({ job, onChanged }: { job: JobDetail; onChanged: () => void }) {
   return (
     <section className="card pending-card" aria-labelledby="pending-title">
       <h2 id="pending-title">Why it is waiting</h2>
@@ -241,6 +278,7 @@ function PendingCard({ job }: { job: JobDetail }) {
       <p className="hint">
         See the <Link href={`/vcs/${encodeURIComponent(job.vc)}`}>queue of {job.vc}</Link>.
       </p>
+      <MoveToFrontButton job={job} onDone={onChanged} />
     </section>
   );
 }
