@@ -383,6 +383,8 @@ def cmd_status(ctx: Context) -> int:
         f"{escape(job.priority_class)} ({job.priority}" + (", preemptible)" if job.preemptible else ")"),
     )
     info.add_row("Submitted", f"{clock(job.submitted_at)} ({relative(job.submitted_at)})")
+    if job.after:
+        info.add_row("Starts after", ", ".join(f"job {dep}" for dep in job.after) + " succeeded")
     if job.state == "pending":
         info.add_row("Why pending", escape(f"{job.pending_reason}: {job.pending_message}".strip(": ")))
         if job.queue_position is not None:

@@ -83,6 +83,7 @@ class Job(_Resource):
     pending_message: str = ""
     estimated_start_at: datetime | None = None
     queue_position: int | None = None
+    after: list[int] = []  # jobs that must succeed first
     topped_at: datetime | None = None  # moved to the front of its owner's jobs (gpuportal top)
     whatif_hints: list[WhatIfHint] = []
     retries_left: int | None = None

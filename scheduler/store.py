@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -47,7 +48,7 @@ class LoadedState:
     node_ids: dict[str, int]
 
 
-def load_snapshot(now: float) -> LoadedState:
+def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
     nodes, gpu_ids, node_ids = [], {}, {}
     gpus_by_node: dict[int, list[Gpu]] = defaultdict(list)
     for gpu in Gpu.objects.order_by("node_id", "index"):
@@ -98,6 +99,7 @@ def load_snapshot(now: float) -> LoadedState:
     jobs = list(
         Job.objects.filter(Q(state__in=ACTIVE_STATES) | Q(state=JobState.PENDING))
         .exclude(retry_later)
+        .exclude(pk__in=held)  # waiting for the jobs they depend on (settle_dependencies)
         .select_related("virtual_cluster", "owner")
         .annotate(last_checkpoint=Max("checkpoints__written_at"))
     )

@@ -9,6 +9,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
 
+from portal.jobs.services import settle_dependencies
 from portal.lib.redis import get_redis
 from portal.metrics.cycle_timing import record_cycle_duration
 from scheduler import core
@@ -65,7 +66,7 @@ def run_cycle(
             return {"paused": True}
         now = time.time()
         started = time.perf_counter()
-        loaded = load_snapshot(now)
+        loaded = load_snapshot(now, held=settle_dependencies())
         plan = core.decide(loaded.snapshot, profile or load_profile(), now)
         result = apply_plan(plan, loaded, now)
     record_cycle_duration(time.perf_counter() - started)

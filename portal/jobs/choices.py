@@ -107,3 +107,5 @@ PENDING_REQUEUED = "requeued"
 # right after the jobs that waited for their victims, ahead of the rest of the queue.
 PENDING_MOVED = "moved"
 PENDING_BACKOFF = "backoff"
+# Waits for the jobs of its spec's `after` to succeed; the scheduler does not see it until then.
+PENDING_DEPENDENCY = "dependency"

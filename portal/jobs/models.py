@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
@@ -74,6 +75,12 @@ class Job(models.Model):
     pending_message = models.CharField(max_length=500, blank=True)
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
+    after = ArrayField(
+        models.BigIntegerField(),
+        default=list,
+        blank=True,
+        help_text="Jobs that must succeed before this one may start (the spec's `after`).",
+    )
     topped_at = models.DateTimeField(
         null=True,
         blank=True,

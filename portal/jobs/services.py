@@ -21,6 +21,7 @@ from portal.jobs.choices import (
     ACTIVE_STATES,
     ATTEMPT_ENDED_STATES,
     PENDING_BACKOFF,
+    PENDING_DEPENDENCY,
     PENDING_MOVED,
     PENDING_NEW,
     PENDING_REQUEUED,
@@ -293,8 +294,10 @@ def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None
         checked.add(shape)
         job_id = admission.job_id
     pc = spec["priority"]
+    after = check_dependencies(user, spec.get("after", []))
     return Job(
         pk=job_id,
+        after=after,
         tenant=vc.tenant,
         virtual_cluster=vc,
         owner=user,
@@ -311,6 +314,71 @@ def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None
         pending_message="Waiting for the next scheduling cycle.",
         **resources,
     )
+
+
+def check_dependencies(user: Any, job_ids: Sequence[int]) -> list[int]:
+    """The spec's `after`, sorted and without repeats, once every job in it is one the user may
+    see and none has ended without succeeding (then this job could never start). A job of
+    another tenant reads as one that does not exist."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return ids
+    states = dict(Job.objects.for_user(user).filter(pk__in=ids).values_list("pk", "state"))
+    for job_id in ids:
+        state = states.get(job_id)
+        if state is None:
+            raise JobRejected("after", f"No job {job_id}.")
+        if state in TERMINAL_STATES and state != JobState.SUCCEEDED:
+            raise JobRejected("after", f"Job {job_id} has {state}, so this job could never start.")
+    return ids
+
+
+@transaction.atomic
+def settle_dependencies() -> set[int]:
+    """Pending jobs whose `after` jobs have not all succeeded: those that can still start wait,
+    with reason `dependency` naming what they wait for; those with one that ended otherwise are
+    cancelled. Returns the ids of the waiting ones, which the scheduler does not see."""
+    waiting = list(Job.objects.filter(state=JobState.PENDING).exclude(after=[]))
+    if not waiting:
+        return set()
+    needed = {dep for job in waiting for dep in job.after}
+    states = dict(Job.objects.filter(pk__in=needed).values_list("pk", "state"))
+    held: set[int] = set()
+    for job in waiting:
+        open_deps = [dep for dep in job.after if states.get(dep) != JobState.SUCCEEDED]
+        if not open_deps:
+            continue
+        ended = [dep for dep in open_deps if states.get(dep, JobState.CANCELLED) in TERMINAL_STATES]
+        if ended:
+            dep = ended[0]
+            reason = f"job {dep} it depends on has {states.get(dep, JobState.CANCELLED)}"
+            transition_job(
+                job,
+                JobState.CANCELLED,
+                label="portal",
+                reason=reason,
+                finished_at=timezone.now(),
+                pending_reason="",
+                pending_message="",
+                estimated_start_at=None,
+                queue_position=None,
+                whatif_hints=[],
+                end_reason=f"DEPENDENCY: {reason}",
+            )
+            continue
+        held.add(job.pk)
+        listed = ", ".join(f"job {dep} ({states[dep]})" for dep in open_deps[:5])
+        more = f" and {len(open_deps) - 5} more" if len(open_deps) > 5 else ""
+        message = f"Waiting for {listed}{more} to succeed."
+        if job.pending_message != message:
+            Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(
+                pending_reason=PENDING_DEPENDENCY,
+                pending_message=message,
+                queue_position=None,
+                estimated_start_at=None,
+                whatif_hints=[],
+            )
+    return held
 
 
 def submitted_event(job: Job, user: Any) -> JobEvent:

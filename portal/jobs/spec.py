@@ -32,6 +32,7 @@ RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
 DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
 CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT")
 MAX_REPLICAS = 64
+MAX_DEPENDENCIES = 64
 # What the job API shows in place of a secret's value. Submitting it back (a clone) is refused:
 # the value must be given again.
 SECRET_MASK = "********"
@@ -226,6 +227,16 @@ class JobSpecSerializer(StrictSerializer):
             "that takes, rather than wait on for nodes with room for whole replicas; for "
             "programs that start one process per GPU anyway. Jobs of more than one GPU per "
             "replica only; omitted, the job always keeps its shape."
+        ),
+    )
+    after = serializers.ListField(
+        child=serializers.IntegerField(min_value=1),
+        max_length=MAX_DEPENDENCIES,
+        default=list,
+        help_text=(
+            "Ids of jobs that must succeed first (Slurm's afterok): the job waits, with reason "
+            "`dependency`, until they all have, and is cancelled if one of them ends otherwise. "
+            "Jobs you may see only."
         ),
     )
     time_sliceable = serializers.BooleanField(

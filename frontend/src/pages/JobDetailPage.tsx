@@ -301,6 +301,20 @@ function JobSummary({ job }: { job: JobDetail }) {
     ["Energy", job.usage ? `${job.usage.energy_kwh.toFixed(2)} kWh` : "–"],
     ["Exit", job.exit_code === null || job.exit_code === undefined ? "–" : `${job.exit_code}${job.end_reason ? ` (${job.end_reason})` : ""}`],
   ];
+  if (job.after && job.after.length > 0) {
+    facts.push([
+      "Starts after",
+      <>
+        {job.after.map((id, index) => (
+          <span key={id}>
+            {index > 0 && ", "}
+            <Link href={`/jobs/${id}`}>#{id}</Link>
+          </span>
+        ))}{" "}
+        succeeded
+      </>,
+    ]);
+  }
   return (
     <dl className="facts">
       {facts.map(([k, v]) => (

@@ -92,6 +92,7 @@ class JobSerializer(serializers.ModelSerializer):
             "estimated_start_at",
             "queue_position",
             "topped_at",
+            "after",
             "whatif_hints",
             "retries_left",
             "exit_code",

@@ -1,0 +1,97 @@
+"""A job may wait for other jobs to succeed first (the spec's `after`, Slurm's afterok): it
+waits with reason `dependency` while they run, starts once they all succeeded, and is
+cancelled when one ends otherwise. Only jobs the submitter may see can be named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from portal.cluster.models import Node
+from portal.jobs.choices import JobState
+from portal.jobs.models import Job
+from portal.jobs.services import release_allocations, transition_job
+from scheduler import core
+from scheduler.tasks import run_cycle
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LIVE_PROFILE = Path(__file__).resolve().parents[1] / "testdata" / "live-profile.json"
+
+
+def submit(client: Any, name: str, **spec: Any) -> Any:
+    body = {"name": name, "vc": "vision", "flavor": "s-A100", "command": "sleep 600", **spec}
+    return client.post("/api/v1/jobs/", body, format="json")
+
+
+def end(job_id: int, state: str) -> None:
+    with transaction.atomic():
+        job = Job.objects.get(pk=job_id)
+        if job.state == JobState.SCHEDULED:
+            assert transition_job(job, JobState.RUNNING, label="test")
+        assert transition_job(job, state, label="test")
+        release_allocations(job)
+
+
+def test_a_job_waits_for_its_dependencies_and_starts_once_they_succeeded(
+    api_for: Any, paused_loop: Any
+) -> None:
+    Node.objects.update(state="ready")
+    profile = core.Profile.from_dict(json.loads(LIVE_PROFILE.read_text()))
+    alice = api_for("alice")
+    first = submit(alice, "prepare").json()["id"]
+    second = submit(alice, "train", after=[first, first]).json()
+    assert second["after"] == [first]
+    run_cycle(profile)
+    waiting = Job.objects.get(pk=second["id"])
+    assert Job.objects.get(pk=first).state == JobState.SCHEDULED
+    assert (waiting.state, waiting.pending_reason) == (JobState.PENDING, "dependency")  # room, yet it waits
+    assert waiting.pending_message == f"Waiting for job {first} (pending) to succeed."
+    run_cycle(profile)  # each cycle says where the dependency stands
+    assert (
+        Job.objects.get(pk=second["id"]).pending_message == f"Waiting for job {first} (scheduled) to succeed."
+    )
+
+    end(first, JobState.SUCCEEDED)
+    run_cycle(profile)
+    assert Job.objects.get(pk=second["id"]).state == JobState.SCHEDULED
+
+    third = submit(alice, "evaluate", after=[second["id"]]).json()["id"]
+    run_cycle(profile)
+    assert Job.objects.get(pk=third).pending_reason == "dependency"
+    end(second["id"], JobState.FAILED)
+    run_cycle(profile)
+    cancelled = Job.objects.get(pk=third)
+    assert cancelled.state == JobState.CANCELLED
+    assert cancelled.end_reason == f"DEPENDENCY: job {second['id']} it depends on has failed"
+    assert cancelled.events.last().reason == f"job {second['id']} it depends on has failed"
+
+
+def test_only_jobs_the_submitter_may_see_and_that_may_still_succeed_can_be_named(
+    api_for: Any, paused_loop: Any
+) -> None:
+    alice, carol = api_for("alice"), api_for("carol")
+    theirs = carol.post(
+        "/api/v1/jobs/",
+        {"name": "theirs", "vc": "speech", "flavor": "s-V100", "command": "true"},
+        format="json",
+    ).json()["id"]
+    failed = submit(alice, "broken").json()["id"]
+    Node.objects.update(state="ready")
+    run_cycle()
+    end(failed, JobState.FAILED)
+    before = Job.objects.count()
+    for after, message in [
+        ([theirs], f"No job {theirs}."),
+        ([999_999], "No job 999999."),
+        ([failed], f"Job {failed} has failed, so this job could never start."),
+    ]:
+        refused = submit(alice, "waits", after=after)
+        assert refused.status_code == 400 and refused.json() == {"after": [message]}, refused.json()
+    assert submit(alice, "waits", after=["x"]).json()["after"]
+    assert submit(alice, "waits", after=list(range(1, 66))).json()["after"]
+    assert Job.objects.count() == before
