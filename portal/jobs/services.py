@@ -316,6 +316,14 @@ def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None
     )
 
 
+# How an ended job that did not succeed is named in a dependent's messages.
+ENDED_WITHOUT_SUCCESS = {
+    JobState.FAILED: "failed",
+    JobState.CANCELLED: "was cancelled",
+    JobState.TIMED_OUT: "timed out",
+}
+
+
 def check_dependencies(user: Any, job_ids: Sequence[int]) -> list[int]:
     """The spec's `after`, sorted and without repeats, once every job in it is one the user may
     see and none has ended without succeeding (then this job could never start). A job of
@@ -329,7 +337,8 @@ def check_dependencies(user: Any, job_ids: Sequence[int]) -> list[int]:
         if state is None:
             raise JobRejected("after", f"No job {job_id}.")
         if state in TERMINAL_STATES and state != JobState.SUCCEEDED:
-            raise JobRejected("after", f"Job {job_id} has {state}, so this job could never start.")
+            ended = ENDED_WITHOUT_SUCCESS[state]
+            raise JobRejected("after", f"Job {job_id} {ended}, so this job could never start.")
     return ids
 
 
@@ -343,28 +352,40 @@ def settle_dependencies() -> set[int]:
         return set()
     needed = {dep for job in waiting for dep in job.after}
     states = dict(Job.objects.filter(pk__in=needed).values_list("pk", "state"))
+    # Cancel to a fixed point, so that a whole chain behind a failed job goes in one pass.
+    cancelled: dict[int, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for job in waiting:
+            if job.pk in cancelled:
+                continue
+            for dep in job.after:
+                state = states.get(dep, JobState.CANCELLED)  # a job gone is as good as cancelled
+                if state in TERMINAL_STATES and state != JobState.SUCCEEDED:
+                    cancelled[job.pk] = f"job {dep}, which it depends on, {ENDED_WITHOUT_SUCCESS[state]}"
+                    states[job.pk] = JobState.CANCELLED
+                    changed = True
+                    break
     held: set[int] = set()
     for job in waiting:
-        open_deps = [dep for dep in job.after if states.get(dep) != JobState.SUCCEEDED]
-        if not open_deps:
-            continue
-        ended = [dep for dep in open_deps if states.get(dep, JobState.CANCELLED) in TERMINAL_STATES]
-        if ended:
-            dep = ended[0]
-            reason = f"job {dep} it depends on has {states.get(dep, JobState.CANCELLED)}"
+        if job.pk in cancelled:
             transition_job(
                 job,
                 JobState.CANCELLED,
                 label="portal",
-                reason=reason,
+                reason=cancelled[job.pk],
                 finished_at=timezone.now(),
                 pending_reason="",
                 pending_message="",
                 estimated_start_at=None,
                 queue_position=None,
                 whatif_hints=[],
-                end_reason=f"DEPENDENCY: {reason}",
+                end_reason=f"DEPENDENCY: {cancelled[job.pk]}",
             )
+            continue
+        open_deps = [dep for dep in job.after if states.get(dep) != JobState.SUCCEEDED]
+        if not open_deps:
             continue
         held.add(job.pk)
         listed = ", ".join(f"job {dep} ({states[dep]})" for dep in open_deps[:5])

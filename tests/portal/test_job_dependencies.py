@@ -61,14 +61,19 @@ def test_a_job_waits_for_its_dependencies_and_starts_once_they_succeeded(
     assert Job.objects.get(pk=second["id"]).state == JobState.SCHEDULED
 
     third = submit(alice, "evaluate", after=[second["id"]]).json()["id"]
+    fourth = submit(alice, "report", after=[third]).json()["id"]
     run_cycle(profile)
     assert Job.objects.get(pk=third).pending_reason == "dependency"
     end(second["id"], JobState.FAILED)
-    run_cycle(profile)
+    run_cycle(profile)  # one cycle cancels the whole chain behind the failed job
     cancelled = Job.objects.get(pk=third)
     assert cancelled.state == JobState.CANCELLED
-    assert cancelled.end_reason == f"DEPENDENCY: job {second['id']} it depends on has failed"
-    assert cancelled.events.last().reason == f"job {second['id']} it depends on has failed"
+    assert cancelled.end_reason == f"DEPENDENCY: job {second['id']}, which it depends on, failed"
+    assert cancelled.events.last().reason == f"job {second['id']}, which it depends on, failed"
+    assert (
+        Job.objects.get(pk=fourth).end_reason
+        == f"DEPENDENCY: job {third}, which it depends on, was cancelled"
+    )
 
 
 def test_only_jobs_the_submitter_may_see_and_that_may_still_succeed_can_be_named(
@@ -88,7 +93,7 @@ def test_only_jobs_the_submitter_may_see_and_that_may_still_succeed_can_be_named
     for after, message in [
         ([theirs], f"No job {theirs}."),
         ([999_999], "No job 999999."),
-        ([failed], f"Job {failed} has failed, so this job could never start."),
+        ([failed], f"Job {failed} failed, so this job could never start."),
     ]:
         refused = submit(alice, "waits", after=after)
         assert refused.status_code == 400 and refused.json() == {"after": [message]}, refused.json()
