@@ -29,7 +29,9 @@ describe("form and spec", () => {
       checkpointGrace: "60",
       timeLimit: "36h",
       timeSliceable: true,
+      after: "41, 42",
     };
+    expect(formToSpec(form).after).toEqual([41, 42]);
     const yaml = specToYaml(formToSpec(form));
     const parsed = parseSpecYaml(yaml);
     expect(parsed.ok).toBe(true);

@@ -33,6 +33,8 @@ export interface SpecForm {
   checkpointGrace: string;
   timeLimit: string;
   timeSliceable: boolean;
+  /** Ids of jobs that must succeed first, comma- or space-separated. */
+  after: string;
 }
 
 export type SpecObject = Record<string, unknown>;
@@ -51,6 +53,7 @@ export const FORM_KEYS = [
   "checkpoint",
   "time_limit",
   "time_sliceable",
+  "after",
 ];
 
 export function emptyForm(): SpecForm {
@@ -73,6 +76,7 @@ export function emptyForm(): SpecForm {
     checkpointGrace: "120",
     timeLimit: "",
     timeSliceable: false,
+    after: "",
   };
 }
 
@@ -121,6 +125,8 @@ export function formToSpec(form: SpecForm, extra: SpecObject = {}): SpecObject {
   }
   if (form.timeLimit.trim()) spec.time_limit = numberOrText(form.timeLimit);
   if (form.timeSliceable) spec.time_sliceable = true;
+  const after = form.after.split(/[\s,]+/).filter(Boolean).map(numberOrText);
+  if (after.length) spec.after = after;
   for (const [key, value] of Object.entries(extra)) {
     if (!FORM_KEYS.includes(key)) spec[key] = value;
   }
@@ -173,6 +179,7 @@ export function specToForm(spec: SpecObject): { form: SpecForm; extra: SpecObjec
   }
   if (spec.time_limit !== undefined && spec.time_limit !== null) form.timeLimit = text(spec.time_limit);
   form.timeSliceable = spec.time_sliceable === true;
+  if (Array.isArray(spec.after)) form.after = spec.after.map(text).join(", ");
   return { form, extra };
 }
 

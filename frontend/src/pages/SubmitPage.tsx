@@ -365,6 +365,20 @@ function SpecFields({ form, update, choices, errors, tenants }: FieldsProps) {
             aria-describedby={describedBy("f-time-limit", errors("time_limit"), true)}
           />
         </Field>
+        <Field
+          id="f-after"
+          label="Start after jobs"
+          errors={errors("after")}
+          hint="Ids of jobs that must succeed first, e.g. 41, 42. If one does not, this job is cancelled."
+        >
+          <input
+            id="f-after"
+            value={form.after}
+            placeholder="41, 42"
+            onChange={(e) => update({ after: e.target.value })}
+            aria-describedby={describedBy("f-after", errors("after"), true)}
+          />
+        </Field>
         <div className="field-row">
           <Field id="f-retries" label="Retries" errors={errors("retries")}>
             <input id="f-retries" inputMode="numeric" value={form.retryLimit} onChange={(e) => update({ retryLimit: e.target.value })} />
