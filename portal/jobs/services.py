@@ -370,18 +370,13 @@ def settle_dependencies() -> set[int]:
     held: set[int] = set()
     for job in waiting:
         if job.pk in cancelled:
+            reason = cancelled[job.pk]
             transition_job(
                 job,
                 JobState.CANCELLED,
                 label="portal",
-                reason=cancelled[job.pk],
-                finished_at=timezone.now(),
-                pending_reason="",
-                pending_message="",
-                estimated_start_at=None,
-                queue_position=None,
-                whatif_hints=[],
-                end_reason=f"DEPENDENCY: {cancelled[job.pk]}",
+                reason=reason,
+                **ended_pending_fields(f"DEPENDENCY: {reason}"),
             )
             continue
         open_deps = [dep for dep in job.after if states.get(dep) != JobState.SUCCEEDED]
@@ -487,6 +482,19 @@ def release_allocations(job: Job) -> int:
     return Allocation.objects.filter(attempt__job=job, released_at__isnull=True).update(released_at=now)
 
 
+def ended_pending_fields(end_reason: str) -> dict[str, Any]:
+    """What a job's row says once it has ended: when and why, and nothing of a wait."""
+    return {
+        "finished_at": timezone.now(),
+        "pending_reason": "",
+        "pending_message": "",
+        "estimated_start_at": None,
+        "queue_position": None,
+        "whatif_hints": [],
+        "end_reason": end_reason,
+    }
+
+
 @transaction.atomic
 def cancel_job(job: Job, actor: Any, reason: str = "cancelled by user") -> Job:
     """Cancels a job in any non-terminal state. Its GPUs are freed in the same transaction; the
@@ -500,13 +508,7 @@ def cancel_job(job: Job, actor: Any, reason: str = "cancelled by user") -> Job:
         JobState.CANCELLED,
         actor=actor,
         reason=reason,
-        finished_at=timezone.now(),
-        pending_reason="",
-        pending_message="",
-        estimated_start_at=None,
-        queue_position=None,
-        whatif_hints=[],
-        end_reason=reason,
+        **ended_pending_fields(reason),
     )
     if was_active:
         release_allocations(job)

@@ -15,7 +15,8 @@ from portal.jobs.models import Job, JobAttempt
 from portal.jobs.services import transition_job
 from scheduler.store import finished_service, load_snapshot
 from scheduler.tasks import run_cycle
-from tests.portal.test_time_slicing_store import every_cycle_a_new_turn, submit
+from tests.portal.store_helpers import submit
+from tests.portal.test_time_slicing_store import every_cycle_a_new_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

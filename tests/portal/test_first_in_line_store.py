@@ -4,8 +4,6 @@ either before jobs ahead of it in the queue."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,17 +14,9 @@ from portal.jobs.models import Job
 from portal.jobs.services import transition_job
 from scheduler import core
 from scheduler.tasks import run_cycle
+from tests.portal.store_helpers import live_profile, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-LIVE_PROFILE = Path(__file__).resolve().parents[1] / "testdata" / "live-profile.json"
-
-
-def submit(client: Any, name: str) -> int:
-    body = {"name": name, "vc": "vision", "flavor": "l-A100", "command": "sleep 600"}
-    response = client.post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 201, response.json()
-    return int(response.json()["id"])
 
 
 @pytest.mark.parametrize(
@@ -44,7 +34,7 @@ def test_a_job_gpus_were_freed_for_starts_before_an_earlier_one(
     queue would start `early`; `claimant` starts instead when its pending code says the GPUs
     were freed for it."""
     Node.objects.update(state="ready")
-    profile = core.Profile.from_dict(json.loads(LIVE_PROFILE.read_text()))
+    profile = live_profile()
     alice = api_for("alice")
     blocker = submit(alice, "blocker")
     run_cycle(profile)

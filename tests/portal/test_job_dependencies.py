@@ -4,8 +4,6 @@ cancelled when one ends otherwise. Only jobs the submitter may see can be named.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,15 +13,13 @@ from portal.cluster.models import Node
 from portal.jobs.choices import JobState
 from portal.jobs.models import Job
 from portal.jobs.services import release_allocations, transition_job
-from scheduler import core
 from scheduler.tasks import run_cycle
+from tests.portal.store_helpers import live_profile
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-LIVE_PROFILE = Path(__file__).resolve().parents[1] / "testdata" / "live-profile.json"
 
-
-def submit(client: Any, name: str, **spec: Any) -> Any:
+def post(client: Any, name: str, **spec: Any) -> Any:
     body = {"name": name, "vc": "vision", "flavor": "s-A100", "command": "sleep 600", **spec}
     return client.post("/api/v1/jobs/", body, format="json")
 
@@ -41,10 +37,10 @@ def test_a_job_waits_for_its_dependencies_and_starts_once_they_succeeded(
     api_for: Any, paused_loop: Any
 ) -> None:
     Node.objects.update(state="ready")
-    profile = core.Profile.from_dict(json.loads(LIVE_PROFILE.read_text()))
+    profile = live_profile()
     alice = api_for("alice")
-    first = submit(alice, "prepare").json()["id"]
-    second = submit(alice, "train", after=[first, first]).json()
+    first = post(alice, "prepare").json()["id"]
+    second = post(alice, "train", after=[first, first]).json()
     assert second["after"] == [first]
     run_cycle(profile)
     waiting = Job.objects.get(pk=second["id"])
@@ -60,8 +56,8 @@ def test_a_job_waits_for_its_dependencies_and_starts_once_they_succeeded(
     run_cycle(profile)
     assert Job.objects.get(pk=second["id"]).state == JobState.SCHEDULED
 
-    third = submit(alice, "evaluate", after=[second["id"]]).json()["id"]
-    fourth = submit(alice, "report", after=[third]).json()["id"]
+    third = post(alice, "evaluate", after=[second["id"]]).json()["id"]
+    fourth = post(alice, "report", after=[third]).json()["id"]
     run_cycle(profile)
     assert Job.objects.get(pk=third).pending_reason == "dependency"
     end(second["id"], JobState.FAILED)
@@ -85,7 +81,7 @@ def test_only_jobs_the_submitter_may_see_and_that_may_still_succeed_can_be_named
         {"name": "theirs", "vc": "speech", "flavor": "s-V100", "command": "true"},
         format="json",
     ).json()["id"]
-    failed = submit(alice, "broken").json()["id"]
+    failed = post(alice, "broken").json()["id"]
     Node.objects.update(state="ready")
     run_cycle()
     end(failed, JobState.FAILED)
@@ -95,8 +91,8 @@ def test_only_jobs_the_submitter_may_see_and_that_may_still_succeed_can_be_named
         ([999_999], "No job 999999."),
         ([failed], f"Job {failed} failed, so this job could never start."),
     ]:
-        refused = submit(alice, "waits", after=after)
+        refused = post(alice, "waits", after=after)
         assert refused.status_code == 400 and refused.json() == {"after": [message]}, refused.json()
-    assert submit(alice, "waits", after=["x"]).json()["after"]
-    assert submit(alice, "waits", after=list(range(1, 66))).json()["after"]
+    assert post(alice, "waits", after=["x"]).json()["after"]
+    assert post(alice, "waits", after=list(range(1, 66))).json()["after"]
     assert Job.objects.count() == before

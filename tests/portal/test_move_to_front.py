@@ -4,8 +4,6 @@ move leaves an event and an audit entry."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,26 +13,17 @@ from portal.cluster.models import Node
 from portal.jobs.choices import JobState
 from portal.jobs.models import Job
 from portal.jobs.services import transition_job
-from scheduler import core
 from scheduler.tasks import run_cycle
+from tests.portal.store_helpers import live_profile, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-LIVE_PROFILE = Path(__file__).resolve().parents[1] / "testdata" / "live-profile.json"
-
-
-def submit(client: Any, name: str) -> int:
-    body = {"name": name, "vc": "vision", "flavor": "l-A100", "command": "sleep 600"}
-    response = client.post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 201, response.json()
-    return int(response.json()["id"])
 
 
 def test_a_moved_job_starts_before_its_owners_earlier_jobs_and_no_one_elses(
     api_for: Any, paused_loop: Any
 ) -> None:
     Node.objects.update(state="ready")
-    profile = core.Profile.from_dict(json.loads(LIVE_PROFILE.read_text()))
+    profile = live_profile()
     alice, bob = api_for("alice"), api_for("bob")
     blocker = submit(alice, "blocker")
     run_cycle(profile)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,17 +14,14 @@ from django.db import transaction
 from agents.protocol import ExitReason
 from portal.agentgw.desired import desired_set_for
 from portal.cluster.models import Node, Quota
-from portal.jobs.choices import JobState
 from portal.jobs.models import Allocation, Job, JobAttempt
-from portal.jobs.services import transition_job
 from scheduler import core
 from scheduler.store import apply_plan, load_snapshot
 from scheduler.tasks import run_cycle
 from tests.integration.scripted_agents import ScriptedAgents
+from tests.portal.store_helpers import LIVE_PROFILE, run, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-LIVE_PROFILE = Path(__file__).resolve().parents[1] / "testdata" / "live-profile.json"
 
 
 def every_cycle_a_new_turn() -> core.Profile:
@@ -33,20 +29,6 @@ def every_cycle_a_new_turn() -> core.Profile:
     data = json.loads(LIVE_PROFILE.read_text())
     data["plugin_args"]["timeslice"]["quantum_s"] = 0
     return core.Profile.from_dict(data)
-
-
-def submit(client: Any, name: str, **spec: Any) -> int:
-    body = {"name": name, "vc": "vision", "flavor": "l-A100", "command": "sleep 600", **spec}
-    response = client.post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 201, response.json()
-    return int(response.json()["id"])
-
-
-def run(job_id: int) -> None:
-    """What the agents' reports would do: scheduled -> running."""
-    job = Job.objects.get(pk=job_id)
-    assert job.state == JobState.SCHEDULED
-    assert transition_job(job, JobState.RUNNING, label="test")
 
 
 def state(job_id: int) -> str:

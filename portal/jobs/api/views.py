@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
@@ -106,29 +107,25 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
-        job = self.get_object()
-        if not Job.objects.manageable_by(request.user).filter(pk=job.pk).exists():
-            raise DRFPermissionDenied(
-                "You may cancel only your own jobs, or any job of a tenant you administer."
-            )
-        try:
-            services.cancel_job(job, request.user)
-        except services.InvalidTransition as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
-        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+        return self._change(request, "cancel", services.cancel_job)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def top(self, request: Request, pk: str | None = None) -> Response:
         """Move a pending job to the front of its owner's pending jobs of its VC and priority
         class; other users' jobs keep their places."""
+        return self._change(request, "move", services.move_to_front)
+
+    def _change(self, request: Request, verb: str, change: Callable[[Job, Any], Job]) -> Response:
+        """Applies `change` to the job of the URL for its owner or an admin of its tenant; a job
+        in a state that does not allow it is a 409."""
         job = self.get_object()
         if not Job.objects.manageable_by(request.user).filter(pk=job.pk).exists():
             raise DRFPermissionDenied(
-                "You may move only your own jobs, or any job of a tenant you administer."
+                f"You may {verb} only your own jobs, or any job of a tenant you administer."
             )
         try:
-            services.move_to_front(job, request.user)
+            change(job, request.user)
         except services.InvalidTransition as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)

@@ -1,0 +1,34 @@
+"""What the tests of the scheduler's store share: the live tests' profile, submitting through
+the API, and moving a job on as an agent's report would."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from portal.jobs.choices import JobState
+from portal.jobs.models import Job
+from portal.jobs.services import transition_job
+from scheduler import core
+
+LIVE_PROFILE = Path(__file__).resolve().parents[1] / "testdata" / "live-profile.json"
+
+
+def live_profile() -> core.Profile:
+    return core.Profile.from_dict(json.loads(LIVE_PROFILE.read_text()))
+
+
+def submit(client: Any, name: str, **spec: Any) -> int:
+    """Submits an 8-GPU job (a whole A100 node) to vision unless `spec` says otherwise."""
+    body = {"name": name, "vc": "vision", "flavor": "l-A100", "command": "sleep 600", **spec}
+    response = client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    return int(response.json()["id"])
+
+
+def run(job_id: int) -> None:
+    """What the agents' reports would do: scheduled -> running."""
+    job = Job.objects.get(pk=job_id)
+    assert job.state == JobState.SCHEDULED
+    assert transition_job(job, JobState.RUNNING, label="test")
