@@ -294,7 +294,10 @@ def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None
         checked.add(shape)
         job_id = admission.job_id
     pc = spec["priority"]
-    after = check_dependencies(user, spec.get("after", []))
+    after = sorted(set(spec.get("after", [])))
+    if after and ("after", *after) not in checked:  # a job array names them once
+        check_dependencies(user, after)
+        checked.add(("after", *after))
     return Job(
         pk=job_id,
         after=after,
@@ -324,22 +327,18 @@ ENDED_WITHOUT_SUCCESS = {
 }
 
 
-def check_dependencies(user: Any, job_ids: Sequence[int]) -> list[int]:
-    """The spec's `after`, sorted and without repeats, once every job in it is one the user may
-    see and none has ended without succeeding (then this job could never start). A job of
-    another tenant reads as one that does not exist."""
-    ids = sorted(set(job_ids))
-    if not ids:
-        return ids
-    states = dict(Job.objects.for_user(user).filter(pk__in=ids).values_list("pk", "state"))
-    for job_id in ids:
+def check_dependencies(user: Any, job_ids: Sequence[int]) -> None:
+    """Raises JobRejected unless every job of a spec's `after` is one the user may see and none
+    has ended without succeeding (then the job could never start). A job of another tenant
+    reads as one that does not exist."""
+    states = dict(Job.objects.for_user(user).filter(pk__in=job_ids).values_list("pk", "state"))
+    for job_id in job_ids:
         state = states.get(job_id)
         if state is None:
             raise JobRejected("after", f"No job {job_id}.")
         if state in TERMINAL_STATES and state != JobState.SUCCEEDED:
             ended = ENDED_WITHOUT_SUCCESS[state]
             raise JobRejected("after", f"Job {job_id} {ended}, so this job could never start.")
-    return ids
 
 
 @transaction.atomic

@@ -96,3 +96,18 @@ def test_only_jobs_the_submitter_may_see_and_that_may_still_succeed_can_be_named
     assert post(alice, "waits", after=["x"]).json()["after"]
     assert post(alice, "waits", after=list(range(1, 66))).json()["after"]
     assert Job.objects.count() == before
+
+
+def test_a_job_array_after_one_job_checks_it_once(api_for: Any, paused_loop: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    alice = api_for("alice")
+    first = post(alice, "prepare").json()["id"]
+    spec = {"name": "sweep", "vc": "vision", "flavor": "s-A100", "command": "true", "after": [first]}
+    with CaptureQueriesContext(connection) as queries:
+        made = alice.post("/api/v1/jobs/bulk/", {"job": spec, "array": 50}, format="json")
+    assert made.status_code == 201, made.json()
+    assert sum("cluster_" not in q["sql"] and '"jobs_job"."state"' in q["sql"] for q in queries) == 1
+    afters = Job.objects.filter(pk__in=made.json()["ids"]).values_list("after", flat=True)
+    assert len(afters) == 50 and all(after == [first] for after in afters)
