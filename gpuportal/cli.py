@@ -478,6 +478,20 @@ def cmd_top(ctx: Context) -> int:
     return OK
 
 
+def cmd_hold(ctx: Context) -> int:
+    job = ctx.client().hold_job(ctx.args.job_id)
+    ctx.err.print(f"Job {job.id} {escape(job.name)} is held: it does not start until released.")
+    return OK
+
+
+def cmd_release(ctx: Context) -> int:
+    job = ctx.client().release_job(ctx.args.job_id)
+    ctx.err.print(
+        f"Job {job.id} {escape(job.name)} is released: it may start from the next scheduling cycle."
+    )
+    return OK
+
+
 def cmd_queue(ctx: Context) -> int:
     args = ctx.args
     jobs = ctx.client().list_jobs(state="pending", owner=None if args.all else "me", limit=None)
@@ -630,6 +644,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     top = add("top", cmd_top, "move a pending job before your other pending jobs (no one else's)")
     top.add_argument("job_id", type=job_id)
+
+    hold = add("hold", cmd_hold, "keep a pending job from starting until you release it")
+    hold.add_argument("job_id", type=job_id)
+    release = add("release", cmd_release, "let a held job start")
+    release.add_argument("job_id", type=job_id)
 
     queue = add("queue", cmd_queue, "your pending jobs with reasons and estimated starts")
     queue.add_argument("--all", action="store_true", help="pending jobs of everyone in your tenants")

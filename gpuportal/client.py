@@ -293,6 +293,13 @@ class PortalClient:
         """Put a pending job before its owner's other pending jobs of its VC and class."""
         return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/top/"))
 
+    def hold_job(self, job_id: int) -> Job:
+        """Keep a pending job from starting until it is released."""
+        return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/hold/"))
+
+    def release_job(self, job_id: int) -> Job:
+        return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/release/"))
+
     def job_events(self, job_id: int) -> list[JobEvent]:
         return self._parse(JobEvent, self._pages(f"/jobs/{int(job_id)}/events/", limit=None))
 

@@ -84,6 +84,7 @@ class Job(_Resource):
     estimated_start_at: datetime | None = None
     queue_position: int | None = None
     after: list[int] = []  # jobs that must succeed first
+    on_hold: bool = False  # held: it does not start until released
     topped_at: datetime | None = None  # moved to the front of its owner's jobs (gpuportal top)
     whatif_hints: list[WhatIfHint] = []
     retries_left: int | None = None

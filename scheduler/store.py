@@ -100,6 +100,7 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
         Job.objects.filter(Q(state__in=ACTIVE_STATES) | Q(state=JobState.PENDING))
         .exclude(retry_later)
         .exclude(pk__in=held)  # waiting for the jobs they depend on (settle_dependencies)
+        .exclude(state=JobState.PENDING, on_hold=True)
         .select_related("virtual_cluster", "owner")
         .annotate(last_checkpoint=Max("checkpoints__written_at"))
     )

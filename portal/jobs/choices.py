@@ -109,3 +109,5 @@ PENDING_MOVED = "moved"
 PENDING_BACKOFF = "backoff"
 # Waits for the jobs of its spec's `after` to succeed; the scheduler does not see it until then.
 PENDING_DEPENDENCY = "dependency"
+# Held by its owner or a tenant admin (Slurm's `scontrol hold`) until released.
+PENDING_HELD = "held"

@@ -81,6 +81,9 @@ class Job(models.Model):
         blank=True,
         help_text="Jobs that must succeed before this one may start (the spec's `after`).",
     )
+    on_hold = models.BooleanField(
+        default=False, help_text="Its owner or a tenant admin holds it: it does not start until released."
+    )
     topped_at = models.DateTimeField(
         null=True,
         blank=True,

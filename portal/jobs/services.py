@@ -22,6 +22,7 @@ from portal.jobs.choices import (
     ATTEMPT_ENDED_STATES,
     PENDING_BACKOFF,
     PENDING_DEPENDENCY,
+    PENDING_HELD,
     PENDING_MOVED,
     PENDING_NEW,
     PENDING_REQUEUED,
@@ -382,6 +383,8 @@ def settle_dependencies() -> set[int]:
         if not open_deps:
             continue
         held.add(job.pk)
+        if job.on_hold:
+            continue  # its reason says it is held; that comes first
         listed = ", ".join(f"job {dep} ({states[dep]})" for dep in open_deps[:5])
         more = f" and {len(open_deps) - 5} more" if len(open_deps) > 5 else ""
         message = f"Waiting for {listed}{more} to succeed."
@@ -534,6 +537,44 @@ def move_to_front(job: Job, actor: Any) -> Job:
         {"topped": True},
     )
     record_audit(actor, "job.top", job, tenant=job.tenant)
+    request_scheduling_cycle()
+    return job
+
+
+@transaction.atomic
+def hold_job(job: Job, actor: Any) -> Job:
+    """Keeps a pending job from starting until it is released (Slurm's `scontrol hold`); it
+    keeps its place in the order of submission."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.state != JobState.PENDING or job.on_hold:
+        what = "already held" if job.on_hold else job.state
+        raise InvalidTransition(f"Job {job.pk} is {what}; only a pending job that is not held can be held.")
+    message = f"Held by {actor.username}: it does not start until released."
+    Job.objects.filter(pk=job.pk).update(
+        on_hold=True,
+        pending_reason=PENDING_HELD,
+        pending_message=message,
+        queue_position=None,
+        estimated_start_at=None,
+        whatif_hints=[],
+    )
+    record_job_event(job, actor.username, "held: it does not start until released", {"held": True})
+    record_audit(actor, "job.hold", job, tenant=job.tenant)
+    request_scheduling_cycle()  # a reservation may have been held for it
+    return job
+
+
+@transaction.atomic
+def release_job(job: Job, actor: Any) -> Job:
+    """Lets a held job start again; the next cycle ranks it as before."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if not job.on_hold:
+        raise InvalidTransition(f"Job {job.pk} is not held.")
+    Job.objects.filter(pk=job.pk).update(
+        on_hold=False, pending_reason=PENDING_NEW, pending_message="Waiting for the next scheduling cycle."
+    )
+    record_job_event(job, actor.username, "released: it may start again", {"held": False})
+    record_audit(actor, "job.release", job, tenant=job.tenant)
     request_scheduling_cycle()
     return job
 

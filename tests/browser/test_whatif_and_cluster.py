@@ -130,3 +130,17 @@ async def test_an_owner_moves_a_waiting_job_before_their_others(
     assert await moved_first(), await sync_to_async(queue_positions)(later["id"], first["id"])
     await page.reload()
     await expect(page.get_by_text("moved to the front of alice's pending jobs")).to_be_visible(timeout=LONG)
+
+
+async def test_an_owner_holds_and_releases_a_waiting_job(
+    live_stack: dict[str, Any], users: Any, submit_as: Any, page: Page
+) -> None:
+    job = await submit_as("alice", name="to-hold")
+    await sign_in(page, live_stack["http"], "alice")
+    await page.goto(f"{live_stack['http']}/jobs/{job['id']}")
+    await page.get_by_role("button", name="Hold", exact=True).click()
+    card = page.locator(".pending-card")
+    await expect(card).to_contain_text("Held by alice: it does not start until released.", timeout=LONG)
+    await page.get_by_role("button", name="Release", exact=True).click()
+    await expect(page.get_by_role("button", name="Hold", exact=True)).to_be_visible(timeout=LONG)
+    await expect(card).not_to_contain_text("Held by alice", timeout=LONG)

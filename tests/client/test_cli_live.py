@@ -203,6 +203,13 @@ def test_list_status_queue_cancel_and_nodes(run_cli, tokens, tmp_path) -> None: 
     assert top.returncode == 0 and "goes before alice's other pending jobs in vision" in top.stderr
     assert Job.objects.get(pk=job_id).topped_at is not None
     assert run_cli(tokens["bob"], "top", str(job_id)).returncode == cli.AUTH  # not his job
+    hold = run_cli(tokens["alice"], "hold", str(job_id))
+    assert hold.returncode == 0 and "is held" in hold.stderr
+    assert Job.objects.get(pk=job_id).on_hold
+    assert run_cli(tokens["alice"], "hold", str(job_id)).returncode == cli.CONFLICT
+    release = run_cli(tokens["alice"], "release", str(job_id))
+    assert release.returncode == 0 and "is released" in release.stderr
+    assert not Job.objects.get(pk=job_id).on_hold
 
     cancel = run_cli(tokens["alice"], "cancel", str(job_id))
     assert cancel.returncode == 0 and "cancelled" in cancel.stderr
@@ -221,6 +228,8 @@ def test_another_tenants_job_is_not_found(run_cli, tokens, tmp_path) -> None:  #
         ["logs", job_id],
         ["cancel", job_id],
         ["top", job_id],
+        ["hold", job_id],
+        ["release", job_id],
         ["logs", job_id, "-f"],
     ):
         result = run_cli(tokens["carol"], *command)

@@ -38,6 +38,17 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
     ),
     (
         "post",
+        "/api/v1/jobs/{job}/hold/",
+        {"alice": 200, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
+    # The job is not held: its owner hears 409, everyone else what they hear for hold.
+    (
+        "post",
+        "/api/v1/jobs/{job}/release/",
+        {"alice": 409, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
+    (
+        "post",
         "/api/v1/jobs/{job}/cancel/",
         {"alice": 200, "bob": 403, "victor": 403, "carol": 404, None: 401},
     ),

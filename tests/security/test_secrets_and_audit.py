@@ -219,6 +219,8 @@ AUDITED = [
     ("post", "api/v1/jobs/bulk/", "alice", "bulk", "job."),
     ("post", "api/v1/jobs/(?P<pk>[^/.]+)/cancel/", "alice", None, "job.cancel"),
     ("post", "api/v1/jobs/(?P<pk>[^/.]+)/top/", "alice", None, "job.top"),
+    ("post", "api/v1/jobs/(?P<pk>[^/.]+)/hold/", "alice", None, "job.hold"),
+    ("post", "api/v1/jobs/(?P<pk>[^/.]+)/release/", "alice", "held", "job.release"),
     ("post", "api/v1/tokens/", "alice", {"name": "ci"}, "api_token.create"),
     ("delete", "api/v1/tokens/(?P<pk>[^/.]+)/", "alice", None, "api_token.revoke"),
     (
@@ -255,6 +257,9 @@ def test_every_write_through_the_api_is_audited(
         body = small_job
     elif body == "bulk":
         body = {"jobs": [small_job, {**small_job, "name": "second"}]}
+    elif body == "held":  # only a held job can be released
+        assert owner.post(f"/api/v1/jobs/{job}/hold/").status_code == 200
+        body = None
     before = AuditEntry.objects.count()
     response = getattr(api_for(who), method)(url, body, format="json")
     assert response.status_code < 300, (url, response.content[:300])

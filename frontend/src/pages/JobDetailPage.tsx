@@ -195,6 +195,37 @@ function CancelButton({ jobId, onDone }: { jobId: number; onDone: () => void }) 
   );
 }
 
+function HoldButton({ job, onDone }: { job: JobDetail; onDone: () => void }) {
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const held = job.on_hold === true;
+  const toggle = async () => {
+    setBusy(true);
+    setError(null);
+    try {
+      await api(`/api/v1/jobs/${job.id}/${held ? "release" : "hold"}/`, { method: "POST" });
+      onDone();
+    } catch (err) {
+      setError(err instanceof Error ? err.message : String(err));
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <>
+      <button type="button" className="button" onClick={toggle} disabled={busy}>
+        {held ? "Release" : "Hold"}
+      </button>
+      {error && (
+        <span className="field-error" role="alert">
+          {" "}
+          {error}
+        </span>
+      )}
+    </>
+  );
+}
+
 function MoveToFrontButton({ job, onDone }: { job: JobDetail; onDone: () => void }) {
   const [busy, setBusy] = useState(false);
   const [done, setDone] = useState(false);
@@ -279,6 +310,12 @@ function PendingCard({ job, onChanged }: { job: JobDetail; onChanged: () => void
         See the <Link href={`/vcs/${encodeURIComponent(job.vc)}`}>queue of {job.vc}</Link>.
       </p>
       <MoveToFrontButton job={job} onDone={onChanged} />
+      <p className="hint">
+        <HoldButton job={job} onDone={onChanged} />{" "}
+        <span className="muted">
+          {job.on_hold ? "Held: it does not start until released." : "Hold it: it keeps its place but does not start until released."}
+        </span>
+      </p>
     </section>
   );
 }

@@ -91,6 +91,7 @@ class JobSerializer(serializers.ModelSerializer):
             "pending_message",
             "estimated_start_at",
             "queue_position",
+            "on_hold",
             "topped_at",
             "after",
             "whatif_hints",

@@ -116,6 +116,18 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         class; other users' jobs keep their places."""
         return self._change(request, "move", services.move_to_front)
 
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def hold(self, request: Request, pk: str | None = None) -> Response:
+        """Keep a pending job from starting until it is released."""
+        return self._change(request, "hold", services.hold_job)
+
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, pk: str | None = None) -> Response:
+        """Let a held job start again."""
+        return self._change(request, "release", services.release_job)
+
     def _change(self, request: Request, verb: str, change: Callable[[Job, Any], Job]) -> Response:
         """Applies `change` to the job of the URL for its owner or an admin of its tenant; a job
         in a state that does not allow it is a 409."""

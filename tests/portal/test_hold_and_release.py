@@ -1,0 +1,48 @@
+"""A pending job can be held (Slurm's `scontrol hold`): it does not start, however much room
+there is, until its owner or a tenant admin releases it; both leave an event and an audit
+entry, and only a pending job can be held."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from portal.accounts.models import AuditEntry
+from portal.cluster.models import Node
+from portal.jobs.choices import JobState
+from portal.jobs.models import Job
+from scheduler.tasks import run_cycle
+from tests.portal.store_helpers import live_profile, submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_held_job_waits_until_released(api_for: Any, paused_loop: Any) -> None:
+    Node.objects.update(state="ready")
+    alice, bob = api_for("alice"), api_for("bob")
+    job_id = submit(alice, "held", flavor="s-A100")
+    held = alice.post(f"/api/v1/jobs/{job_id}/hold/")
+    assert held.status_code == 200 and held.json()["on_hold"] is True
+    assert held.json()["pending_reason"] == "held"
+    assert alice.post(f"/api/v1/jobs/{job_id}/hold/").status_code == 409  # already held
+
+    run_cycle(live_profile())
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.pending_reason, job.pending_message) == (
+        JobState.PENDING,
+        "held",
+        "Held by alice: it does not start until released.",
+    )
+    assert bob.post(f"/api/v1/jobs/{job_id}/release/").status_code == 403  # not his job
+    assert alice.post(f"/api/v1/jobs/{job_id}/release/").status_code == 200
+    assert alice.post(f"/api/v1/jobs/{job_id}/release/").status_code == 409  # not held
+    run_cycle(live_profile())
+    assert Job.objects.get(pk=job_id).state == JobState.SCHEDULED
+    assert alice.post(f"/api/v1/jobs/{job_id}/hold/").status_code == 409  # no longer pending
+
+    reasons = list(Job.objects.get(pk=job_id).events.values_list("reason", flat=True))
+    assert "held: it does not start until released" in reasons
+    assert "released: it may start again" in reasons
+    actions = set(AuditEntry.objects.filter(object_id=str(job_id)).values_list("action", flat=True))
+    assert {"job.hold", "job.release"} <= actions
