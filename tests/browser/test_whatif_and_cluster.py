@@ -141,6 +141,11 @@ async def test_an_owner_holds_and_releases_a_waiting_job(
     await page.get_by_role("button", name="Hold", exact=True).click()
     card = page.locator(".pending-card")
     await expect(card).to_contain_text("Held by alice: it does not start until released.", timeout=LONG)
+    # The hold is an event without a transition: the timeline says so instead of "new -> -".
+    await page.reload()
+    entry = page.get_by_role("list", name="Events").get_by_role("listitem").filter(has_text="held: it does")
+    await expect(entry).to_contain_text("note by alice", timeout=LONG)
+    await expect(entry).not_to_contain_text("→")
     await page.get_by_role("button", name="Release", exact=True).click()
     await expect(page.get_by_role("button", name="Hold", exact=True)).to_be_visible(timeout=LONG)
     await expect(card).not_to_contain_text("Held by alice", timeout=LONG)

@@ -31,10 +31,17 @@ export function EventTimeline({ events }: { events: JobEvent[] }) {
           <time dateTime={e.created_at}>{formatTime(e.created_at)}</time>
           <div>
             <div className="transition">
-              {e.from_state ? <StateBadge state={e.from_state} /> : <span className="muted">new</span>}
-              <span aria-hidden="true"> → </span>
-              <span className="visually-hidden"> to </span>
-              {e.to_state ? <StateBadge state={e.to_state} /> : <span className="muted">–</span>}
+              {e.to_state ? (
+                <>
+                  {e.from_state ? <StateBadge state={e.from_state} /> : <span className="muted">new</span>}
+                  <span aria-hidden="true"> → </span>
+                  <span className="visually-hidden"> to </span>
+                  <StateBadge state={e.to_state} />
+                </>
+              ) : (
+                // An event without a transition (a hold, a move in the queue, a warning).
+                <span className="muted">note</span>
+              )}
               {e.actor_label && <span className="muted"> by {e.actor_label}</span>}
             </div>
             {e.reason && <p className="event-reason">{e.reason}</p>}
