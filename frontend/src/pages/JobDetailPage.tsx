@@ -152,22 +152,43 @@ function merge(old: Sample[], incoming: Sample[]): Sample[] {
   return next.length > MAX_SAMPLES ? next.slice(next.length - MAX_SAMPLES) : next;
 }
 
-function CancelButton({ jobId, onDone }: { jobId: number; onDone: () => void }) {
-  const [confirming, setConfirming] = useState(false);
+/** POSTs a job action (`cancel`, `hold`, `release`, `top`), then `onDone`; its error, if any,
+ * shown by <ActionError>. */
+function useJobAction(jobId: number, onDone: () => void) {
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<string | null>(null);
-  const cancel = async () => {
+  const run = async (action: string): Promise<boolean> => {
     setBusy(true);
     setError(null);
     try {
-      await api(`/api/v1/jobs/${jobId}/cancel/`, { method: "POST" });
+      await api(`/api/v1/jobs/${jobId}/${action}/`, { method: "POST" });
       onDone();
+      return true;
     } catch (err) {
       setError(err instanceof Error ? err.message : String(err));
+      return false;
     } finally {
       setBusy(false);
-      setConfirming(false);
     }
+  };
+  return { busy, error, run };
+}
+
+function ActionError({ error }: { error: string | null }) {
+  return error ? (
+    <span className="field-error" role="alert">
+      {" "}
+      {error}
+    </span>
+  ) : null;
+}
+
+function CancelButton({ jobId, onDone }: { jobId: number; onDone: () => void }) {
+  const [confirming, setConfirming] = useState(false);
+  const { busy, error, run } = useJobAction(jobId, onDone);
+  const cancel = async () => {
+    await run("cancel");
+    setConfirming(false);
   };
   return (
     <>
@@ -186,66 +207,30 @@ function CancelButton({ jobId, onDone }: { jobId: number; onDone: () => void }) 
           Cancel job
         </button>
       )}
-      {error && (
-        <span className="field-error" role="alert">
-          {error}
-        </span>
-      )}
+      <ActionError error={error} />
     </>
   );
 }
 
 function HoldButton({ job, onDone }: { job: JobDetail; onDone: () => void }) {
-  const [busy, setBusy] = useState(false);
-  const [error, setError] = useState<string | null>(null);
+  const { busy, error, run } = useJobAction(job.id, onDone);
   const held = job.on_hold === true;
-  const toggle = async () => {
-    setBusy(true);
-    setError(null);
-    try {
-      await api(`/api/v1/jobs/${job.id}/${held ? "release" : "hold"}/`, { method: "POST" });
-      onDone();
-    } catch (err) {
-      setError(err instanceof Error ? err.message : String(err));
-    } finally {
-      setBusy(false);
-    }
-  };
   return (
     <>
-      <button type="button" className="button" onClick={toggle} disabled={busy}>
+      <button type="button" className="button" onClick={() => run(held ? "release" : "hold")} disabled={busy}>
         {held ? "Release" : "Hold"}
       </button>
-      {error && (
-        <span className="field-error" role="alert">
-          {" "}
-          {error}
-        </span>
-      )}
+      <ActionError error={error} />
     </>
   );
 }
 
 function MoveToFrontButton({ job, onDone }: { job: JobDetail; onDone: () => void }) {
-  const [busy, setBusy] = useState(false);
   const [done, setDone] = useState(false);
-  const [error, setError] = useState<string | null>(null);
-  const move = async () => {
-    setBusy(true);
-    setError(null);
-    try {
-      await api(`/api/v1/jobs/${job.id}/top/`, { method: "POST" });
-      setDone(true);
-      onDone();
-    } catch (err) {
-      setError(err instanceof Error ? err.message : String(err));
-    } finally {
-      setBusy(false);
-    }
-  };
+  const { busy, error, run } = useJobAction(job.id, onDone);
   return (
     <p className="hint">
-      <button type="button" className="button" onClick={move} disabled={busy}>
+      <button type="button" className="button" onClick={async () => setDone(await run("top"))} disabled={busy}>
         {busy ? "Moving…" : `Move before ${job.owner}'s other jobs`}
       </button>{" "}
       {done ? (
@@ -253,12 +238,7 @@ function MoveToFrontButton({ job, onDone }: { job: JobDetail; onDone: () => void
       ) : (
         <span className="muted">Only {job.owner}'s own pending jobs of its class let it pass; no one else's job waits longer.</span>
       )}
-      {error && (
-        <span className="field-error" role="alert">
-          {" "}
-          {error}
-        </span>
-      )}
+      <ActionError error={error} />
     </p>
   );
 }
