@@ -527,7 +527,7 @@ class Agent:
                 self._note_lost_lines(attempt_id, stream, sent, end)
             elif sent < end:
                 log.warning(
-                    "lines %d to %d of %s's %s could not be read again", sent, end - 1, attempt_id, stream
+                    "lines %d-%d of %s's %s could not be read again", sent, end - 1, attempt_id, stream
                 )
             else:
                 log.info("sent lines %d-%d of %s's %s again", first, end - 1, attempt_id, stream)

@@ -463,32 +463,31 @@ def cmd_logs(ctx: Context) -> int:
     return OK
 
 
-def cmd_cancel(ctx: Context) -> int:
-    job = ctx.client().cancel_job(ctx.args.job_id)
-    ctx.err.print(f"Job {job.id} {escape(job.name)}: {styled_state(job.state)}.")
-    return OK
+# The changes a job's owner (or a tenant admin) asks for by id: command -> (help, what the
+# job then is, after "Job ID NAME").
+JOB_CHANGES: dict[str, tuple[str, Callable[[Job], str]]] = {
+    "cancel": ("cancel a job", lambda job: f": {styled_state(job.state)}."),
+    "top": (
+        "move a pending job before your other pending jobs (no one else's)",
+        lambda job: (
+            f" goes before {escape(job.owner)}'s other pending jobs in {escape(job.vc)} "
+            "from the next scheduling cycle."
+        ),
+    ),
+    "hold": (
+        "keep a pending job from starting until you release it",
+        lambda job: " is held: it does not start until released.",
+    ),
+    "release": (
+        "let a held job start",
+        lambda job: " is released: it may start from the next scheduling cycle.",
+    ),
+}
 
 
-def cmd_top(ctx: Context) -> int:
-    job = ctx.client().move_to_front(ctx.args.job_id)
-    ctx.err.print(
-        f"Job {job.id} {escape(job.name)} goes before {escape(job.owner)}'s other pending jobs in "
-        f"{escape(job.vc)} from the next scheduling cycle."
-    )
-    return OK
-
-
-def cmd_hold(ctx: Context) -> int:
-    job = ctx.client().hold_job(ctx.args.job_id)
-    ctx.err.print(f"Job {job.id} {escape(job.name)} is held: it does not start until released.")
-    return OK
-
-
-def cmd_release(ctx: Context) -> int:
-    job = ctx.client().release_job(ctx.args.job_id)
-    ctx.err.print(
-        f"Job {job.id} {escape(job.name)} is released: it may start from the next scheduling cycle."
-    )
+def cmd_change(ctx: Context) -> int:
+    job = ctx.client().change_job(ctx.args.job_id, ctx.args.command)
+    ctx.err.print(f"Job {job.id} {escape(job.name)}{JOB_CHANGES[ctx.args.command][1](job)}")
     return OK
 
 
@@ -639,16 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--attempt", type=int, help="this attempt (default: the latest; -f starts at the first)"
     )
 
-    cancel = add("cancel", cmd_cancel, "cancel a job")
-    cancel.add_argument("job_id", type=job_id)
-
-    top = add("top", cmd_top, "move a pending job before your other pending jobs (no one else's)")
-    top.add_argument("job_id", type=job_id)
-
-    hold = add("hold", cmd_hold, "keep a pending job from starting until you release it")
-    hold.add_argument("job_id", type=job_id)
-    release = add("release", cmd_release, "let a held job start")
-    release.add_argument("job_id", type=job_id)
+    for name, (help_text, _) in JOB_CHANGES.items():
+        add(name, cmd_change, help_text).add_argument("job_id", type=job_id)
 
     queue = add("queue", cmd_queue, "your pending jobs with reasons and estimated starts")
     queue.add_argument("--all", action="store_true", help="pending jobs of everyone in your tenants")

@@ -287,18 +287,11 @@ class PortalClient:
         return JobDetail.model_validate(body)
 
     def cancel_job(self, job_id: int) -> Job:
-        return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/cancel/"))
+        return self.change_job(job_id, "cancel")
 
-    def move_to_front(self, job_id: int) -> Job:
-        """Put a pending job before its owner's other pending jobs of its VC and class."""
-        return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/top/"))
-
-    def hold_job(self, job_id: int) -> Job:
-        """Keep a pending job from starting until it is released."""
-        return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/hold/"))
-
-    def release_job(self, job_id: int) -> Job:
-        return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/release/"))
+    def change_job(self, job_id: int, change: str) -> Job:
+        """`cancel`, `top` (before its owner's other pending jobs), `hold` or `release` a job."""
+        return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/{change}/"))
 
     def job_events(self, job_id: int) -> list[JobEvent]:
         return self._parse(JobEvent, self._pages(f"/jobs/{int(job_id)}/events/", limit=None))

@@ -146,7 +146,7 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
                     # The last cycle preempted jobs for it, or a migration moved it.
                     first_in_line=job.pending_reason == core.ReasonCode.WAITING_FOR_PREEMPTION,
                     moved=job.pending_reason == PENDING_MOVED,
-                    topped_at=job.topped_at.timestamp() if job.topped_at else None,
+                    topped_at=epoch(job.topped_at),
                     **common,
                 )
             )

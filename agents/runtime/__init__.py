@@ -98,7 +98,7 @@ def _piece_end(raw: bytes) -> int:
     """Where the first piece of a line longer than MAX_LOG_LINE ends: after its last carriage
     return, so that a progress bar's pieces hold whole redraws; without one at MAX_LOG_LINE,
     moved back before a character cut in two (UTF-8 continuation bytes, at most three)."""
-    if (cr := raw.rfind(b"\r", 0, MAX_LOG_LINE)) >= 0:
+    if (cr := raw.rfind(b"\r", 0, MAX_LOG_LINE)) > 0:  # not a piece of a lone "\r"
         return cr + 1
     end = MAX_LOG_LINE
     while end > MAX_LOG_LINE - 3 and raw[end] & 0xC0 == 0x80:

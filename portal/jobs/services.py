@@ -273,6 +273,10 @@ def stored_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# What a job says until the scheduler has looked at it: submitted, or released from a hold.
+NEW_PENDING_MESSAGE = "Waiting for the next scheduling cycle."
+
+
 def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None) -> Job:
     """The unsaved pending Job for a spec validated by JobSpecSerializer, after the domain rules
     every submission passes: the user may submit to the VC, and the job could ever fit.
@@ -315,7 +319,7 @@ def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None
         retries_left=spec["retries"]["limit"],
         state=JobState.PENDING,
         pending_reason=PENDING_NEW,
-        pending_message="Waiting for the next scheduling cycle.",
+        pending_message=NEW_PENDING_MESSAGE,
         **resources,
     )
 
@@ -342,12 +346,18 @@ def check_dependencies(user: Any, job_ids: Sequence[int]) -> None:
             raise JobRejected("after", f"Job {job_id} {ended}, so this job could never start.")
 
 
-@transaction.atomic
 def settle_dependencies() -> set[int]:
     """Pending jobs whose `after` jobs have not all succeeded: those that can still start wait,
     with reason `dependency` naming what they wait for; those with one that ended otherwise are
-    cancelled. Returns the ids of the waiting ones, which the scheduler does not see."""
-    waiting = list(Job.objects.filter(state=JobState.PENDING).exclude(after=[]))
+    cancelled. Returns the ids of the waiting ones, which the scheduler does not see. Runs in
+    the scheduling cycle's transaction, once per cycle (no savepoint of its own)."""
+    # Every cycle: only what is read here (not the spec, nor the secrets, which would be
+    # decrypted for each waiting job each time).
+    waiting = list(
+        Job.objects.filter(state=JobState.PENDING)
+        .exclude(after=[])
+        .only("state", "version", "after", "on_hold", "pending_message", "tenant_id")
+    )
     if not waiting:
         return set()
     needed = {dep for job in waiting for dep in job.after}
@@ -532,7 +542,7 @@ def move_to_front(job: Job, actor: Any) -> Job:
     job.save(update_fields=["topped_at"])
     record_job_event(
         job,
-        actor.username,
+        actor_label(actor),
         f"moved to the front of {job.owner.username}'s pending jobs in {job.virtual_cluster.name}",
         {"topped": True},
     )
@@ -549,16 +559,23 @@ def hold_job(job: Job, actor: Any) -> Job:
     if job.state != JobState.PENDING or job.on_hold:
         what = "already held" if job.on_hold else job.state
         raise InvalidTransition(f"Job {job.pk} is {what}; only a pending job that is not held can be held.")
-    message = f"Held by {actor.username}: it does not start until released."
-    Job.objects.filter(pk=job.pk).update(
-        on_hold=True,
-        pending_reason=PENDING_HELD,
-        pending_message=message,
-        queue_position=None,
-        estimated_start_at=None,
-        whatif_hints=[],
+    job.on_hold = True
+    job.pending_reason = PENDING_HELD
+    job.pending_message = f"Held by {actor_label(actor)}: it does not start until released."
+    job.queue_position = job.estimated_start_at = None
+    job.whatif_hints = []
+    job.save(
+        update_fields=[
+            "on_hold",
+            "pending_reason",
+            "pending_message",
+            "queue_position",
+            "estimated_start_at",
+            "whatif_hints",
+        ]
     )
-    record_job_event(job, actor.username, "held: it does not start until released", {"held": True})
+    publish_job_change(job)  # open pages show the hold at once
+    record_job_event(job, actor_label(actor), "held: it does not start until released", {"held": True})
     record_audit(actor, "job.hold", job, tenant=job.tenant)
     request_scheduling_cycle()  # a reservation may have been held for it
     return job
@@ -570,10 +587,11 @@ def release_job(job: Job, actor: Any) -> Job:
     job = Job.objects.select_for_update().get(pk=job.pk)
     if not job.on_hold:
         raise InvalidTransition(f"Job {job.pk} is not held.")
-    Job.objects.filter(pk=job.pk).update(
-        on_hold=False, pending_reason=PENDING_NEW, pending_message="Waiting for the next scheduling cycle."
-    )
-    record_job_event(job, actor.username, "released: it may start again", {"held": False})
+    job.on_hold = False
+    job.pending_reason, job.pending_message = PENDING_NEW, NEW_PENDING_MESSAGE
+    job.save(update_fields=["on_hold", "pending_reason", "pending_message"])
+    publish_job_change(job)
+    record_job_event(job, actor_label(actor), "released: it may start again", {"held": False})
     record_audit(actor, "job.release", job, tenant=job.tenant)
     request_scheduling_cycle()
     return job

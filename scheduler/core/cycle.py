@@ -191,7 +191,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
             horizons,
             probes=proposals.probes,
             positions=positions,
-            vc_evictors=run.vc_evictors,
+            vc_horizons=run.vc_horizons,
         )
         hints = choose(proposals, estimates, now)
     return Plan(
@@ -469,10 +469,10 @@ class _CycleRun:
         # plans the moves for a job blocked only by layout: see _try_preempt.
         self._migrator: Any = next((p for p in plugins.preemption if hasattr(p, "plan_moves")), None)
         self._evictors = [p for p in plugins.preemption if p is not self._migrator]
-        self.vc_evictors = own_order_evictors(ctx, plugins)
-        self._vc_horizons = {
+        self._vc_evictors = own_order_evictors(ctx, plugins)
+        self.vc_horizons = {
             vc: [p for p in rules if isinstance(p, PreemptionHorizonPlugin)]
-            for vc, rules in self.vc_evictors.items()
+            for vc, rules in self._vc_evictors.items()
         }
         self._blocked_shapes: dict[tuple[str, int, int], tuple[int, Status]] = {}
         self._admissions: dict[tuple[str, str, str, int, int], tuple[int, Status]] = {}
@@ -1194,7 +1194,7 @@ class _CycleRun:
     # -- step 5: preemption ------------------------------------------------------------
 
     def _preemption_key(self, job: PendingJob, model: str, failure: Status) -> tuple[Any, ...]:
-        horizons = self._horizons + self._vc_horizons.get(job.vc, [])
+        horizons = self._horizons + self.vc_horizons.get(job.vc, [])
         horizon = tuple(h.horizon_key(job, self.ctx) for h in horizons)
         user = job.user if failure.reason is ReasonCode.USER_LIMIT else ""
         return (job.priority, horizon, model, job.vc, user, failure.reason)
@@ -1232,7 +1232,7 @@ class _CycleRun:
         ctx = self.ctx
         asked = [self._migrator] if migrate else self._evictors
         # Between jobs of one class in a VC with a policy of its own, only that policy asks.
-        own_rules = None if migrate else self.vc_evictors.get(job.vc)
+        own_rules = None if migrate else self._vc_evictors.get(job.vc)
         limit = len(ctx.snapshot.running) if migrate else self.settings.max_victims
         same_vc_only = failure.reason in _QUOTA_REASONS
         same_user_only = failure.reason is ReasonCode.USER_LIMIT

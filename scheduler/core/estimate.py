@@ -17,7 +17,6 @@ import heapq
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
 from scheduler.core.plugins.backfill import expected_ends
@@ -41,7 +40,7 @@ def estimate_starts(
     horizons: Sequence[PreemptionHorizonPlugin] = (),
     probes: Mapping[str, Sequence[PendingJob]] | None = None,
     positions: Sequence[int] | None = None,
-    vc_evictors: Mapping[str, Sequence[Any]] | None = None,
+    vc_horizons: Mapping[str, Sequence[PreemptionHorizonPlugin]] | None = None,
 ) -> dict[str, float | None]:
     """Estimated start per pending job id (None when it cannot start on this cluster).
 
@@ -57,9 +56,9 @@ def estimate_starts(
     list (queue_positions): the horizon keys are then worked out over that list, read in the
     order the jobs were made, and put in queue order by position.
 
-    `vc_evictors` are the rules of VCs with a queueing policy of their own
-    (cycle.own_order_evictors): between two jobs of such a VC and one priority class only
-    those rules count, as in the cycle."""
+    `vc_horizons` are the horizons of VCs with a queueing policy of their own (of their rules,
+    cycle.own_order_evictors): between two jobs of such a VC and one priority class only those
+    count, as in the cycle; a VC listed with none lets no such job yield before its end."""
     now, state = ctx.now, ctx.state
     default_s = settings.default_runtime_s
     released = released or set()
@@ -202,8 +201,8 @@ def estimate_starts(
                     at if at == end or r.vc == vc or lends else end
                     for at, (r, end), lends in zip(yields, running, borrowing, strict=True)
                 ]
-                if vc_evictors and vc in vc_evictors:
-                    ats = _own_order_yields(job, ats, running, floors, vc_evictors[vc], ctx)
+                if vc_horizons and vc in vc_horizons:
+                    ats = _own_order_yields(job, ats, running, floors, vc_horizons[vc], ctx)
                 for i in [i for i in released_running if not ats[i] <= cursor]:
                     # Counted as gone for the kind before, but not yet for this kind: back in use.
                     released_running.discard(i)
@@ -370,12 +369,11 @@ def _own_order_yields(
     ats: list[float],
     running: Sequence[tuple[RunningJob, float]],
     floors: Sequence[float | None],
-    rules: Sequence[Any],
+    horizons: Sequence[PreemptionHorizonPlugin],
     ctx: CycleContext,
 ) -> list[float]:
     """`ats` with the running jobs of `job`'s VC and priority class yielding by their VC's own
     rules only (none: at their end)."""
-    horizons = [rule for rule in rules if isinstance(rule, PreemptionHorizonPlugin)]
     out = list(ats)
     for i, (r, end) in enumerate(running):
         if r.vc != job.vc or r.priority != job.priority:

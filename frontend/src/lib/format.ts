@@ -48,9 +48,8 @@ export function lastRedraw(text: string): string {
 export function formatClock(t: number, now: number = Date.now()): string {
   const d = new Date(t);
   if (Number.isNaN(d.getTime())) return "–";
-  const sameDay = d.toDateString() === new Date(now).toDateString();
-  const time = d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
-  return sameDay ? time : `${d.toLocaleDateString(undefined, { month: "short", day: "numeric" })}, ${time}`;
+  if (d.toDateString() !== new Date(now).toDateString()) return formatTime(d.toISOString());
+  return d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
 }
 
 export function elapsedSeconds(fromIso: string | null | undefined, toIso?: string | null, now = Date.now()): number {
