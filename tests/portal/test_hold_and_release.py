@@ -4,6 +4,8 @@ entry, and only a pending job can be held."""
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import pytest
@@ -12,6 +14,9 @@ from portal.accounts.models import AuditEntry
 from portal.cluster.models import Node
 from portal.jobs.choices import JobState
 from portal.jobs.models import Job
+from portal.lib.redis import get_redis
+from portal.live.hub import channel_for
+from portal.live.publish import job_group
 from scheduler.tasks import run_cycle
 from tests.portal.store_helpers import live_profile, submit
 
@@ -46,3 +51,30 @@ def test_a_held_job_waits_until_released(api_for: Any, paused_loop: Any) -> None
     assert "released: it may start again" in reasons
     actions = set(AuditEntry.objects.filter(object_id=str(job_id)).values_list("action", flat=True))
     assert {"job.hold", "job.release"} <= actions
+
+
+def test_hold_and_release_reach_open_pages_at_once(api_for: Any, paused_loop: Any) -> None:
+    """A page following the job hears the hold and the release over Redis, without waiting for
+    its next poll (the hub forwards what arrives on the job's channel to its browsers)."""
+    alice = api_for("alice")
+    job_id = submit(alice, "watched", flavor="s-A100")
+    pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(channel_for(job_group(job_id)))
+
+    def next_hint() -> dict[str, Any]:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=1)
+            if message is not None:
+                return dict(json.loads(message["data"]))
+        pytest.fail("no hint was published for the job")
+
+    try:
+        assert alice.post(f"/api/v1/jobs/{job_id}/hold/").status_code == 200
+        hint = next_hint()
+        assert (hint["job"], hint["state"], hint["pending_reason"]) == (job_id, "pending", "held")
+        assert hint["pending_message"] == "Held by alice: it does not start until released."
+        assert alice.post(f"/api/v1/jobs/{job_id}/release/").status_code == 200
+        assert next_hint()["pending_reason"] == "new"
+    finally:
+        pubsub.close()
