@@ -162,6 +162,7 @@ class VirtualCluster(_Resource):
     tenant: str = ""
     description: str = ""
     queueing_policy: str = ""
+    queueing_policy_label: str = ""
     max_gpus_per_user: int | None = None
     quotas: list[Quota] = []
 

@@ -149,3 +149,25 @@ async def test_an_owner_holds_and_releases_a_waiting_job(
     await page.get_by_role("button", name="Release", exact=True).click()
     await expect(page.get_by_role("button", name="Hold", exact=True)).to_be_visible(timeout=LONG)
     await expect(card).not_to_contain_text("Held by alice", timeout=LONG)
+
+
+def set_queueing_policy(vc_name: str, policy: str) -> None:
+    from django.db import connection
+
+    from portal.cluster.models import VirtualCluster
+
+    try:
+        VirtualCluster.objects.filter(name=vc_name).update(queueing_policy=policy)
+    finally:
+        connection.close()
+
+
+async def test_a_vc_page_names_its_queue_order(live_stack: dict[str, Any], users: Any, page: Page) -> None:
+    """The demo's vision VC orders its own jobs first in, first out; without a policy of its
+    own it follows the scheduler's order, and its page says which."""
+    await sign_in(page, live_stack["http"], "alice")
+    await page.goto(f"{live_stack['http']}/vcs/vision")
+    await expect(page.get_by_text("Queue order: First in, first out")).to_be_visible(timeout=LONG)
+    await sync_to_async(set_queueing_policy)("vision", "")
+    await page.reload()
+    await expect(page.get_by_text("Queue order: The scheduler's order")).to_be_visible(timeout=LONG)

@@ -36,7 +36,7 @@ function VcQuotas({ vc }: { vc: VirtualCluster }) {
   return (
     <>
       <p className="muted small">
-        Tenant {vc.tenant} · {vc.queueing_policy ? `${vc.queueing_policy} order` : "the scheduler's order"}
+        Tenant {vc.tenant} · Queue order: {vc.queueing_policy_label}
         {vc.max_gpus_per_user ? ` · at most ${vc.max_gpus_per_user} GPUs per user` : ""}
       </p>
       {vc.description && <p>{vc.description}</p>}

@@ -36,10 +36,20 @@ class QuotaSerializer(serializers.ModelSerializer):
 class VirtualClusterSerializer(serializers.ModelSerializer):
     tenant = serializers.CharField(source="tenant.name")
     quotas = QuotaSerializer(many=True)
+    queueing_policy_label = serializers.CharField(source="get_queueing_policy_display", read_only=True)
 
     class Meta:
         model = VirtualCluster
-        fields = ["id", "name", "tenant", "description", "queueing_policy", "max_gpus_per_user", "quotas"]
+        fields = [
+            "id",
+            "name",
+            "tenant",
+            "description",
+            "queueing_policy",
+            "queueing_policy_label",
+            "max_gpus_per_user",
+            "quotas",
+        ]
 
 
 class GpuReadingSerializer(serializers.Serializer):
