@@ -293,7 +293,7 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
     resumed = sum(resume_job(job, start, now) for job, start in resumes)
     preempted = 0
     # A victim's events name the job it was preempted for only if that job is of its tenant.
-    preemptors = Job.objects.filter(pk__in=[int(p.for_job) for p in plan.preemptions])
+    preemptors = Job.objects.filter(pk__in=[int(p.for_job) for p in plan.preemptions if p.for_job])
     tenant_of = {str(pk): tenant for pk, tenant in preemptors.values_list("pk", "tenant_id")}
     for preemption in plan.preemptions:
         # A suspended job is told to leave the GPUs it is parked on (time-slice-evict).

@@ -35,6 +35,7 @@ from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent
 from portal.jobs.spec import SECRET_MASK
 from portal.lib.db import insert_together
 from portal.live.publish import publish_job_change, publish_log_lines
+from scheduler.core.cycle import DRAIN
 from scheduler.core.plugins.defrag import Defragment
 
 
@@ -708,8 +709,11 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
                 and not attempt.checkpoints.filter(created_at__gte=asked.created_at).exists()
             ):
                 report_failed_checkpoint(job, attempt, label, asked.data.get("preemption") or "preemption")
-            if asked is not None and asked.data.get("preemption") == Defragment.name:
+            reason = asked.data.get("preemption") if asked is not None else None
+            if reason == Defragment.name:
                 requeue_job(job, "requeued after a migration: it restarts ahead of the queue", PENDING_MOVED)
+            elif reason == DRAIN:
+                requeue_job(job, "requeued after its node was drained: it starts again elsewhere")
             else:
                 requeue_job(job, "requeued after preemption")
         return

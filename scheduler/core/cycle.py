@@ -58,6 +58,7 @@ from scheduler.core.types import (
     ANY_MODEL,
     Gpu,
     JobId,
+    NodeState,
     PendingJob,
     PendingStatus,
     Plan,
@@ -145,9 +146,49 @@ def own_order_evictors(ctx: CycleContext, plugins: PluginSet) -> dict[str, list[
     return evictors
 
 
+DRAIN = "drain"  # the reason of a preemption that moves a job off a draining node
+_DRAIN_MESSAGE = (
+    "node {node} is being drained: the job checkpoints and stops, and then waits to start again "
+    "elsewhere from its checkpoint"
+)
+
+
+_EVICTED = (
+    "the GPUs it is suspended on went to a job ranked before it: it checkpoints and stops, and "
+    "then waits to start again from its checkpoint"
+)
+
+
+def leave_draining_nodes(snapshot: Snapshot, grace_period_s: float) -> tuple[Snapshot, list[Preemption]]:
+    """The snapshot with every running job that has a replica on a draining node told to stop,
+    and those preemptions. A drain (an admin's, or an agent's whose runtime failed the version
+    gate) empties the node, where a cordon only keeps new work away; so it moves jobs that are
+    not preemptible too, past or before their minimum runtime. The jobs then count as stopping
+    for the rest of the cycle, as if told in an earlier one: their GPUs are soon free and no
+    one preempts them again. (Suspended jobs parked there: _CycleRun.leave_draining_nodes.)"""
+    draining = {node.name for node in snapshot.nodes if node.state is NodeState.DRAINING}
+    if not draining:
+        return snapshot, []
+    preemptions: list[Preemption] = []
+    running: list[RunningJob] = []
+    for job in snapshot.running:
+        on = next((r.node for r in job.placement if r.node in draining), None)
+        if on is None or job.stopping:
+            running.append(job)
+            continue
+        running.append(dataclasses.replace(job, stopping=True))
+        message = _DRAIN_MESSAGE.format(node=on)
+        preemptions.append(Preemption(job.id, DRAIN, message, grace_period_s, JobId("")))
+    if not preemptions:
+        return snapshot, []
+    return dataclasses.replace(snapshot, running=tuple(running)), preemptions
+
+
 def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
-    # 0. Jobs that may spread after a wait and have waited long enough.
+    # 0. Jobs that may spread after a wait and have waited long enough; jobs on draining nodes
+    # told to move.
     snapshot = spread_waited_jobs(snapshot, now)
+    snapshot, drained = leave_draining_nodes(snapshot, profile.cycle.grace_period_s)
     plugins = profile.build()
     # 1. Working state: every running job's GPUs taken, quota usage counted.
     state, holds = build_state(snapshot)
@@ -168,6 +209,8 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     queue = [snapshot.pending[i] for i in positions]
     # 4.-6. Admission, placement, preemption, reservation.
     run = _CycleRun(ctx, plugins, profile, holds)
+    run.preemptions.extend(drained)
+    run.leave_draining_nodes()
     run.consider_all(queue)
     # 6b. Time-slicing: waiting jobs take turns on the GPUs of their VC's jobs whose quantum is up.
     suspends = run.rotate(queue)
@@ -459,7 +502,8 @@ class _CycleRun:
             if (idx := self.state.node_idx_by_name.get(replica.node)) is not None
             for index in replica.gpu_indices
         }
-        self.evicted: set[str] = set()  # suspended jobs told to leave the GPUs they are parked on
+        # Suspended jobs told to leave the GPUs they are parked on, with what they wait for.
+        self.evicted: dict[str, str] = {}
         self._victim_base: list[tuple[tuple[float, ...], RunningJob, frozenset[str]]] | None = None
         # Preemption searches that found nothing, by what decides eligibility; a later job
         # with the same key and at least as many GPUs cannot do better.
@@ -539,12 +583,7 @@ class _CycleRun:
             )
             return
         if job.id in self.evicted:
-            self.reasons[job.id] = Status(
-                Code.UNSCHEDULABLE,
-                ReasonCode.QUEUED_BEHIND,
-                "the GPUs it is suspended on went to a job ranked before it: it checkpoints and "
-                "stops, and then waits to start again from its checkpoint",
-            )
+            self.reasons[job.id] = Status(Code.UNSCHEDULABLE, ReasonCode.QUEUED_BEHIND, self.evicted[job.id])
             return
         looked_at_nodes = False
         models = [job.gpu_model] if job.gpu_model != ANY_MODEL else self.state.models
@@ -866,10 +905,24 @@ class _CycleRun:
         self.waiting[job.id] = (self.ctx.now + self.settings.grace_period_s, model)
         self.reasons[job.id] = Status(Code.UNSCHEDULABLE, ReasonCode.WAITING_FOR_PREEMPTION, message)
 
-    def _leave_parked(self, parked: PendingJob, reason: str, message: str, for_job: JobId) -> None:
+    def leave_draining_nodes(self) -> None:
+        """Suspended jobs parked on a draining node are told to checkpoint and leave, as the
+        running jobs there are (leave_draining_nodes)."""
+        draining = {node.name for node in self.ctx.snapshot.nodes if node.state is NodeState.DRAINING}
+        if not draining:
+            return
+        for job in self.ctx.snapshot.pending:
+            on = next((r.node for r in job.suspended_on if r.node in draining), None)
+            if on is not None:
+                message = _DRAIN_MESSAGE.format(node=on)
+                self._leave_parked(job, DRAIN, message, JobId(""), waits=message)
+
+    def _leave_parked(
+        self, parked: PendingJob, reason: str, message: str, for_job: JobId, waits: str = _EVICTED
+    ) -> None:
         """Tell a suspended job to checkpoint and stop where it is parked; it takes no further
-        part in this cycle."""
-        self.evicted.add(parked.id)
+        part in this cycle, and `waits` is its pending message."""
+        self.evicted[parked.id] = waits
         self._hold_for_checkpoint(parked)
         self.preemptions.append(Preemption(parked.id, reason, message, self.settings.grace_period_s, for_job))
 

@@ -30,8 +30,9 @@ ALL_MODELS = "*"  # a quota row's gpu_model when it covers every model
 
 class NodeState(StrEnum):
     """Why a node may or may not receive new work. Only READY nodes get new placements;
-    running work on CORDONED or DRAINING nodes keeps running, work on NOT_READY nodes is the
-    portal's business (it marks the job lost), the core only stops placing there."""
+    running work on CORDONED nodes keeps running, work on DRAINING nodes is told to checkpoint
+    and move (cycle.leave_draining_nodes), work on NOT_READY nodes is the portal's business
+    (it marks the job lost), the core only stops placing there."""
 
     READY = "ready"
     NOT_READY = "not-ready"
@@ -307,7 +308,7 @@ class Preemption:
     reason: str  # e.g. "priority", "reclaim", "las"
     message: str
     grace_period_s: float
-    for_job: JobId  # the pending job the GPUs are freed for
+    for_job: JobId  # the pending job the GPUs are freed for ("" when a node is drained)
 
 
 class HintKind(StrEnum):

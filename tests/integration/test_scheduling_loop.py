@@ -330,3 +330,46 @@ def test_a_migration_frees_a_node_for_a_blocked_gang(api, a100_agents, users) ->
     for job in small:
         alice.post(f"/api/v1/jobs/{job}/cancel/")
     assert_invariants()
+
+
+def test_draining_a_node_moves_its_job_to_another_node(api, a100_agents, users) -> None:  # type: ignore[no-untyped-def]
+    """A cordon keeps the job where it runs; a drain checkpoints it and it starts again from its
+    checkpoint on the other node, even as a production job that nothing else may preempt."""
+    from portal.cluster.services import set_node_state
+
+    admin = users["admin"]
+    job = submit(
+        api("vision-admin"),
+        "drained",
+        CHECKPOINTER,
+        priority="production",
+        checkpoint={"enabled": True, "grace_seconds": 30},
+    )
+    wait_for(lambda: LogLine.objects.filter(attempt__job_id=job).exists(), 60, "the job to run")
+    [(first_node, _), *_] = sorted(gpus_of(job, suspended=False))
+    node = Node.objects.get(name=first_node)
+    set_node_state(node, "cordon", admin)
+    assert state(job) == "running" and "checkpointing" not in events(job)
+
+    set_node_state(node, "drain", admin)
+    wait_for(lambda: JobAttempt.objects.filter(job_id=job, number=2).exists(), 60, "a second attempt")
+    wait_for(lambda: state(job) == "running", 60, "the job to run again")
+    assert {name for name, _ in gpus_of(job, suspended=False)} == {
+        "a100-node-2" if first_node == "a100-node-1" else "a100-node-1"
+    }
+    asked = Job.objects.get(pk=job).events.filter(to_state="checkpointing").get()
+    assert asked.data == {"preemption": "drain"}
+    assert asked.reason.startswith(f"node {first_node} is being drained")
+    requeued = Job.objects.get(pk=job).events.filter(to_state="pending").order_by("created_at").last()
+    assert (
+        requeued is not None
+        and requeued.reason == "requeued after its node was drained: it starts again elsewhere"
+    )
+    second = JobAttempt.objects.get(job_id=job, number=2)
+    resumed_from = LogLine.objects.filter(attempt=second, text__startswith="from ").values_list(
+        "text", flat=True
+    )
+    wait_for(lambda: resumed_from.exists(), 30, "the resumed attempt's first line")
+    assert second.resume and int(resumed_from.first().split()[1]) > 0
+    assert_invariants()
+    api("vision-admin").post(f"/api/v1/jobs/{job}/cancel/")
