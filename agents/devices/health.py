@@ -24,6 +24,10 @@ UNHEALTHY_XIDS: dict[int, str] = {
     95: "uncontained ECC error",
 }
 
+# Xids whose recovery needs the node rebooted, not just the GPU reset: the portal drains the
+# node, moving its other jobs away before the reboot.
+NODE_LEVEL_XIDS: frozenset[int] = frozenset({79})
+
 
 class HealthTracker:
     """Remembers, per GPU uuid, the first reason it became unhealthy."""
@@ -50,4 +54,4 @@ def replace_health(sample: GpuSample, reason: str | None) -> GpuSample:
     return sample.model_copy(update={"healthy": reason is None, "health_reason": reason})
 
 
-__all__ = ["UNHEALTHY_XIDS", "HealthTracker", "replace_health"]
+__all__ = ["NODE_LEVEL_XIDS", "UNHEALTHY_XIDS", "HealthTracker", "replace_health"]

@@ -6,8 +6,18 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 
-from portal.cluster.models import EnrollmentToken, Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
+from portal.cluster.models import (
+    EnrollmentToken,
+    Flavor,
+    Gpu,
+    GpuHealthEvent,
+    Node,
+    PriorityClass,
+    Quota,
+    VirtualCluster,
+)
 from portal.cluster.services import (
+    clear_gpu_health,
     create_enrollment_token,
     gpus_in_use,
     issue_node_token,
@@ -137,9 +147,55 @@ class NodeAdmin(AuditedModelAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(AuditedModelAdmin):
-    list_display = ["__str__", "uuid", "model", "memory_mb", "nvlink_group", "pcie_switch", "healthy"]
+    list_display = [
+        "__str__",
+        "uuid",
+        "model",
+        "memory_mb",
+        "nvlink_group",
+        "pcie_switch",
+        "healthy",
+        "health_reason",
+    ]
     list_filter = ["model", "healthy", "node"]
     search_fields = ["uuid", "node__name"]
+    readonly_fields = ["healthy", "health_reason", "health_history"]
+    actions = ["return_to_service"]
+
+    @admin.action(description="Return to service: clear the failure (after a reset, repair or reboot)")
+    def return_to_service(self, request: Any, queryset: Any) -> None:
+        cleared = [str(gpu) for gpu in queryset if clear_gpu_health(gpu, request.user)]
+        self.message_user(request, f"Returned to service: {', '.join(cleared) or 'none (all were healthy)'}.")
+
+    @admin.display(description="Health history (by UUID, latest first)")
+    def health_history(self, gpu: Gpu) -> str:
+        events = GpuHealthEvent.objects.filter(gpu_uuid=gpu.uuid).select_related("node")[:20]
+        return (
+            "\n".join(
+                f"{e.created_at:%Y-%m-%d %H:%M:%S} {e.node.name}/{e.gpu_index} "
+                f"{'healthy' if e.healthy else 'unhealthy'} by {e.actor}: {e.reason}"
+                for e in events
+            )
+            or "no failures recorded"
+        )
+
+
+@admin.register(GpuHealthEvent)
+class GpuHealthEventAdmin(admin.ModelAdmin):
+    """The GPUs' health history, kept by the portal: read only."""
+
+    list_display = ["created_at", "gpu_uuid", "node", "gpu_index", "healthy", "reason", "actor"]
+    list_filter = ["healthy", "node"]
+    search_fields = ["gpu_uuid", "node__name", "reason"]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
 
 
 class EnrollmentTokenForm(forms.ModelForm):

@@ -182,6 +182,27 @@ class Gpu(models.Model):
         return f"{self.node.name}/{self.index} ({self.model})"
 
 
+class GpuHealthEvent(models.Model):
+    """A change of a GPU's health: the GPU's history, kept by UUID, so a card that fails again
+    after a repair, or moves to another slot or node, shows its past (errors cluster on cards,
+    and a card with a history is one to retire)."""
+
+    gpu_uuid = models.CharField(max_length=64, db_index=True)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpu_health_events")
+    gpu_index = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+    healthy = models.BooleanField()
+    reason = models.CharField(max_length=200, blank=True)
+    actor = models.CharField(max_length=150)  # "agent NODE" or the admin who cleared it
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        verbose_name = "GPU health event"
+
+    def __str__(self) -> str:
+        return f"{self.gpu_uuid}: {'healthy' if self.healthy else 'unhealthy'} ({self.reason})"
+
+
 class EnrollmentTokenQuerySet(models.QuerySet["EnrollmentToken"]):
     def usable(self) -> EnrollmentTokenQuerySet:
         return self.filter(used_at__isnull=True, expires_at__gt=timezone.now())

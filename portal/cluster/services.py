@@ -17,11 +17,12 @@ from django.core.validators import validate_slug
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from agents.devices.health import NODE_LEVEL_XIDS
 from agents.protocol import GpuSample, Hello
 from portal.accounts.models import hash_secret, new_secret
 from portal.accounts.services import record_audit
 from portal.cluster.choices import NodeState
-from portal.cluster.models import EnrollmentToken, Gpu, Node, VirtualCluster
+from portal.cluster.models import EnrollmentToken, Gpu, GpuHealthEvent, Node, VirtualCluster
 from portal.lib.redis import get_redis
 
 
@@ -248,24 +249,37 @@ def _topology_ids(values: list[str | None]) -> dict[str | None, int]:
 
 @transaction.atomic
 def record_hello(node: Node, hello: Hello) -> Node:
-    """Takes the agent's inventory as the truth about the node's GPUs and marks the node ready.
+    """Takes the agent's inventory of the node's GPUs (topology, memory, model) and marks the
+    node ready.
 
-    GPUs are matched by index. A node an admin cordoned or drained stays so; an agent that asks
-    to be drained (its runtime failed the version gate) is drained with the agent's reason.
+    GPUs are matched by index. A GPU the portal holds unhealthy stays so, whatever the agent
+    says, until an admin clears it (clear_gpu_health): an agent restart does not repair a card,
+    and one that failed may pass a quick check and fail again under load. A new card in the
+    slot (another UUID) starts from what the agent reports. A node an admin cordoned or drained
+    stays so; an agent that asks to be drained (its runtime failed the version gate) is drained
+    with the agent's reason.
     """
     node = Node.objects.select_for_update().get(pk=node.pk)
     if node.revoked_at is not None:
         raise NodeRevoked(node.name)
     nvlink = _topology_ids([g.topology.nvlink_group for g in hello.gpus])
     pcie = _topology_ids([g.topology.pcie_switch for g in hello.gpus])
-    seen = set()
+    known = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
+    actor = f"agent {node.name}"
     for info in hello.gpus:
-        seen.add(info.index)
         # A uuid moving between indexes (rare, after a repair) must not trip the unique constraint.
         Gpu.objects.filter(uuid=info.uuid).exclude(node=node, index=info.index).update(
             uuid=f"stale-{uuid4()}"
         )
-        unhealthy_reason = info.health_reason or "reported unhealthy by the agent"
+        before = known.pop(info.index, None)
+        healthy, reason = (
+            info.healthy,
+            "" if info.healthy else (info.health_reason or "reported unhealthy by the agent"),
+        )
+        if before is not None and before.uuid == info.uuid and not before.healthy:
+            healthy, reason = False, before.health_reason  # only an admin returns it to service
+        elif not healthy:
+            _health_event(node, info.uuid, info.index, False, reason, actor)
         Gpu.objects.update_or_create(
             node=node,
             index=info.index,
@@ -276,11 +290,14 @@ def record_hello(node: Node, hello: Hello) -> Node:
                 "nvlink_group": nvlink.get(info.topology.nvlink_group, 100 + info.index),
                 "pcie_switch": pcie.get(info.topology.pcie_switch, 100 + info.index),
                 "numa_node": info.topology.numa_node or 0,
-                "healthy": info.healthy,
-                "health_reason": "" if info.healthy else unhealthy_reason[:200],
+                "healthy": healthy,
+                "health_reason": reason[:200],
             },
         )
-    Gpu.objects.filter(node=node).exclude(index__in=seen).update(
+    for missing in known.values():  # GPUs the agent no longer reports
+        if missing.healthy:
+            _health_event(node, missing.uuid, missing.index, False, "not reported by the agent", actor)
+    Gpu.objects.filter(pk__in=[gpu.pk for gpu in known.values() if gpu.healthy]).update(
         healthy=False, health_reason="not reported by the agent"
     )
     node.cpu = hello.host.cpu_count
@@ -298,6 +315,12 @@ def record_hello(node: Node, hello: Hello) -> Node:
     return node
 
 
+def _health_event(node: Node, gpu_uuid: str, index: int, healthy: bool, reason: str, actor: str) -> None:
+    GpuHealthEvent.objects.create(
+        gpu_uuid=gpu_uuid, node=node, gpu_index=index, healthy=healthy, reason=reason[:200], actor=actor[:150]
+    )
+
+
 def record_heartbeats(node_ids: Iterable[int]) -> None:
     """Heartbeats keep nodes ready; a node that went not-ready for silence comes back. Called with
     the nodes heard from since the last call (portal.agentgw.ingest), so a thousand agents cost
@@ -311,26 +334,57 @@ def record_heartbeats(node_ids: Iterable[int]) -> None:
         request_scheduling_cycle()
 
 
+@transaction.atomic
 def record_gpu_health(node: Node, samples: Iterable[GpuSample]) -> list[str]:
-    """Marks GPUs unhealthy (Xid, ECC, NVML errors): an unhealthy GPU gets no new placements, and
-    the job on it is requeued with the reason. Returns the uuids of GPUs that became unhealthy."""
+    """Marks GPUs unhealthy (Xid, ECC, NVML errors): an unhealthy GPU gets no new placements until
+    an admin clears it, the job on it is requeued with the reason, and the GPU's history keeps
+    the event. An Xid whose recovery needs the node rebooted (NODE_LEVEL_XIDS) drains the node,
+    which moves its other jobs away too. Returns the uuids of GPUs that became unhealthy."""
     from portal.jobs.models import Allocation
-    from portal.jobs.services import requeue_jobs_holding
+    from portal.jobs.services import request_scheduling_cycle, requeue_jobs_holding
 
     newly_unhealthy = []
     for sample in {s.gpu_uuid: s for s in samples}.values():
         if sample.healthy:
             continue
         reason = (sample.health_reason or "reported unhealthy")[:200]
-        if Gpu.objects.filter(node=node, uuid=sample.gpu_uuid, healthy=True).update(
-            healthy=False, health_reason=reason
-        ):
-            newly_unhealthy.append(sample.gpu_uuid)
-            held = Allocation.objects.filter(
-                gpu__node=node, gpu__uuid=sample.gpu_uuid, released_at__isnull=True
+        gpu = Gpu.objects.select_for_update().filter(node=node, uuid=sample.gpu_uuid, healthy=True).first()
+        if gpu is None:
+            continue
+        gpu.healthy, gpu.health_reason = False, reason
+        gpu.save(update_fields=["healthy", "health_reason"])
+        _health_event(node, gpu.uuid, gpu.index, False, reason, f"agent {node.name}")
+        newly_unhealthy.append(sample.gpu_uuid)
+        held = Allocation.objects.filter(gpu=gpu, released_at__isnull=True)
+        requeue_jobs_holding(held, f"GPU {sample.gpu_uuid} on {node.name} failed: {reason}")
+        node_level = sorted(set(sample.xid_events) & NODE_LEVEL_XIDS)
+        if node_level and node.revoked_at is None:
+            state_reason = (
+                f"GPU {gpu.index} failed with xid {node_level[0]}: reboot the node, then clear the GPU"
             )
-            requeue_jobs_holding(held, f"GPU {sample.gpu_uuid} on {node.name} failed: {reason}")
+            Node.objects.filter(pk=node.pk).update(state=NodeState.DRAINING, state_reason=state_reason[:200])
+            node.state, node.state_reason = NodeState.DRAINING, state_reason[:200]
+            request_scheduling_cycle()  # the drain moves the node's other jobs away
     return newly_unhealthy
+
+
+@transaction.atomic
+def clear_gpu_health(gpu: Gpu, actor: Any, note: str = "") -> bool:
+    """Returns a GPU to service after a repair, a reset or a reboot (Slurm's `scontrol update
+    state=resume`). The node keeps its state: an admin uncordons a drained node separately. If
+    the card fails again, the agent reports it and it is taken out again. Returns whether it
+    was unhealthy."""
+    gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu.pk)
+    if gpu.healthy:
+        return False
+    gpu.healthy, gpu.health_reason = True, ""
+    gpu.save(update_fields=["healthy", "health_reason"])
+    _health_event(gpu.node, gpu.uuid, gpu.index, True, note or "returned to service", actor.get_username())
+    record_audit(actor, "gpu.clear", gpu, detail=note)
+    from portal.jobs.services import request_scheduling_cycle
+
+    request_scheduling_cycle()
+    return True
 
 
 TELEMETRY_TTL_S = 3600

@@ -25,6 +25,7 @@ ADMIN_PAGES = [
     "/admin/cluster/priorityclass/",
     "/admin/cluster/node/",
     "/admin/cluster/gpu/",
+    "/admin/cluster/gpuhealthevent/",
     "/admin/jobs/job/",
     "/admin/auth/user/",
 ]
