@@ -17,6 +17,7 @@ from portal.cluster.models import (
     VirtualCluster,
 )
 from portal.cluster.services import (
+    accept_reported_gpus,
     clear_gpu_health,
     create_enrollment_token,
     gpus_in_use,
@@ -113,7 +114,7 @@ class NodeAdmin(AuditedModelAdmin):
     ]
     list_filter = ["state", "rack"]
     search_fields = ["name"]
-    readonly_fields = ["last_heartbeat_at", "agent_version", "revoked_at"]
+    readonly_fields = ["last_heartbeat_at", "agent_version", "revoked_at", "reported_gpus"]
     inlines = [GpuInline]
     actions = [
         node_action("cordon", "Cordon: take no new jobs"),
@@ -121,7 +122,21 @@ class NodeAdmin(AuditedModelAdmin):
         node_action("uncordon", "Uncordon: take jobs again"),
         "issue_agent_token",
         "revoke_agent_credentials",
+        "accept_reported_gpus",
     ]
+
+    @admin.action(description="Accept the GPUs its agent reports (after replacing or adding cards)")
+    def accept_reported_gpus(self, request: Any, queryset: Any) -> None:
+        for node in queryset:
+            accepted = accept_reported_gpus(node, request.user)
+            if accepted:
+                self.message_user(
+                    request, f"{node.name}: {accepted} GPU(s) registered. Uncordon it to take jobs again."
+                )
+            else:
+                self.message_user(
+                    request, f"{node.name}: its agent reported no other GPUs.", messages.WARNING
+                )
 
     @admin.action(description="Revoke agent credentials: drop the agent, requeue its jobs, trust it no more")
     def revoke_agent_credentials(self, request: Any, queryset: Any) -> None:

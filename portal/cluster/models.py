@@ -150,6 +150,11 @@ class Node(models.Model):
     desired_revision = models.PositiveBigIntegerField(
         default=0, help_text="Increases whenever what this node should run changes."
     )
+    # The first hello after registration or enrollment sets the node's GPUs; later ones may not
+    # add or change any (a compromised agent claiming GPUs would draw other tenants' jobs and
+    # their secrets). What an agent reported beyond them waits here for an admin to accept.
+    inventory_accepted = models.BooleanField(default=False, editable=False)
+    reported_gpus = models.JSONField(default=list, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

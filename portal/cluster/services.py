@@ -18,7 +18,7 @@ from django.db import connection, models, transaction
 from django.utils import timezone
 
 from agents.devices.health import NODE_LEVEL_XIDS
-from agents.protocol import GpuSample, Hello
+from agents.protocol import GpuInfo, GpuSample, Hello
 from portal.accounts.models import hash_secret, new_secret
 from portal.accounts.services import record_audit
 from portal.cluster.choices import NodeState
@@ -234,7 +234,8 @@ def _enroll(raw_token: str, node_name: str) -> tuple[Node, str]:
     if node is None:
         node = Node.objects.create(name=name)
     raw = issue_node_token(node, token.created_by)
-    Node.objects.filter(pk=node.pk).update(revoked_at=None)
+    # New credentials, maybe a new host: its first hello sets the node's GPUs again.
+    Node.objects.filter(pk=node.pk).update(revoked_at=None, inventory_accepted=False, reported_gpus=[])
     node.revoked_at = None
     token.used_at, token.node = timezone.now(), node
     token.save(update_fields=["used_at", "node"])
@@ -249,33 +250,79 @@ def _topology_ids(values: list[str | None]) -> dict[str | None, int]:
 
 @transaction.atomic
 def record_hello(node: Node, hello: Hello) -> Node:
-    """Takes the agent's inventory of the node's GPUs (topology, memory, model) and marks the
-    node ready.
+    """Takes the agent's word on the node's host and its GPUs' health, and marks the node ready.
 
-    GPUs are matched by index. A GPU the portal holds unhealthy stays so, whatever the agent
-    says, until an admin clears it (clear_gpu_health): an agent restart does not repair a card,
-    and one that failed may pass a quick check and fail again under load. A new card in the
-    slot (another UUID) starts from what the agent reports. A node an admin cordoned or drained
-    stays so; an agent that asks to be drained (its runtime failed the version gate) is drained
-    with the agent's reason.
+    The node's GPUs (index, UUID, model, memory) are set by the first hello after registration or
+    enrollment. Later hellos may not add or change any: a GPU the node was not registered with is
+    refused, the refusal audited and counted towards a security alert, and the node drained
+    until an admin accepts the reported GPUs (accept_reported_gpus). A compromised agent that
+    claimed GPUs would otherwise draw other tenants' jobs, with their secrets, to itself.
+
+    A GPU the portal holds unhealthy stays so, whatever the agent says, until an admin clears it
+    (clear_gpu_health): an agent restart does not repair a card. A node an admin cordoned or
+    drained stays so; an agent that asks to be drained (its runtime failed the version gate) is
+    drained with the agent's reason.
     """
+    from portal.accounts.security import record_refusal
+
     node = Node.objects.select_for_update().get(pk=node.pk)
     if node.revoked_at is not None:
         raise NodeRevoked(node.name)
-    nvlink = _topology_ids([g.topology.nvlink_group for g in hello.gpus])
-    pcie = _topology_ids([g.topology.pcie_switch for g in hello.gpus])
     known = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
+    claimed = _claimed_gpus(known, hello.gpus) if node.inventory_accepted else []
+    _take_inventory(node, known, [g for g in hello.gpus if g not in claimed], hello.gpus)
+    node.inventory_accepted = True
+    node.cpu = hello.host.cpu_count
+    node.memory_gb = hello.host.memory_total_mib // 1024
+    node.agent_version = hello.agent_version[:64]
+    node.last_heartbeat_at = timezone.now()
+    node.reported_gpus = [g.model_dump(mode="json") for g in hello.gpus] if claimed else []
+    if claimed:
+        listed = ", ".join(f"{g.index} ({g.uuid})" for g in claimed)
+        node.state = NodeState.DRAINING
+        node.state_reason = f"the agent reports GPUs the node was not registered with: {listed}"[:200]
+        detail = f"hello from node {node.name} claims GPUs it was not registered with: {listed}"
+        record_refusal("agent", f"node:{node.pk}", "node.gpus", obj=node, detail=detail)
+    elif hello.drain_reason:
+        node.state, node.state_reason = NodeState.DRAINING, hello.drain_reason[:200]
+    elif node.state == NodeState.NOT_READY:
+        node.state, node.state_reason = NodeState.READY, ""
+    node.save()
+    from portal.jobs.services import request_scheduling_cycle
+
+    request_scheduling_cycle()
+    return node
+
+
+def _claimed_gpus(known: dict[int, Gpu], reported: list[GpuInfo]) -> list[GpuInfo]:
+    """The reported GPUs the node was not registered with: a new index, or another card, model
+    or memory size at a known one."""
+    claimed = []
+    for info in reported:
+        gpu = known.get(info.index)
+        if gpu is None or (gpu.uuid, gpu.model, gpu.memory_mb) != (
+            info.uuid,
+            short_gpu_model(info.model),
+            info.memory_total_mib,
+        ):
+            claimed.append(info)
+    return claimed
+
+
+def _take_inventory(node: Node, known: dict[int, Gpu], gpus: list[GpuInfo], reported: list[GpuInfo]) -> None:
+    """Writes `gpus` (of the agent's `reported` inventory, whose topology ids they share) over the
+    node's `known` GPUs, matched by index; known GPUs the agent no longer reports go unhealthy."""
+    nvlink = _topology_ids([g.topology.nvlink_group for g in reported])
+    pcie = _topology_ids([g.topology.pcie_switch for g in reported])
     actor = f"agent {node.name}"
-    for info in hello.gpus:
+    for info in gpus:
         # A uuid moving between indexes (rare, after a repair) must not trip the unique constraint.
         Gpu.objects.filter(uuid=info.uuid).exclude(node=node, index=info.index).update(
             uuid=f"stale-{uuid4()}"
         )
-        before = known.pop(info.index, None)
-        healthy, reason = (
-            info.healthy,
-            "" if info.healthy else (info.health_reason or "reported unhealthy by the agent"),
-        )
+        before = known.get(info.index)
+        healthy = info.healthy
+        reason = "" if healthy else (info.health_reason or "reported unhealthy by the agent")
         if before is not None and before.uuid == info.uuid and not before.healthy:
             healthy, reason = False, before.health_reason  # only an admin returns it to service
         elif not healthy:
@@ -294,25 +341,31 @@ def record_hello(node: Node, hello: Hello) -> Node:
                 "health_reason": reason[:200],
             },
         )
-    for missing in known.values():  # GPUs the agent no longer reports
-        if missing.healthy:
-            _health_event(node, missing.uuid, missing.index, False, "not reported by the agent", actor)
-    Gpu.objects.filter(pk__in=[gpu.pk for gpu in known.values() if gpu.healthy]).update(
+    indexes = {info.index for info in reported}
+    missing = [gpu for index, gpu in known.items() if index not in indexes and gpu.healthy]
+    for gpu in missing:
+        _health_event(node, gpu.uuid, gpu.index, False, "not reported by the agent", actor)
+    Gpu.objects.filter(pk__in=[gpu.pk for gpu in missing]).update(
         healthy=False, health_reason="not reported by the agent"
     )
-    node.cpu = hello.host.cpu_count
-    node.memory_gb = hello.host.memory_total_mib // 1024
-    node.agent_version = hello.agent_version[:64]
-    node.last_heartbeat_at = timezone.now()
-    if hello.drain_reason:
-        node.state, node.state_reason = NodeState.DRAINING, hello.drain_reason[:200]
-    elif node.state == NodeState.NOT_READY:
-        node.state, node.state_reason = NodeState.READY, ""
-    node.save()
-    from portal.jobs.services import request_scheduling_cycle
 
-    request_scheduling_cycle()
-    return node
+
+@transaction.atomic
+def accept_reported_gpus(node: Node, actor: Any) -> int:
+    """Takes the GPUs the node's agent reported and was refused (a card replaced or added by an
+    admin) as the node's own. The node stays drained: the admin uncordons it once satisfied.
+    Returns how many GPUs were accepted (0 when nothing waited)."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if not node.reported_gpus:
+        return 0
+    reported = [GpuInfo.model_validate(g) for g in node.reported_gpus]
+    known = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
+    _take_inventory(node, known, reported, reported)
+    node.reported_gpus = []
+    node.save(update_fields=["reported_gpus"])
+    listed = ", ".join(f"{g.index} ({g.uuid})" for g in reported)
+    record_audit(actor, "node.accept_gpus", node, detail=f"GPUs now registered: {listed}")
+    return len(reported)
 
 
 def _health_event(node: Node, gpu_uuid: str, index: int, healthy: bool, reason: str, actor: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 from agents.protocol import GpuInfo, GpuSample, GpuTopology, Hello, HostInfo, RuntimeInfo, utc_now
 from portal.accounts.models import AuditEntry
 from portal.cluster.models import Gpu, GpuHealthEvent, Node
-from portal.cluster.services import record_gpu_health, record_hello
+from portal.cluster.services import accept_reported_gpus, record_gpu_health, record_hello
 from portal.jobs.choices import JobState
 from portal.jobs.models import Job
 from scheduler.tasks import run_cycle
@@ -96,8 +96,10 @@ def test_what_the_agent_reports_at_hello_is_recorded_and_a_new_card_starts_afres
     assert len(history(uuids[5])) == 1  # still unhealthy, not recorded again
 
     record_hello(node, hello({**uuids, 5: "GPU-replacement"}))  # the card in slot 5 was replaced
+    accept_reported_gpus(node, users["admin"])  # (tests/security/test_gpu_claims.py)
     slot_5, slot_7 = Gpu.objects.get(node=node, index=5), Gpu.objects.get(node=node, index=7)
-    assert (slot_5.uuid, slot_5.healthy) == ("GPU-replacement", True)
+    assert (slot_5.uuid, slot_5.healthy) == ("GPU-replacement", True)  # a new card starts afresh
+    # Reported again, yet a card that vanished is an admin's to return, as one that failed.
     assert (slot_7.healthy, slot_7.health_reason) == (False, "not reported by the agent")
 
 
