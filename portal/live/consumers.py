@@ -1,11 +1,15 @@
 """`/ws/live/`: the browser's live view of jobs, logs and GPU telemetry.
 
 The browser signs in with its session. It subscribes to "jobs" (every job of its tenants) or to
-one job; a job it may not see is answered exactly like one that does not exist.
+one job; a job it may not see is answered exactly like one that does not exist. What it may see
+is checked when it subscribes; when that changes (a sign-out, a membership removed or changed,
+the account changed by an admin: portal.live.signals), the socket is closed with code 4403 and a
+browser still signed in reconnects and subscribes again.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -14,7 +18,7 @@ from portal.accounts.models import Tenant
 from portal.jobs.models import Job
 from portal.lib.db import database_sync_to_async
 from portal.live.hub import hub
-from portal.live.publish import ALL_JOBS_GROUP, job_group, tenant_group
+from portal.live.publish import ALL_JOBS_GROUP, job_group, tenant_group, user_group
 
 MAX_SUBSCRIPTIONS = 50
 
@@ -37,13 +41,22 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         self.groups_joined: set[str] = set()
         await self.accept()
+        await hub().join(user_group(user.pk), self.access_changed)
 
     async def send_text(self, text: str) -> None:
         await self.send(text_data=text)
 
+    async def access_changed(self, text: str) -> None:
+        session = json.loads(text).get("session")
+        if session is None or session == self.scope["session"].session_key:
+            await self.close(code=4403)
+
     async def disconnect(self, code: int) -> None:
         for group in getattr(self, "groups_joined", set()):
             await hub().leave(group, self.send_text)
+        user = self.scope.get("user")
+        if user is not None and user.is_authenticated:
+            await hub().leave(user_group(user.pk), self.access_changed)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         user = self.scope["user"]

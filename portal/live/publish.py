@@ -27,6 +27,11 @@ def tenant_group(tenant_id: int) -> str:
 ALL_JOBS_GROUP = "jobs.all"  # cluster admins
 
 
+def user_group(user_id: int) -> str:
+    """Every live socket of one user: told when what the user may see changes."""
+    return f"user.{user_id}"
+
+
 def publish_job_change(job: Any) -> None:
     """Call inside the transaction that changed the job."""
     payload = {
@@ -49,6 +54,14 @@ def publish_log_lines(job_id: int, attempt_number: int, lines: list[dict[str, An
 
 def publish_telemetry(job_id: int, samples: list[dict[str, Any]]) -> None:
     _send([job_group(job_id)], {"kind": "telemetry", "job": job_id, "samples": samples})
+
+
+def publish_access_change(user_id: int, session_key: str | None = None) -> None:
+    """The user's open sockets close (or only the one of `session_key`, at a sign-out), so that
+    none goes on hearing of jobs the user may no longer see; a browser still signed in reconnects
+    and subscribes to what it may see now. Sent after commit, as the change it follows."""
+    payload = {"kind": "access", "session": session_key}
+    transaction.on_commit(lambda: _send([user_group(user_id)], payload))
 
 
 def _send(groups: list[str], payload: dict[str, Any]) -> None:
