@@ -232,6 +232,7 @@ CELERY_BEAT_SCHEDULE = {
     "check-time-limits": {"task": "portal.jobs.tasks.check_time_limits", "schedule": 5.0},
     "check-idle-jobs": {"task": "portal.jobs.tasks.check_idle_jobs", "schedule": 60.0},
     "compact-telemetry": {"task": "portal.jobs.tasks.compact_telemetry", "schedule": 600.0},
+    "expire-logs": {"task": "portal.jobs.tasks.expire_logs", "schedule": 600.0},
     "collect-checkpoints": {
         "task": "portal.jobs.tasks.collect_checkpoints",
         "schedule": float(env_int("CHECKPOINT_GC_INTERVAL_S", 300)),
@@ -247,6 +248,10 @@ TIME_LIMIT_FORCE_AFTER_S = env_int("TIME_LIMIT_FORCE_AFTER_S", 120)
 IDLE_BELOW_PCT = env_int("IDLE_BELOW_PCT", 5)
 IDLE_AFTER_S = env_int("IDLE_AFTER_S", 1800)
 TELEMETRY_RETENTION_DAYS = env_int("TELEMETRY_RETENTION_DAYS", 30)
+# Job output: an attempt keeps at most this many bytes (0: no cap); a job's output is deleted this
+# many days after the job ended (0: kept forever).
+LOG_MAX_BYTES_PER_ATTEMPT = env_int("LOG_MAX_BYTES_PER_ATTEMPT", 100 * 1024 * 1024)
+LOG_RETENTION_DAYS = env_int("LOG_RETENTION_DAYS", 90)
 # Where jobs' checkpoint directories live on the GPU hosts (shared storage in production).
 CHECKPOINT_ROOT = env_str(
     "CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints") if DEBUG else "/srv/gpuportal/checkpoints"

@@ -164,6 +164,14 @@ class JobAttempt(models.Model):
     # "exit_code": null, "reason": null, "node": "a100-node-1"}}. Reports are accepted only
     # when they supersede the stored one (agents.protocol.states), so late ones change nothing.
     replica_states = models.JSONField(default=dict, blank=True)
+    # The attempt's stored output, all replicas and streams together, counted as its lines are
+    # stored, so that the cap (LOG_MAX_BYTES_PER_ATTEMPT) costs no sum over LogLine per chunk.
+    log_bytes = models.PositiveBigIntegerField(
+        default=0, help_text="Bytes of output stored: each line's UTF-8 and its newline."
+    )
+    log_truncated = models.BooleanField(
+        default=False, help_text="Output past LOG_MAX_BYTES_PER_ATTEMPT was not kept."
+    )
 
     class Meta:
         ordering = ["job", "number"]

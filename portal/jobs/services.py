@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, models, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from agents.protocol import AttemptState as AgentAttemptState
@@ -879,28 +881,57 @@ def requeue_lost_job(job: Job, reason: str) -> None:
 
 
 def record_log_chunk(node: Node, chunk: LogChunk) -> int:
-    """Stores the chunk's lines; lines the portal already has are skipped. Returns lines added."""
+    """Stores the chunk's lines; lines the portal already has are skipped. Returns lines added.
+
+    An attempt keeps at most LOG_MAX_BYTES_PER_ATTEMPT bytes of output, its replicas and streams
+    together, counted in its `log_bytes`. The first line that does not fit marks the attempt
+    `log_truncated`, with one job event; from then on its lines are dropped. Chunks of one attempt
+    take its row lock in turn, so the count is exact and the mark set once, however many chunks
+    (or copies of one chunk sent again) arrive at once.
+    """
     attempt, replica = _replica_for(node, chunk.attempt_id)
+    if attempt.log_truncated:
+        return 0  # the mark is never taken back: nothing of this attempt is stored any more
     # A job prints what it likes; PostgreSQL text cannot hold NUL, which would refuse the chunk.
     lines = chunk.text.replace("\x00", "\ufffd").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    existing = set(
-        LogLine.objects.filter(
-            attempt=attempt,
-            replica=replica,
-            stream=chunk.stream,
-            seq__gte=chunk.seq,
-            seq__lt=chunk.seq + len(lines),
-        ).values_list("seq", flat=True)
-    )
-    new = [
-        LogLine(attempt=attempt, replica=replica, stream=chunk.stream, seq=chunk.seq + i, text=line)
-        for i, line in enumerate(lines)
-        if chunk.seq + i not in existing
-    ]
+    max_bytes = settings.LOG_MAX_BYTES_PER_ATTEMPT
     with transaction.atomic():
+        _share_lock_job(attempt.job_id)
+        stored_bytes, truncated = (
+            JobAttempt.objects.select_for_update(no_key=True)
+            .filter(pk=attempt.pk)
+            .values_list("log_bytes", "log_truncated")
+            .get()
+        )
+        if truncated:
+            return 0
+        existing = set(
+            LogLine.objects.filter(
+                attempt=attempt,
+                replica=replica,
+                stream=chunk.stream,
+                seq__gte=chunk.seq,
+                seq__lt=chunk.seq + len(lines),
+            ).values_list("seq", flat=True)
+        )
+        new: list[LogLine] = []
+        for offset, text in enumerate(lines):
+            seq = chunk.seq + offset
+            if seq in existing:
+                continue
+            size = log_line_bytes(text)
+            if max_bytes and stored_bytes + size > max_bytes:
+                truncated = True
+                break
+            stored_bytes += size
+            new.append(LogLine(attempt=attempt, replica=replica, stream=chunk.stream, seq=seq, text=text))
         LogLine.objects.bulk_create(new, ignore_conflicts=True)
+        if truncated:
+            _mark_log_truncated(attempt, stored_bytes, max_bytes)
+        elif new:
+            JobAttempt.objects.filter(pk=attempt.pk).update(log_bytes=stored_bytes)
         publish_log_lines(
             attempt.job_id,
             attempt.number,
@@ -910,6 +941,44 @@ def record_log_chunk(node: Node, chunk: LogChunk) -> int:
             ],
         )
     return len(new)
+
+
+def log_line_bytes(text: str) -> int:
+    """What one stored line counts against the cap: its UTF-8 and the newline that ended it."""
+    return len(text.encode("utf-8")) + 1
+
+
+def _share_lock_job(job_id: int) -> None:
+    """Takes the job's row before the attempt's, as every writer does (see _lock_job_and_attempt),
+    in the weakest mode, the one that writing a job event takes anyway. It waits only for a writer
+    holding the whole row (select_for_update), never for a transition, and a log chunk that then
+    holds the attempt cannot deadlock with a writer that holds the job and waits for the attempt.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM jobs_job WHERE id = %s FOR KEY SHARE", [job_id])
+
+
+def _mark_log_truncated(attempt: JobAttempt, stored_bytes: int, max_bytes: int) -> None:
+    """Sets the attempt's truncation mark (compare-and-set) and, if this call set it, writes the
+    one job event that says so. The caller holds the attempt's row lock."""
+    marked = JobAttempt.objects.filter(pk=attempt.pk, log_truncated=False).update(
+        log_bytes=stored_bytes, log_truncated=True
+    )
+    if marked:
+        record_job_event(
+            Job.objects.only("id").get(pk=attempt.job_id),
+            "portal",
+            f"output beyond {byte_size_label(max_bytes)} of attempt {attempt.number} was not kept",
+            {"log": "truncated", "attempt": attempt.number, "max_bytes": max_bytes},
+        )
+
+
+def byte_size_label(size: int) -> str:
+    """A size as people write it: 100 MiB, 64 KiB, or 300 bytes when it is not a whole unit."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor} {unit}"
+    return f"{size} bytes"
 
 
 @transaction.atomic
@@ -1085,3 +1154,59 @@ def downsample_telemetry(now: datetime, retention_days: int) -> dict[str, int]:
         )
         counts["deleted"] = cursor.rowcount
     return counts
+
+
+# Lines deleted per statement, each in its own short transaction: a job with a great deal of
+# output loses it in many brief locks, not in one long one.
+LOG_DELETE_BATCH = 10_000
+
+
+def delete_expired_logs(
+    now: datetime, retention_days: int, batch_size: int = LOG_DELETE_BATCH
+) -> dict[str, int]:
+    """Deletes the output of jobs that ended (a terminal state) more than `retention_days` before
+    `now`, in batches of `batch_size` lines; each such job gets one event. 0 keeps output forever.
+    Idempotent: a job whose output is gone is not looked at again."""
+    counts = {"jobs": 0, "lines": 0}
+    if retention_days <= 0:
+        return counts
+    expired = (
+        Job.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=now - timedelta(days=retention_days))
+        .filter(Exists(LogLine.objects.filter(attempt__job=OuterRef("pk"))))
+        .order_by("finished_at", "pk")
+        .values_list("pk", flat=True)
+    )
+    for job_id in list(expired):
+        deleted = _delete_job_logs(job_id, retention_days, batch_size)
+        if deleted:
+            counts["jobs"] += 1
+            counts["lines"] += deleted
+    return counts
+
+
+def _delete_job_logs(job_id: int, retention_days: int, batch_size: int) -> int:
+    """Deletes one job's output a batch at a time, each under the job's row lock so that two runs
+    at once take turns. The batch that deletes the last lines writes the job's event in the same
+    transaction, so a run stopped halfway leaves the event to the run that finishes the job."""
+    deleted = 0
+    while True:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().only("id").get(pk=job_id)
+            ids = list(
+                LogLine.objects.filter(attempt__job_id=job_id)
+                .order_by()
+                .values_list("pk", flat=True)[: batch_size + 1]
+            )
+            if not ids:
+                return deleted
+            batch = ids[:batch_size]
+            LogLine.objects.filter(pk__in=batch).delete()
+            deleted += len(batch)
+            if len(ids) <= batch_size:
+                record_job_event(
+                    job,
+                    "portal",
+                    f"output deleted after {retention_days} days",
+                    {"log": "deleted", "retention_days": retention_days},
+                )
+                return deleted

@@ -6,7 +6,12 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from portal.jobs.services import downsample_telemetry, enforce_time_limits, report_idle_jobs
+from portal.jobs.services import (
+    delete_expired_logs,
+    downsample_telemetry,
+    enforce_time_limits,
+    report_idle_jobs,
+)
 from scheduler.tasks import loop_paused
 
 PAUSED: dict[str, Any] = {"paused": True}
@@ -33,6 +38,13 @@ def compact_telemetry() -> dict[str, Any]:
     if loop_paused():
         return PAUSED
     return downsample_telemetry(timezone.now(), settings.TELEMETRY_RETENTION_DAYS)
+
+
+@shared_task
+def expire_logs() -> dict[str, Any]:
+    if loop_paused():
+        return PAUSED
+    return delete_expired_logs(timezone.now(), settings.LOG_RETENTION_DAYS)
 
 
 @shared_task

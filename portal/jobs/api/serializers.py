@@ -36,6 +36,7 @@ class JobAttemptSerializer(serializers.ModelSerializer):
             "ended_at",
             "exit_code",
             "end_reason",
+            "log_truncated",
             "allocations",
         ]
 
