@@ -574,6 +574,45 @@ def cmd_nodes(ctx: Context) -> int:
     return OK
 
 
+def cmd_usage(ctx: Context) -> int:
+    args = ctx.args
+    client = ctx.client()
+    try:
+        if args.csv:
+            sys.stdout.write(client.usage_csv(args.since, args.until, args.group))
+            return OK
+        report = client.usage(args.since, args.until, args.group)
+    except BadRequest as error:
+        raise BadRequest("the portal refused the usage query", error.errors) from None
+    if args.output == "json":
+        print_json(ctx, report.model_dump(mode="json"))
+        return OK
+    period = f"{clock(report.since)} to {clock(report.until)}"
+    if not report.results:
+        ctx.err.print(f"No GPU usage from {period}.")
+        return OK
+    rows = [
+        (
+            escape(row.key),
+            str(row.jobs),
+            f"{row.allocated_gpu_hours:,.2f}",
+            f"{row.used_gpu_hours:,.2f}",
+            f"{row.energy_kwh:,.2f}",
+        )
+        for row in report.results
+    ]
+    columns = (report.group.upper(), "JOBS", "GPU-HOURS", "USED GPU-HOURS", "ENERGY KWH")
+    table = listing(columns, rows)
+    for column in table.columns[1:]:
+        column.justify = "right"
+    ctx.out.print(table)
+    ctx.err.print(
+        f"[dim]Jobs that had an attempt start from {period}. "
+        "USED: GPU-hours weighted by the GPUs' measured utilization.[/]"
+    )
+    return OK
+
+
 # -- the parser -------------------------------------------------------------------------
 
 
@@ -646,6 +685,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_output(queue)
 
     add_output(add("nodes", cmd_nodes, "nodes and their GPUs"))
+
+    usage = add(
+        "usage", cmd_usage, "GPU-hours and energy of the jobs you may see, per VC, user, tenant or job"
+    )
+    usage.add_argument("--group", default="vc", help="vc (default), user, tenant or job")
+    usage.add_argument("--since", help="ISO date (midnight UTC) or time; default 30 days ago")
+    usage.add_argument("--until", help="ISO date (midnight UTC) or time, not included; default now")
+    usage.add_argument("--csv", action="store_true", help="print the portal's CSV file instead of a table")
+    add_output(usage)
 
     for command in sub.choices.values():
         command.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Iterator
+from datetime import date
 from typing import Any, TypeVar
 
 import httpx
@@ -26,6 +27,7 @@ from gpuportal.models import (
     Me,
     Node,
     PriorityClass,
+    UsageReport,
     VirtualCluster,
 )
 
@@ -138,13 +140,15 @@ class PortalClient:
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Send one request; returns the decoded JSON body (None for an empty one)."""
+        return self._decode(self._send(method, path, **kwargs))
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = self._http.request(method, path if path.startswith("http") else API + path, **kwargs)
+            return self._http.request(method, path if path.startswith("http") else API + path, **kwargs)
         except httpx.TimeoutException as error:
             raise Unreachable(f"{self.url} did not answer in time ({error.__class__.__name__})") from None
         except httpx.HTTPError as error:
             raise Unreachable(f"cannot reach {self.url}: {error}") from None
-        return self._decode(response)
 
     def _decode(self, response: httpx.Response) -> Any:
         try:
@@ -396,3 +400,36 @@ class PortalClient:
 
     def priority_classes(self) -> list[PriorityClass]:
         return self._parse(PriorityClass, self._pages("/priority-classes/", limit=None))
+
+    # -- accounting ---------------------------------------------------------------------
+
+    def usage(
+        self, since: date | str | None = None, until: date | str | None = None, group: str = "vc"
+    ) -> UsageReport:
+        """Allocated GPU-hours, utilization-weighted GPU-hours and energy of the jobs you may
+        see, per ``job``, ``vc``, ``tenant`` or ``user``, largest first. ``since`` and ``until``
+        are dates (midnight UTC), datetimes or ISO text; the portal's default is the last 30 days."""
+        return UsageReport.model_validate(
+            self.request("GET", "/usage/", params=usage_params(since, until, group))
+        )
+
+    def usage_csv(
+        self, since: date | str | None = None, until: date | str | None = None, group: str = "vc"
+    ) -> str:
+        """The same report as the portal's CSV file (a header line, then one line per row)."""
+        params = usage_params(since, until, group)
+        response = self._send(
+            "GET", "/usage/", params={**params, "format": "csv"}, headers={"Accept": "text/csv"}
+        )
+        if response.status_code >= 400:
+            self._decode(response)  # a refusal is JSON: raises with the portal's message
+        return response.text
+
+
+def usage_params(since: date | str | None, until: date | str | None, group: str) -> dict[str, str]:
+    """The query of GET /usage/; dates and datetimes go as ISO text, None leaves the default."""
+    params = {"group": group}
+    for name, value in (("since", since), ("until", until)):
+        if value is not None:
+            params[name] = value if isinstance(value, str) else value.isoformat()
+    return params

@@ -186,6 +186,23 @@ class PriorityClass(_Resource):
     description: str = ""
 
 
+class UsageRow(_Resource):
+    """One row of a usage report; ``key`` is what it sums (a VC, user or tenant name, a job id)."""
+
+    key: str
+    jobs: int
+    allocated_gpu_hours: float
+    used_gpu_hours: float = 0.0  # weighted by measured utilization
+    energy_kwh: float = 0.0
+
+
+class UsageReport(_Resource):
+    since: datetime
+    until: datetime
+    group: str
+    results: list[UsageRow] = []
+
+
 class ApiToken(_Resource):
     id: int
     name: str

@@ -12,6 +12,7 @@ import { JobListPage } from "./pages/JobListPage";
 import { SignInPage } from "./pages/SignInPage";
 import { SubmitPage } from "./pages/SubmitPage";
 import { TokensPage } from "./pages/TokensPage";
+import { UsagePage } from "./pages/UsagePage";
 import { VirtualClusterPage, VirtualClustersPage } from "./pages/VirtualClusterPage";
 import { Link, useLocation } from "./router";
 import { SessionContext } from "./session";
@@ -77,6 +78,7 @@ const NAV = [
   { href: "/submit", label: "Submit" },
   { href: "/cluster", label: "Cluster" },
   { href: "/vcs", label: "Virtual clusters" },
+  { href: "/usage", label: "Usage" },
   { href: "/tokens", label: "Tokens" },
 ];
 
@@ -148,6 +150,8 @@ function Page({ path }: { path: string }) {
       return <ClusterPage />;
     case "/vcs":
       return <VirtualClustersPage />;
+    case "/usage":
+      return <UsagePage />;
     case "/tokens":
       return <TokensPage />;
     default:

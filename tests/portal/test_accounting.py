@@ -48,6 +48,7 @@ def test_the_usage_report_sums_per_vc_and_exports_csv_within_the_tenant(api_for,
     report = api_for("alice").get("/api/v1/usage/?group=vc").json()
     assert report["results"] == [
         {
+            "key": "vision",
             "vc": "vision",
             "jobs": 1,
             "allocated_gpu_hours": 1.0,
@@ -63,6 +64,9 @@ def test_the_usage_report_sums_per_vc_and_exports_csv_within_the_tenant(api_for,
     assert lines[1].startswith("alice,1,1.0,")
     assert api_for("alice").get("/api/v1/usage/?since=2020-01-01&until=2020-02-01").json()["results"] == []
     assert api_for("alice").get("/api/v1/usage/?group=planet").status_code == 400
+    refused_csv = api_for("alice").get("/api/v1/usage/?group=planet&format=csv")
+    assert refused_csv.status_code == 400  # in JSON, so the message is not lost
+    assert refused_csv.json() == {"group": ["One of: job, tenant, user, vc."]}
     assert api_for("alice").get("/api/v1/usage/?since=yesterday").status_code == 400
 
 

@@ -1,5 +1,5 @@
 // Names for the API's shapes. Every shape comes from the generated OpenAPI types (schema.d.ts).
-import type { components } from "./schema";
+import type { components, operations } from "./schema";
 
 type Schemas = components["schemas"];
 
@@ -48,3 +48,7 @@ export function isEnded(state: JobState | undefined): boolean {
 
 export type ApiToken = Schemas["ApiToken"];
 export type CreatedApiToken = Schemas["CreatedApiToken"];
+
+export type UsageGroup = NonNullable<NonNullable<operations["usage_retrieve"]["parameters"]["query"]>["group"]>;
+export type UsageRow = Schemas["UsageRow"];
+export type UsageReport = Omit<Schemas["UsageReport"], "group"> & { group: UsageGroup };

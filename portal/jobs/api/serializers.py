@@ -164,7 +164,9 @@ class TelemetrySampleSerializer(serializers.ModelSerializer):
 
 
 class UsageRowSerializer(UsageSerializer):
-    key = serializers.CharField(help_text="Named after the group: job, vc, tenant or user.")
+    key = serializers.CharField(
+        help_text="What the row sums: a VC, user or tenant name or a job id (also under the group's name)."
+    )
     jobs = serializers.IntegerField()
 
 

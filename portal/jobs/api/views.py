@@ -233,7 +233,17 @@ class UsageView(APIView):
                 f'attachment; filename="usage-{group}-{since:%Y%m%d}-{until:%Y%m%d}.csv"'
             )
             return response
-        return Response({"since": since, "until": until, "group": group, "results": rows})
+        # Each row as `key` too (the schema's name for it), whatever the group.
+        results = [{"key": str(row[group]), **row} for row in rows]
+        return Response({"since": since, "until": until, "group": group, "results": results})
+
+    def handle_exception(self, exc: Exception) -> Response:
+        # A refused request answers in JSON, ?format=csv too: as CSV its message would be lost.
+        self.request.accepted_renderer, self.request.accepted_media_type = (
+            JSONRenderer(),
+            JSONRenderer.media_type,
+        )
+        return super().handle_exception(exc)
 
 
 def _time_param(request: Request, name: str, default: datetime) -> datetime:
