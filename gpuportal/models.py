@@ -164,6 +164,7 @@ class VirtualCluster(_Resource):
     queueing_policy: str = ""
     queueing_policy_label: str = ""
     max_gpus_per_user: int | None = None
+    max_pending_jobs_per_user: int | None = None
     quotas: list[Quota] = []
 
 

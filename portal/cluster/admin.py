@@ -35,7 +35,7 @@ class QuotaInline(admin.TabularInline):
 
 @admin.register(VirtualCluster)
 class VirtualClusterAdmin(AuditedModelAdmin):
-    list_display = ["name", "tenant", "queueing_policy", "max_gpus_per_user"]
+    list_display = ["name", "tenant", "queueing_policy", "max_gpus_per_user", "max_pending_jobs_per_user"]
     list_filter = ["tenant", "queueing_policy"]
     search_fields = ["name"]
     inlines = [QuotaInline]

@@ -42,6 +42,12 @@ class VirtualCluster(models.Model):
     max_gpus_per_user = models.PositiveIntegerField(
         null=True, blank=True, help_text="Per-user limit inside this VC; empty means no limit."
     )
+    max_pending_jobs_per_user = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="How many jobs one user may have waiting in this VC (Slurm's MaxSubmitJobs, "
+        "counting pending jobs only); a submission past it is refused. Empty means no limit.",
+    )
     allowed_mounts = models.JSONField(default=list, blank=True)
     idle_policy = models.CharField(max_length=24, choices=IdlePolicy.choices, default=IdlePolicy.NOTIFY)
     created_at = models.DateTimeField(auto_now_add=True)

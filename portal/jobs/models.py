@@ -115,7 +115,15 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
-        indexes = [models.Index(fields=["state", "virtual_cluster"])]
+        indexes = [
+            models.Index(fields=["state", "virtual_cluster"]),
+            # A user's waiting jobs in a VC, counted at each submission to a VC that limits them.
+            models.Index(
+                fields=["virtual_cluster", "owner"],
+                condition=models.Q(state="pending"),
+                name="pending_per_user",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"

@@ -4,6 +4,7 @@ also writes a JobEvent, so a lost race changes nothing and every change leaves a
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -180,7 +181,11 @@ def resolve_resources(spec: dict[str, Any]) -> dict[str, Any]:
 # ids, as any rolled-back insert does).
 ADMISSION_SQL = """
 SELECT membership.role, quota.guaranteed, quota.borrow_limit, nodes.gpus, nodes.cpu, nodes.memory_gb,
-       CASE WHEN %s THEN nextval(pg_get_serial_sequence('jobs_job', 'id')) END
+       CASE WHEN %s THEN nextval(pg_get_serial_sequence('jobs_job', 'id')) END,
+       CASE WHEN %s THEN (
+           SELECT count(*) FROM jobs_job AS job
+           WHERE job.virtual_cluster_id = %s AND job.owner_id = %s AND job.state = 'pending'
+       ) END
 FROM (SELECT 1) AS one
 LEFT JOIN accounts_membership AS membership ON membership.user_id = %s AND membership.tenant_id = %s
 LEFT JOIN cluster_quota AS quota ON quota.virtual_cluster_id = %s AND quota.gpu_model = %s
@@ -204,18 +209,39 @@ class Admission:
     largest_cpu: int
     largest_memory_gb: int
     job_id: int | None = None  # reserved for the job, when asked for
+    pending: int = 0  # the user's pending jobs in the VC, counted only when the VC limits them
 
 
 def read_admission(user: Any, vc: VirtualCluster, gpu_model: str, reserve_job_id: bool = False) -> Admission:
+    capped = vc.max_pending_jobs_per_user is not None
     with connection.cursor() as cursor:
-        cursor.execute(ADMISSION_SQL, [reserve_job_id, user.pk, vc.tenant_id, vc.pk, gpu_model, gpu_model])
-        role, guaranteed, borrow_limit, gpus, cpu, memory_gb, job_id = cursor.fetchone()
+        cursor.execute(
+            ADMISSION_SQL,
+            [reserve_job_id, capped, vc.pk, user.pk, user.pk, vc.tenant_id, vc.pk, gpu_model, gpu_model],
+        )
+        role, guaranteed, borrow_limit, gpus, cpu, memory_gb, job_id, pending = cursor.fetchone()
     quota = None
     if guaranteed is not None:
         quota = Quota(
             virtual_cluster=vc, gpu_model=gpu_model, guaranteed=guaranteed, borrow_limit=borrow_limit
         )
-    return Admission(role, quota, gpus or [], cpu or 0, memory_gb or 0, job_id)
+    return Admission(role, quota, gpus or [], cpu or 0, memory_gb or 0, job_id, pending or 0)
+
+
+def check_pending_limit(vc: VirtualCluster, pending: int, adding: int) -> None:
+    """Rejects jobs that would take the user past the VC's limit of waiting jobs, so one user's
+    script cannot flood a queue that others share. The count is read with the submission's
+    other rules, without a lock: submissions of one user at the same instant may pass it by as
+    many."""
+    limit = vc.max_pending_jobs_per_user
+    if limit is not None and pending + adding > limit:
+        raise JobRejected(
+            "vc",
+            f"You have {pending} pending job{'' if pending == 1 else 's'} in VC {vc.name}, "
+            f"which allows {limit} per user"
+            + (f"; these {adding} would make {pending + adding}" if adding > 1 else "")
+            + ". Wait for some to start, or cancel some.",
+        )
 
 
 def check_job_can_ever_fit(
@@ -280,16 +306,17 @@ def stored_spec(spec: dict[str, Any]) -> dict[str, Any]:
 NEW_PENDING_MESSAGE = "Waiting for the next scheduling cycle."
 
 
-def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None) -> Job:
+def pending_job(user: Any, spec: dict[str, Any], checked: dict[Any, Any] | None = None) -> Job:
     """The unsaved pending Job for a spec validated by JobSpecSerializer, after the domain rules
     every submission passes: the user may submit to the VC, and the job could ever fit.
 
     Raises PermissionDenied or JobRejected. `checked` remembers the job shapes already admitted
-    (per VC), so a job array costs the rules' query once per shape, not once per job. A single
-    job (no `checked`) comes with its id reserved.
+    (per VC), so a job array costs the rules' query once per shape, not once per job, and the
+    user's pending jobs per VC as first counted (submit_jobs checks the VC's limit for the whole
+    array). A single job (no `checked`) comes with its id reserved.
     """
     single = checked is None
-    checked = set() if checked is None else checked
+    checked = {} if checked is None else checked
     vc = spec["vc"]
     resources = resolve_resources(spec)
     shape = ("shape", vc.pk, spec["replicas"], *sorted(resources.items()))
@@ -299,13 +326,16 @@ def pending_job(user: Any, spec: dict[str, Any], checked: set[Any] | None = None
         if not user.is_staff and admission.role not in SUBMIT_ROLES:
             raise PermissionDenied(f"You may not submit jobs to VC {vc.name}.")
         check_job_can_ever_fit(vc.name, admission, resources, spec["replicas"])
-        checked.add(shape)
+        if single:
+            check_pending_limit(vc, admission.pending, 1)
+        checked[shape] = True
+        checked.setdefault(("pending", vc), admission.pending)
         job_id = admission.job_id
     pc = spec["priority"]
     after = sorted(set(spec.get("after", [])))
     if after and ("after", *after) not in checked:  # a job array names them once
         check_dependencies(user, after)
-        checked.add(("after", *after))
+        checked[("after", *after)] = True
     return Job(
         pk=job_id,
         after=after,
@@ -455,7 +485,7 @@ def submit_jobs(user: Any, specs: Sequence[dict[str, Any]]) -> list[Job]:
     that could never run; then nothing is stored. Otherwise two INSERTs (jobs, events), one audit
     entry per tenant and one cycle request, however many jobs.
     """
-    checked: set[Any] = set()
+    checked: dict[Any, Any] = {}
     jobs: list[Job] = []
     errors: dict[int, dict[str, list[str]]] = {}
     for index, spec in enumerate(specs):
@@ -463,6 +493,13 @@ def submit_jobs(user: Any, specs: Sequence[dict[str, Any]]) -> list[Job]:
             jobs.append(pending_job(user, spec, checked))
         except JobRejected as exc:
             errors[index] = {exc.field: [exc.message]}
+    if not errors:  # (the items' indexes are then the jobs' own)
+        for vc, count in Counter(job.virtual_cluster for job in jobs).items():
+            try:
+                check_pending_limit(vc, checked[("pending", vc)], count)
+            except JobRejected as exc:
+                first = next(i for i, job in enumerate(jobs) if job.virtual_cluster == vc)
+                errors[first] = {exc.field: [exc.message]}
     if errors:
         raise JobsRejected(errors)
     Job.objects.bulk_create(jobs)
