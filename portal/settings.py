@@ -252,6 +252,26 @@ TELEMETRY_RETENTION_DAYS = env_int("TELEMETRY_RETENTION_DAYS", 30)
 # many days after the job ended (0: kept forever).
 LOG_MAX_BYTES_PER_ATTEMPT = env_int("LOG_MAX_BYTES_PER_ATTEMPT", 100 * 1024 * 1024)
 LOG_RETENTION_DAYS = env_int("LOG_RETENTION_DAYS", 90)
+# Mail to job owners (a spec's `notify`) and about idle jobs, through an SMTP server: off while
+# SMTP_HOST is empty.
+SMTP_HOST = env_str("SMTP_HOST", "")
+MAIL_ENABLED = bool(SMTP_HOST)
+MAILERS = {
+    "default": {
+        "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+        "OPTIONS": {
+            "host": SMTP_HOST,
+            "port": env_int("SMTP_PORT", 587),
+            "username": env_str("SMTP_USER", ""),
+            "password": env_str("SMTP_PASSWORD", ""),
+            "use_tls": env_bool("SMTP_STARTTLS", True),
+            "timeout": 10,
+        },
+    }
+}
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU Portal <gpuportal@localhost>")
+# The portal's address as users reach it, for the links in those mails.
+PORTAL_URL = env_str("PORTAL_URL", "http://127.0.0.1:8000")
 # Where jobs' checkpoint directories live on the GPU hosts (shared storage in production).
 CHECKPOINT_ROOT = env_str(
     "CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints") if DEBUG else "/srv/gpuportal/checkpoints"

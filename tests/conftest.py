@@ -144,11 +144,47 @@ def django_db_setup(django_db_setup: Any) -> Iterator[None]:
     buffer.close_connections()
 
 
+class MailBox:
+    """What a real SMTP server on loopback (aiosmtpd) received: the portal's mail in tests."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.port = free_port()
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        from email import message_from_bytes, policy
+
+        message = message_from_bytes(envelope.content, policy=policy.default)
+        message["X-Envelope-To"] = ", ".join(envelope.rcpt_tos)
+        self.messages.append(message)
+        return "250 OK"
+
+    def about(self, words: str) -> list[Any]:
+        return [m for m in self.messages if words in str(m["Subject"])]
+
+    def mailers(self) -> dict[str, Any]:
+        """The MAILERS setting that sends to this server (tests otherwise keep mail in memory)."""
+        options = {"host": "127.0.0.1", "port": self.port, "use_tls": False, "timeout": 10}
+        return {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend", "OPTIONS": options}}
+
+
+@pytest.fixture(scope="session")
+def mailbox() -> Iterator[MailBox]:
+    from aiosmtpd.controller import Controller
+
+    box = MailBox()
+    controller = Controller(box, hostname="127.0.0.1", port=box.port)
+    controller.start()
+    yield box
+    controller.stop()
+
+
 @pytest.fixture(scope="session")
 def live_stack(
-    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: Any
+    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: Any, mailbox: MailBox
 ) -> Iterator[dict[str, Any]]:
-    """A real ASGI server, Celery worker and beat on the test database and this run's Redis."""
+    """A real ASGI server, Celery worker and beat on the test database and this run's Redis,
+    mailing through the session's SMTP server."""
 
     database_url = database_url_of_tests()
     logs = tmp_path_factory.mktemp("live-logs")
@@ -171,6 +207,10 @@ def live_stack(
         "THROTTLE_SUBMIT": "10000/min",
         # The default profile plus time-slicing (6 s turns, so tests see them) and migration.
         "SCHEDULER_PROFILE": str(REPO / "tests" / "testdata" / "live-profile.json"),
+        "SMTP_HOST": "127.0.0.1",
+        "SMTP_PORT": str(mailbox.port),
+        "SMTP_STARTTLS": "false",
+        "PORTAL_URL": f"http://127.0.0.1:{port}",
     }
     from portal.devstack import portal_commands
 

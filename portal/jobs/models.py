@@ -81,6 +81,12 @@ class Job(models.Model):
         blank=True,
         help_text="Jobs that must succeed before this one may start (the spec's `after`).",
     )
+    notify_on = ArrayField(
+        models.CharField(max_length=16),
+        default=list,
+        blank=True,
+        help_text="States the owner is mailed about (the spec's `notify`); read back by each transition.",
+    )
     on_hold = models.BooleanField(
         default=False, help_text="Its owner or a tenant admin holds it: it does not start until released."
     )

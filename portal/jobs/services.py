@@ -119,12 +119,18 @@ def transition_jobs(
         f"UPDATE jobs_job SET {', '.join(assignments)} "
         "FROM unnest(%s::bigint[], %s::integer[], %s::text[]) AS seen(id, version, state) "
         "WHERE jobs_job.id = seen.id AND jobs_job.version = seen.version AND jobs_job.state = seen.state "
-        "RETURNING jobs_job.id"
+        # Whether the owner asked to be mailed about the new state: read back with the move, so
+        # that no caller need have loaded it.
+        "RETURNING jobs_job.id, %s = ANY(jobs_job.notify_on)"
     )
-    params += [[j.pk for j in jobs], [j.version for j in jobs], [j.state for j in jobs]]
+    params += [[j.pk for j in jobs], [j.version for j in jobs], [j.state for j in jobs], to_state]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        moved_ids = {row[0] for row in cursor.fetchall()}
+        rows = cursor.fetchall()
+    moved_ids = {row[0] for row in rows}
+    for job_id, notify in rows:
+        if notify:
+            mail_owner_about(job_id, to_state, reasons.get(job_id, ""))
     moved, events = [], []
     person = actor if getattr(actor, "is_authenticated", False) else None
     for job in jobs:
@@ -339,6 +345,7 @@ def pending_job(user: Any, spec: dict[str, Any], checked: dict[Any, Any] | None 
     return Job(
         pk=job_id,
         after=after,
+        notify_on=spec.get("notify", []),
         tenant=vc.tenant,
         virtual_cluster=vc,
         owner=user,
@@ -691,6 +698,22 @@ def end_attempt(job: Job, attempt: JobAttempt, state: str, exit_code: int | None
     Allocation.objects.filter(attempt=attempt, released_at__isnull=True).update(released_at=timezone.now())
     desired_set_changed(nodes)
     request_scheduling_cycle()
+
+
+def mail_owner_about(job_id: int, state: str, reason: str) -> None:
+    """Mails the job's owner about its new state after commit (the spec's `notify`), from a worker:
+    an SMTP server that is slow or away never holds up the transition."""
+    from portal.jobs.tasks import mail_job_state
+
+    transaction.on_commit(lambda: mail_job_state.delay(job_id, state, reason))
+
+
+def mail_about_idle_job(job_id: int, message: str) -> None:
+    """Tells the owner and the tenant's admins, after commit, that a job's GPUs sit idle (what
+    the VC's idle policy promises)."""
+    from portal.jobs.tasks import mail_idle_job
+
+    transaction.on_commit(lambda: mail_idle_job.delay(job_id, message))
 
 
 def request_scheduling_cycle() -> None:
@@ -1156,6 +1179,7 @@ def report_idle_jobs(now: datetime, below_pct: float, window_s: int) -> list[int
                 continue
             message = f"idle: every GPU under {below_pct:g} % utilization for {window_s // 60} min"
             record_job_event(job, "portal", message, {"peak_utilization_pct": peak})
+            mail_about_idle_job(job.pk, message)
             if job.virtual_cluster.idle_policy == IdlePolicy.STOP_OPPORTUNISTIC and job.priority <= 0:
                 cancel_job(job, None, reason=f"stopped by the VC's idle policy ({message})")
         reported.append(job.pk)

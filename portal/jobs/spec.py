@@ -33,6 +33,8 @@ DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
 CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT")
 MAX_REPLICAS = 64
 MAX_DEPENDENCIES = 64
+# The states a spec's `notify` may name.
+NOTIFY_STATES = ["running", "succeeded", "failed", "cancelled", "timed-out", "preempted"]
 # What the job API shows in place of a secret's value. Submitting it back (a clone) is refused:
 # the value must be given again.
 SECRET_MASK = "********"
@@ -239,6 +241,16 @@ class JobSpecSerializer(StrictSerializer):
             "Jobs you may see only."
         ),
     )
+    notify = serializers.ListField(
+        child=serializers.ChoiceField(choices=NOTIFY_STATES),
+        max_length=len(NOTIFY_STATES),
+        default=list,
+        help_text=(
+            "States to mail you about when the job reaches them (PAI's jobStatusChangeNotification, "
+            "Slurm's --mail-type): running, succeeded, failed, cancelled, timed-out, preempted. "
+            "To your account's email address."
+        ),
+    )
     time_sliceable = serializers.BooleanField(
         default=False,
         help_text=(
@@ -261,6 +273,17 @@ class JobSpecSerializer(StrictSerializer):
         if problems:
             raise serializers.ValidationError(problems[0][0].upper() + problems[0][1:] + ".")
         return value
+
+    def validate_notify(self, value: list[str]) -> list[str]:
+        if not value:
+            return value
+        if not settings.MAIL_ENABLED:
+            raise serializers.ValidationError("This portal sends no mail (its SMTP_HOST is not set).")
+        if not self.context["request"].user.email:
+            raise serializers.ValidationError(
+                "Your account has no email address to notify: ask a cluster admin to set one."
+            )
+        return sorted(set(value))
 
     def validate_env(self, value: dict[str, str]) -> dict[str, str]:
         return checked_env(value)

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import smtplib
 from typing import Any
 
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from portal.jobs import notifications
 from portal.jobs.services import (
     delete_expired_logs,
     downsample_telemetry,
@@ -55,3 +57,17 @@ def collect_checkpoints() -> dict[str, Any]:
     if loop_paused():
         return PAUSED
     return collect()
+
+
+# An SMTP server that is away or refuses for a while: tried again, 1, 2, 4, ... minutes apart.
+MAIL_RETRY = {"autoretry_for": (OSError, smtplib.SMTPException), "retry_backoff": 60, "max_retries": 6}
+
+
+@shared_task(**MAIL_RETRY)
+def mail_job_state(job_id: int, state: str, reason: str) -> int:
+    return notifications.mail_job_state(job_id, state, reason)
+
+
+@shared_task(**MAIL_RETRY)
+def mail_idle_job(job_id: int, message: str) -> int:
+    return notifications.mail_idle_job(job_id, message)

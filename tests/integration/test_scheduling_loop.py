@@ -373,3 +373,22 @@ def test_draining_a_node_moves_its_job_to_another_node(api, a100_agents, users) 
     assert second.resume and int(resumed_from.first().split()[1]) > 0
     assert_invariants()
     api("vision-admin").post(f"/api/v1/jobs/{job}/cancel/")
+
+
+def test_the_owner_is_mailed_about_the_states_the_spec_names(
+    api, a100_agents, users, live_stack, mailbox
+) -> None:  # type: ignore[no-untyped-def]
+    """Through the real worker and a real SMTP server: running and succeeded were asked for,
+    so two mails; the states in between (scheduled, starting) send none."""
+    users["alice"].email = "alice@example.org"
+    users["alice"].save(update_fields=["email"])
+    job = submit(api("alice"), "mailed", SLEEP.format(seconds=1), notify=["running", "succeeded"])
+    wait_for(lambda: state(job) == "succeeded", 60, "the job to succeed")
+    wait_for(lambda: len(mailbox.about(f"Job {job} ")) == 2, 60, "two mails about the job")
+    running, succeeded = sorted(mailbox.about(f"Job {job} "), key=lambda m: "succeeded" in str(m["Subject"]))
+    assert str(running["Subject"]) == f"Job {job} (mailed) is running"
+    assert str(succeeded["Subject"]) == f"Job {job} (mailed) succeeded"
+    assert succeeded["X-Envelope-To"] == "alice@example.org"
+    body = succeeded.get_content()
+    assert f"Job {job} (mailed) in VC vision succeeded" in body
+    assert f"{live_stack['http']}/jobs/{job}" in body
