@@ -91,6 +91,7 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
             quotas=tuple(quotas[vc.pk]),
             queueing_policy=vc.queueing_policy,
             max_gpus_per_user=vc.max_gpus_per_user,
+            stop_policy=vc.stop_policy,
         )
         for vc in VirtualCluster.objects.select_related("tenant").order_by("name")
     )
@@ -419,10 +420,24 @@ def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
                 [st.reason.value for st in statuses],
                 [st.message[:500] for st in statuses],
                 [from_epoch(st.estimated_start) for st in statuses],
-                list(range(1, len(statuses) + 1)),
+                queue_numbers(statuses),
                 [json.dumps([hint_data(h) for h in st.hints]) for st in statuses],
             ],
         )
+
+
+def queue_numbers(statuses: tuple[core.PendingStatus, ...]) -> list[int | None]:
+    """Each waiting job's place in the queue, 1 first; none for a job of a stopped VC, which is
+    in no queue until the VC is open."""
+    numbers: list[int | None] = []
+    place = 0
+    for status in statuses:
+        if status.reason is core.ReasonCode.VC_STOPPED:
+            numbers.append(None)
+        else:
+            place += 1
+            numbers.append(place)
+    return numbers
 
 
 def hint_data(hint: core.WhatIfHint) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from portal.cluster.services import (
     revoke_node,
     set_node_state,
 )
+from portal.jobs.services import request_scheduling_cycle
 from portal.lib.admin import AuditedModelAdmin
 
 
@@ -35,10 +36,21 @@ class QuotaInline(admin.TabularInline):
 
 @admin.register(VirtualCluster)
 class VirtualClusterAdmin(AuditedModelAdmin):
-    list_display = ["name", "tenant", "queueing_policy", "max_gpus_per_user", "max_pending_jobs_per_user"]
-    list_filter = ["tenant", "queueing_policy"]
+    list_display = [
+        "name",
+        "tenant",
+        "stop_policy",
+        "queueing_policy",
+        "max_gpus_per_user",
+        "max_pending_jobs_per_user",
+    ]
+    list_filter = ["tenant", "stop_policy", "queueing_policy"]
     search_fields = ["name"]
     inlines = [QuotaInline]
+
+    def save_model(self, request: Any, obj: VirtualCluster, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        request_scheduling_cycle()  # a stop, a reopening or a new quota takes effect at once
 
 
 @admin.register(Quota)

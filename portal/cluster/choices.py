@@ -22,6 +22,15 @@ class QueueingPolicy(models.TextChoices):
     SHORTEST_FIRST = "sef", "Shortest expected first"
 
 
+class StopPolicy(models.TextChoices):
+    """An admin's stop of a virtual cluster (Kueue's stopPolicy), for maintenance or a budget
+    run out: jobs may still be submitted and wait; the scheduler starts none of them."""
+
+    OPEN = "", "Open"
+    HOLD = "hold", "Hold: start no job (running ones go on)"
+    HOLD_AND_DRAIN = "hold-and-drain", "Hold and drain: start no job, checkpoint and requeue running ones"
+
+
 class IdlePolicy(models.TextChoices):
     """What happens to a job whose GPUs sit idle (allocated but unused) for too long."""
 

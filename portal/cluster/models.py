@@ -9,7 +9,7 @@ from django.db import models
 from django.utils import timezone
 
 from portal.accounts.models import Tenant
-from portal.cluster.choices import IdlePolicy, NodeState, QueueingPolicy
+from portal.cluster.choices import IdlePolicy, NodeState, QueueingPolicy, StopPolicy
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -49,6 +49,9 @@ class VirtualCluster(models.Model):
         "counting pending jobs only); a submission past it is refused. Empty means no limit.",
     )
     allowed_mounts = models.JSONField(default=list, blank=True)
+    stop_policy = models.CharField(
+        max_length=16, choices=StopPolicy.choices, default=StopPolicy.OPEN, blank=True
+    )
     idle_policy = models.CharField(max_length=24, choices=IdlePolicy.choices, default=IdlePolicy.NOTIFY)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -38,7 +38,7 @@ from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent
 from portal.jobs.spec import SECRET_MASK
 from portal.lib.db import insert_together
 from portal.live.publish import publish_job_change, publish_log_lines
-from scheduler.core.cycle import DRAIN
+from scheduler.core.cycle import DRAIN, VC_DRAIN
 from scheduler.core.plugins.defrag import Defragment
 
 
@@ -776,6 +776,10 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
                 requeue_job(job, "requeued after a migration: it restarts ahead of the queue", PENDING_MOVED)
             elif reason == DRAIN:
                 requeue_job(job, "requeued after its node was drained: it starts again elsewhere")
+            elif reason == VC_DRAIN:
+                requeue_job(
+                    job, "requeued after its VC was stopped and drained: it starts again once the VC is open"
+                )
             else:
                 requeue_job(job, "requeued after preemption")
         return

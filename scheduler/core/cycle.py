@@ -151,6 +151,12 @@ _DRAIN_MESSAGE = (
     "node {node} is being drained: the job checkpoints and stops, and then waits to start again "
     "elsewhere from its checkpoint"
 )
+VC_DRAIN = "vc-drain"  # the reason of a preemption that empties a VC stopped with a drain
+_VC_DRAIN_MESSAGE = (
+    "VC {vc} was stopped and drained by an admin: the job checkpoints and stops, and waits to "
+    "start again from its checkpoint once the VC is open"
+)
+HOLD, HOLD_AND_DRAIN = "hold", "hold-and-drain"  # VirtualCluster.stop_policy
 
 
 _EVICTED = (
@@ -160,25 +166,32 @@ _EVICTED = (
 
 
 def leave_draining_nodes(snapshot: Snapshot, grace_period_s: float) -> tuple[Snapshot, list[Preemption]]:
-    """The snapshot with every running job that has a replica on a draining node told to stop,
-    and those preemptions. A drain (an admin's, or an agent's whose runtime failed the version
-    gate) empties the node, where a cordon only keeps new work away; so it moves jobs that are
-    not preemptible too, past or before their minimum runtime. The jobs then count as stopping
-    for the rest of the cycle, as if told in an earlier one: their GPUs are soon free and no
-    one preempts them again. (Suspended jobs parked there: _CycleRun.leave_draining_nodes.)"""
+    """The snapshot with every running job that has a replica on a draining node, or that is of
+    a VC stopped with a drain, told to stop, and those preemptions. A drain (an admin's, or an
+    agent's whose runtime failed the version gate) empties the node, where a cordon only keeps
+    new work away; so it moves jobs that are not preemptible too, past or before their minimum
+    runtime. The jobs then count as stopping for the rest of the cycle, as if told in an
+    earlier one: their GPUs are soon free and no one preempts them again. (Suspended jobs
+    parked there: _CycleRun.leave_draining_nodes.)"""
     draining = {node.name for node in snapshot.nodes if node.state is NodeState.DRAINING}
-    if not draining:
+    drained_vcs = {vc.name for vc in snapshot.vcs if vc.stop_policy == HOLD_AND_DRAIN}
+    if not draining and not drained_vcs:
         return snapshot, []
     preemptions: list[Preemption] = []
     running: list[RunningJob] = []
     for job in snapshot.running:
         on = next((r.node for r in job.placement if r.node in draining), None)
-        if on is None or job.stopping:
+        if job.stopping or (on is None and job.vc not in drained_vcs):
             running.append(job)
             continue
         running.append(dataclasses.replace(job, stopping=True))
-        message = _DRAIN_MESSAGE.format(node=on)
-        preemptions.append(Preemption(job.id, DRAIN, message, grace_period_s, JobId("")))
+        if on is not None:
+            preemptions.append(
+                Preemption(job.id, DRAIN, _DRAIN_MESSAGE.format(node=on), grace_period_s, JobId(""))
+            )
+        else:
+            message = _VC_DRAIN_MESSAGE.format(vc=job.vc)
+            preemptions.append(Preemption(job.id, VC_DRAIN, message, grace_period_s, JobId("")))
     if not preemptions:
         return snapshot, []
     return dataclasses.replace(snapshot, running=tuple(running)), preemptions
@@ -204,8 +217,11 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
         prepare = getattr(plugin, "prepare", None)
         if prepare is not None:
             prepare(ctx)
-    # 3. Queue order.
+    # 3. Queue order; jobs of stopped VCs take no part (stopped_statuses).
     positions = queue_positions(snapshot.pending, plugins, ctx, profile)
+    stopped = {vc.name for vc in snapshot.vcs if vc.stop_policy}
+    if stopped:
+        positions = [i for i in positions if snapshot.pending[i].vc not in stopped]
     queue = [snapshot.pending[i] for i in positions]
     # 4.-6. Admission, placement, preemption, reservation.
     run = _CycleRun(ctx, plugins, profile, holds)
@@ -240,7 +256,8 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     return Plan(
         starts=tuple(run.starts),
         preemptions=tuple(run.preemptions),
-        pending=_pending_statuses(queue, run.started, run.reasons, estimates, hints),
+        pending=_pending_statuses(queue, run.started, run.reasons, estimates, hints)
+        + stopped_statuses(snapshot, stopped),
         reservation=run.reserved_for.id if run.reserved_for else None,
         wake_at=min(wake_times) if wake_times else None,
         suspends=tuple(suspends),
@@ -289,6 +306,21 @@ def _pending_statuses(
         set_hints(entry, hints.get(job_id, no_hints))
         append(entry)
     return tuple(statuses)
+
+
+def stopped_statuses(snapshot: Snapshot, stopped: set[str]) -> tuple[PendingStatus, ...]:
+    """The jobs of stopped VCs, after the queue: they wait, with no estimate, until the VC is
+    open again."""
+    return tuple(
+        PendingStatus(
+            job.id,
+            ReasonCode.VC_STOPPED,
+            f"VC {job.vc} was stopped by an admin: none of its jobs starts until it is open again",
+            None,
+        )
+        for job in snapshot.pending
+        if job.vc in stopped
+    )
 
 
 def borrowed_by_job(
@@ -906,16 +938,23 @@ class _CycleRun:
         self.reasons[job.id] = Status(Code.UNSCHEDULABLE, ReasonCode.WAITING_FOR_PREEMPTION, message)
 
     def leave_draining_nodes(self) -> None:
-        """Suspended jobs parked on a draining node are told to checkpoint and leave, as the
-        running jobs there are (leave_draining_nodes)."""
-        draining = {node.name for node in self.ctx.snapshot.nodes if node.state is NodeState.DRAINING}
-        if not draining:
+        """Suspended jobs parked on a draining node, or of a VC stopped with a drain, are told to
+        checkpoint and leave, as the running jobs there are (leave_draining_nodes)."""
+        snapshot = self.ctx.snapshot
+        draining = {node.name for node in snapshot.nodes if node.state is NodeState.DRAINING}
+        drained_vcs = {vc.name for vc in snapshot.vcs if vc.stop_policy == HOLD_AND_DRAIN}
+        if not draining and not drained_vcs:
             return
-        for job in self.ctx.snapshot.pending:
+        for job in snapshot.pending:
+            if not job.suspended_on:
+                continue
             on = next((r.node for r in job.suspended_on if r.node in draining), None)
             if on is not None:
                 message = _DRAIN_MESSAGE.format(node=on)
                 self._leave_parked(job, DRAIN, message, JobId(""), waits=message)
+            elif job.vc in drained_vcs:
+                message = _VC_DRAIN_MESSAGE.format(vc=job.vc)
+                self._leave_parked(job, VC_DRAIN, message, JobId(""), waits=message)
 
     def _leave_parked(
         self, parked: PendingJob, reason: str, message: str, for_job: JobId, waits: str = _EVICTED

@@ -83,6 +83,9 @@ class VirtualCluster:
     # profile's order). The VC keeps the queue positions the profile gave its jobs.
     queueing_policy: str = ""
     max_gpus_per_user: int | None = None  # per-user limit inside the VC; None = no limit
+    # An admin's stop (Kueue's stopPolicy): "hold" starts none of its jobs, "hold-and-drain" also
+    # tells its running jobs to checkpoint and stop. "" = open.
+    stop_policy: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +274,7 @@ class ReasonCode(StrEnum):
     NO_MATCHING_GPU = "no-matching-gpu"  # no usable node has this model / this many GPUs
     HELD_FOR_RESERVATION = "held-for-reservation"
     QUEUED_BEHIND = "queued-behind"  # placement possible only by passing higher-ranked work
+    VC_STOPPED = "vc-stopped"  # an admin stopped the VC: none of its jobs starts
 
 
 @dataclass(frozen=True, slots=True)

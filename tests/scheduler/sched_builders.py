@@ -88,6 +88,7 @@ class Snap:
         model: str = "*",
         max_gpus_per_user: int | None = None,
         queueing_policy: str = "",
+        stop_policy: str = "",
     ) -> Snap:
         self._vcs.append(
             VirtualCluster(
@@ -96,6 +97,7 @@ class Snap:
                 tenant=name,
                 max_gpus_per_user=max_gpus_per_user,
                 queueing_policy=queueing_policy,
+                stop_policy=stop_policy,
             )
         )
         return self

@@ -94,3 +94,42 @@ def test_a_suspended_job_parked_on_a_draining_node_leaves_it() -> None:
     assert [(p.job_id, p.reason, p.for_job) for p in plan.preemptions] == [("parked", "drain", "")]
     [status] = plan.pending
     assert status.message.startswith("node n0 is being drained: the job checkpoints and stops")
+
+
+def stopped_vc(policy: str) -> Snap:
+    return (
+        Snap()
+        .node("n0", 4)
+        .node("n1", 4)
+        .vc("team", 8, stop_policy=policy)
+        .vc("other", 8)
+        .running("pinned", [("n0", (0, 1))], vc="team", preemptible=False)
+        .running("theirs", [("n0", (2, 3))], vc="other")
+        .pending("waits", 2, vc="team", submitted_at=0.0)
+        .pending("starts", 2, vc="other", submitted_at=1.0)
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "moved"),
+    [("", []), ("hold", []), ("hold-and-drain", ["pinned"])],
+    ids=["open", "hold", "hold-and-drain"],
+)
+def test_a_stopped_vc_starts_nothing_and_a_drain_empties_it(policy: str, moved: list[str]) -> None:
+    """Kueue's stopPolicy: a held VC's jobs wait (the other VC's start), a drained one's running
+    jobs checkpoint and stop too, preemptible or not."""
+    plan = decide(stopped_vc(policy).build(), PRIORITY, 1000.0)
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == [(j, "vc-drain") for j in moved]
+    started = sorted(s.job_id for s in plan.starts)
+    assert started == (["starts"] if policy else ["starts", "waits"])
+    if policy:
+        [status] = plan.pending
+        assert (status.job_id, status.reason, status.estimated_start) == (
+            "waits",
+            ReasonCode.VC_STOPPED,
+            None,
+        )
+        assert (
+            status.message
+            == "VC team was stopped by an admin: none of its jobs starts until it is open again"
+        )

@@ -40,6 +40,13 @@ function VcQuotas({ vc }: { vc: VirtualCluster }) {
         {vc.max_gpus_per_user ? ` · at most ${vc.max_gpus_per_user} GPUs per user` : ""}
         {vc.max_pending_jobs_per_user != null ? ` · at most ${vc.max_pending_jobs_per_user} pending jobs per user` : ""}
       </p>
+      {vc.stop_policy && (
+        <p className="notice" role="status">
+          {vc.stop_policy === "hold-and-drain"
+            ? "Stopped and drained by an admin: no job of it starts, and its running jobs were checkpointed and requeued."
+            : "Stopped by an admin: no job of it starts until it is open again; running jobs go on."}
+        </p>
+      )}
       {vc.description && <p>{vc.description}</p>}
       <div className="table-wrap">
         <table className="quotas">

@@ -49,6 +49,7 @@ class VirtualClusterSerializer(serializers.ModelSerializer):
             "queueing_policy_label",
             "max_gpus_per_user",
             "max_pending_jobs_per_user",
+            "stop_policy",
             "quotas",
         ]
 
