@@ -25,7 +25,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from gpuportal import __version__, config
-from gpuportal.client import AuthError, BadRequest, NotFound, PortalClient, PortalError
+from gpuportal.client import MAX_ARRAY_JOBS, AuthError, BadRequest, NotFound, PortalClient, PortalError
 from gpuportal.models import Job, JobDetail, JobEvent, LogLine
 
 OK = 0
@@ -248,12 +248,19 @@ def cmd_submit(ctx: Context) -> int:
         raise UsageError(f"{args.file} is not UTF-8 text") from None
     if not text.strip():
         raise UsageError(f"{args.file} is empty")
+    if args.follow and args.output == "json":
+        raise UsageError("-o json prints the submitted job and ends; leave out --follow")
     try:
+        if args.array is not None:
+            return report_array(ctx, ctx.client().submit_job_array(text, args.array))
         job = ctx.client().submit_job(text)
     except BadRequest as error:
         if set(error.errors) != {"detail"}:  # field errors: say which file they are about
             raise BadRequest(f"the portal refused the job spec in {args.file}", error.errors) from None
         raise
+    if args.output == "json":
+        print_json(ctx, job.model_dump(mode="json"))
+        return OK
     if args.quiet:
         ctx.out.print(str(job.id))
     else:
@@ -264,6 +271,22 @@ def cmd_submit(ctx: Context) -> int:
     if not args.follow:
         return OK
     return follow(ctx, job.id)
+
+
+def report_array(ctx: Context, job_ids: list[int]) -> int:
+    """The ids of a job array on one line of stdout, copy 0 first, for scripts to read
+    (`-o json`: a list); what was made, on stderr."""
+    if ctx.args.output == "json":
+        print_json(ctx, job_ids)
+        return OK
+    ctx.out.print(" ".join(map(str, job_ids)))
+    if not ctx.args.quiet:
+        last = len(job_ids) - 1
+        ctx.err.print(
+            f"Submitted a job array of {len(job_ids)} from {escape(ctx.args.file)}: jobs "
+            f"{index_ranges(job_ids)} (names ending in -0 to -{last}, ARRAY_INDEX 0 to {last})."
+        )
+    return OK
 
 
 def follow(ctx: Context, job_id: int, *, attempt: int | None = None) -> int:
@@ -622,6 +645,14 @@ def job_id(value: str) -> int:
     return int(value)
 
 
+def array_size(value: str) -> int:
+    """The portal takes 1 to MAX_ARRAY_JOBS jobs in one array: another size is refused here,
+    before anything is sent."""
+    if not value.isdigit() or not 1 <= int(value) <= MAX_ARRAY_JOBS:
+        raise argparse.ArgumentTypeError(f"a job array has 1 to {MAX_ARRAY_JOBS} jobs, not {value!r}")
+    return int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
     parser = argparse.ArgumentParser(
@@ -655,8 +686,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     submit = add("submit", cmd_submit, "submit a job spec (YAML, as in the web form)")
     submit.add_argument("file", help="the job spec file, or - for stdin")
-    submit.add_argument("--follow", "-f", action="store_true", help="stream states and output until it ends")
-    submit.add_argument("--quiet", "-q", action="store_true", help="print only the job id")
+    one_or_many = submit.add_mutually_exclusive_group()
+    one_or_many.add_argument(
+        "--follow", "-f", action="store_true", help="stream states and output until it ends"
+    )
+    one_or_many.add_argument(
+        "--array",
+        type=array_size,
+        metavar="N",
+        help=f"submit N copies (1 to {MAX_ARRAY_JOBS}) as a job array, NAME-0 .. NAME-(N-1), each "
+        "with its index in ARRAY_INDEX; prints their ids on one line",
+    )
+    submit.add_argument("--quiet", "-q", action="store_true", help="print only the job id(s)")
+    add_output(submit)
 
     listing = add("list", cmd_list, "list your jobs, newest first")
     listing.add_argument("--state", action="append", help="only jobs in this state (repeatable)")

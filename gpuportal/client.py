@@ -14,6 +14,7 @@ from datetime import date
 from typing import Any, TypeVar
 
 import httpx
+import yaml
 from pydantic import BaseModel
 
 from gpuportal.models import (
@@ -34,6 +35,8 @@ from gpuportal.models import (
 API = "/api/v1"
 DEFAULT_TIMEOUT_S = 30.0
 USER_AGENT = "gpuportal-client/0.1"
+# The most jobs one job array may have: the portal's MAX_BULK_JOBS; the CLI refuses more before sending.
+MAX_ARRAY_JOBS = 1000
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -290,6 +293,32 @@ class PortalClient:
             body = self.request("POST", "/jobs/", json=spec)
         return JobDetail.model_validate(body)
 
+    def submit_job_array(self, spec: str | dict[str, Any], count: int) -> list[int]:
+        """Submit ``count`` copies of one job spec as a job array, all or none: copy i is named
+        NAME-i and finds i in its environment variable ``ARRAY_INDEX``. Returns the job ids,
+        copy 0 first.
+
+        ``spec`` is YAML text or a mapping, as for :meth:`submit_job`, and a refused spec raises
+        :class:`BadRequest` with the same field names: the portal checks the one spec, so its
+        errors name the spec's fields, not a copy.
+        """
+        if isinstance(spec, str):
+            # The spec goes inside the array request: parsed here as the portal parses YAML, and
+            # sent back as YAML, so that dates and other YAML types arrive unchanged.
+            body = yaml.safe_dump({"job": parse_yaml_spec(spec), "array": count}, sort_keys=False)
+            request: dict[str, Any] = {
+                "content": body.encode(),
+                "headers": {"Content-Type": "application/yaml"},
+            }
+        else:
+            request = {"json": {"job": spec, "array": count}}
+        try:
+            created = self.request("POST", "/jobs/bulk/", **request)
+        except BadRequest as error:
+            errors = {field.removeprefix("job."): messages for field, messages in error.errors.items()}
+            raise BadRequest(error.message, errors) from None
+        return [int(job_id) for job_id in created["ids"]]
+
     def cancel_job(self, job_id: int) -> Job:
         return self.change_job(job_id, "cancel")
 
@@ -424,6 +453,22 @@ class PortalClient:
         if response.status_code >= 400:
             self._decode(response)  # a refusal is JSON: raises with the portal's message
         return response.text
+
+
+def parse_yaml_spec(text: str) -> dict[str, Any]:
+    """A job spec from YAML text, refused with the words the portal uses for a bad document."""
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        message = f"YAML parse error: {error}"
+        raise BadRequest(message, {"detail": [message]}) from None
+    except RecursionError:
+        message = "YAML parse error: The document is nested too deeply."
+        raise BadRequest(message, {"detail": [message]}) from None
+    if not isinstance(spec, dict):
+        message = "A job spec must be a YAML mapping."
+        raise BadRequest(message, {"detail": [message]})
+    return spec
 
 
 def usage_params(since: date | str | None, until: date | str | None, group: str) -> dict[str, str]:
