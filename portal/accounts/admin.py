@@ -8,7 +8,7 @@ from django.contrib.auth.models import Group, User
 
 from portal.accounts.models import ApiToken, AuditEntry, Membership, Tenant, TotpDevice
 from portal.accounts.services import revoke_api_token
-from portal.lib.admin import AuditedModelAdmin
+from portal.lib.admin import AuditedModelAdmin, ReadOnlyModelAdmin
 
 
 class MembershipInline(admin.TabularInline):
@@ -52,22 +52,13 @@ class ApiTokenAdmin(AuditedModelAdmin):
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
-    """Read-only: the audit log is appended to by the services, never edited."""
+class AuditEntryAdmin(ReadOnlyModelAdmin):
+    """The audit log is appended to by the services, never edited."""
 
     list_display = ["created_at", "actor", "action", "object_type", "object_repr", "tenant"]
     list_filter = ["action", "object_type", "tenant"]
     search_fields = ["object_repr", "detail", "actor__username"]
     date_hierarchy = "created_at"
-
-    def has_add_permission(self, request: Any) -> bool:
-        return False
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(TotpDevice)

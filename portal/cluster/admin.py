@@ -26,7 +26,7 @@ from portal.cluster.services import (
     set_node_state,
 )
 from portal.jobs.services import request_scheduling_cycle
-from portal.lib.admin import AuditedModelAdmin
+from portal.lib.admin import AuditedModelAdmin, ReadOnlyModelAdmin
 
 
 class QuotaInline(admin.TabularInline):
@@ -208,21 +208,12 @@ class GpuAdmin(AuditedModelAdmin):
 
 
 @admin.register(GpuHealthEvent)
-class GpuHealthEventAdmin(admin.ModelAdmin):
-    """The GPUs' health history, kept by the portal: read only."""
+class GpuHealthEventAdmin(ReadOnlyModelAdmin):
+    """The GPUs' health history, kept by the portal."""
 
     list_display = ["created_at", "gpu_uuid", "node", "gpu_index", "healthy", "reason", "actor"]
     list_filter = ["healthy", "node"]
     search_fields = ["gpu_uuid", "node__name", "reason"]
-
-    def has_add_permission(self, request: Any) -> bool:
-        return False
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
 
 
 class EnrollmentTokenForm(forms.ModelForm):

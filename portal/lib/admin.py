@@ -1,4 +1,5 @@
-"""The base for every admin class: each add, change and delete writes an audit entry."""
+"""The bases for admin classes: each add, change and delete writes an audit entry; a record that
+services append to is read only."""
 
 from __future__ import annotations
 
@@ -26,3 +27,16 @@ class AuditedModelAdmin(admin.ModelAdmin):
         for obj in queryset:
             record_audit(request.user, "admin.delete", obj, tenant=tenant_of(obj))
         return super().log_deletions(request, queryset)
+
+
+class ReadOnlyModelAdmin(admin.ModelAdmin):
+    """Rows that services append to (the audit log, GPU health events): listed, never edited."""
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False

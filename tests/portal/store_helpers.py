@@ -1,5 +1,5 @@
 """What the tests of the scheduler's store share: the live tests' profile, submitting through
-the API, and moving a job on as an agent's report would."""
+the API, placing a job on a known node, and moving a job on as an agent's report would."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from portal.cluster.models import Node
 from portal.jobs.choices import JobState
-from portal.jobs.models import Job
+from portal.jobs.models import Job, JobAttempt
 from portal.jobs.services import transition_job
 from scheduler import core
 
@@ -32,3 +33,17 @@ def run(job_id: int) -> None:
     job = Job.objects.get(pk=job_id)
     assert job.state == JobState.SCHEDULED
     assert transition_job(job, JobState.RUNNING, label="test")
+
+
+def placed_attempt(api_for: Any, command: str = "sleep 600") -> tuple[Node, JobAttempt]:
+    """A one-GPU job of alice's placed by a real cycle on a100-node-1 (the only ready node)."""
+    from scheduler.tasks import run_cycle
+
+    Node.objects.exclude(name="a100-node-1").update(state="cordoned")
+    node = Node.objects.get(name="a100-node-1")
+    Node.objects.filter(pk=node.pk).update(state="ready")
+    body = {"name": "placed", "vc": "vision", "flavor": "s-A100", "command": command}
+    response = api_for("alice").post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    assert run_cycle()["started"] == 1
+    return node, JobAttempt.objects.get(job_id=response.json()["id"])

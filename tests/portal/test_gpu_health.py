@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 
-from agents.protocol import GpuInfo, GpuSample, GpuTopology, Hello, HostInfo, RuntimeInfo, utc_now
+from agents.protocol import GpuSample, Hello, utc_now
 from portal.accounts.models import AuditEntry
 from portal.cluster.models import Gpu, GpuHealthEvent, Node
 from portal.cluster.services import accept_reported_gpus, record_gpu_health, record_hello
 from portal.jobs.choices import JobState
 from portal.jobs.models import Job
 from scheduler.tasks import run_cycle
+from tests.portal.agentgw.test_agent_consumer import hello as agent_hello
 from tests.portal.store_helpers import live_profile, run, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,25 +24,7 @@ NODE = "a100-node-1"
 
 
 def hello(uuids: dict[int, str], unhealthy: dict[int, str] | None = None) -> Hello:
-    unhealthy = unhealthy or {}
-    return Hello(
-        node_name=NODE,
-        agent_version="test",
-        host=HostInfo(hostname=NODE, cpu_count=256, memory_total_mib=2_097_152, simulated=True),
-        runtime=RuntimeInfo(kind="process"),
-        gpus=[
-            GpuInfo(
-                index=i,
-                uuid=uuid,
-                model="NVIDIA A100-SXM4-80GB",
-                memory_total_mib=81920,
-                topology=GpuTopology(numa_node=i // 4, pcie_switch=f"sw{i // 2}", nvlink_group="nvswitch"),
-                healthy=i not in unhealthy,
-                health_reason=unhealthy.get(i),
-            )
-            for i, uuid in uuids.items()
-        ],
-    )
+    return agent_hello(NODE, uuids, unhealthy)
 
 
 def failure(gpu: Gpu, *xids: int) -> GpuSample:

@@ -9,30 +9,11 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.test import Client
 
 from portal.accounts.models import Membership
+from tests.portal.test_live_hub import live_socket, signed_in
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-
-def signed_in(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-async def live_socket(client: Client) -> WebsocketCommunicator:
-    from portal.asgi import application
-
-    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
-    communicator = WebsocketCommunicator(
-        application, "/ws/live/", headers=[(b"cookie", cookie), (b"origin", b"http://localhost")]
-    )
-    assert (await communicator.connect())[0]
-    await communicator.send_json_to({"subscribe": "jobs"})
-    assert (await communicator.receive_json_from(timeout=5))["subscribed"] == "jobs"
-    return communicator
 
 
 async def closed_with(communicator: WebsocketCommunicator) -> int:

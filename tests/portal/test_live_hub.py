@@ -17,16 +17,17 @@ from portal.live.hub import channel_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def session_cookie(user: Any) -> bytes:
+def signed_in(user: Any) -> Client:
     client = Client()
     client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
+    return client
 
 
-async def browser(user: Any) -> WebsocketCommunicator:
+async def live_socket(client: Client) -> WebsocketCommunicator:
+    """A browser's live socket on `client`'s session, following its tenants' jobs."""
     from portal.asgi import application
 
-    cookie = await sync_to_async(session_cookie)(user)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
     communicator = WebsocketCommunicator(
         application, "/ws/live/", headers=[(b"cookie", cookie), (b"origin", b"http://localhost")]
     )
@@ -34,6 +35,10 @@ async def browser(user: Any) -> WebsocketCommunicator:
     await communicator.send_json_to({"subscribe": "jobs"})
     assert (await communicator.receive_json_from(timeout=5))["subscribed"] == "jobs"
     return communicator
+
+
+async def browser(user: Any) -> WebsocketCommunicator:
+    return await live_socket(await sync_to_async(signed_in)(user))
 
 
 def subscribers(topic: str) -> int:

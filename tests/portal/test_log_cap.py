@@ -11,26 +11,13 @@ from django.db import connection, transaction
 
 from agents.protocol import LogChunk
 from portal.agentgw.desired import agent_attempt_id
-from portal.cluster.models import Node
 from portal.jobs.models import Job, JobAttempt, JobEvent, LogLine
 from portal.jobs.services import record_log_chunk
-from scheduler.tasks import run_cycle
 from tests.conftest import wait_for
+from tests.portal.store_helpers import placed_attempt
 from tests.portal.test_report_lock_order import waiting_for_a_lock
 
 TRUNCATED = "output beyond 20 bytes of attempt 1 was not kept"
-
-
-def placed_attempt(api_for: Any) -> tuple[Node, JobAttempt]:
-    """A one-GPU job placed on a100-node-1, as the scheduler places it."""
-    Node.objects.exclude(name="a100-node-1").update(state="cordoned")
-    node = Node.objects.get(name="a100-node-1")
-    Node.objects.filter(pk=node.pk).update(state="ready")
-    body = {"name": "chatty", "vc": "vision", "flavor": "s-A100", "command": "yes"}
-    response = api_for("alice").post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 201, response.json()
-    assert run_cycle()["started"] == 1
-    return node, JobAttempt.objects.get(job_id=response.json()["id"])
 
 
 def chunk(attempt: JobAttempt, stream: str, seq: int, text: str) -> LogChunk:
@@ -50,7 +37,7 @@ def truncation_events(attempt: JobAttempt) -> list[str]:
 @pytest.mark.django_db
 def test_lines_past_the_cap_are_dropped_with_one_event(api_for, paused_loop, settings) -> None:  # type: ignore[no-untyped-def]
     settings.LOG_MAX_BYTES_PER_ATTEMPT = 20
-    node, attempt = placed_attempt(api_for)
+    node, attempt = placed_attempt(api_for, command="yes")
     # 8 bytes (each line with its newline); sent twice, as an agent does after a reconnect: the
     # copy adds no line and counts no byte.
     assert record_log_chunk(node, chunk(attempt, "stdout", 0, "one\ntwo\n")) == 2
@@ -88,7 +75,7 @@ def test_chunks_reaching_the_cap_at_once_write_one_event_and_take_the_job_first(
     job, that writer and the chunk would deadlock; had the chunks not taken turns on the
     attempt, each would have found it unmarked and written an event."""
     settings.LOG_MAX_BYTES_PER_ATTEMPT = 20
-    node, attempt = placed_attempt(api_for)
+    node, attempt = placed_attempt(api_for, command="yes")
     results: dict[str, Any] = {}
 
     def send(stream: str) -> None:

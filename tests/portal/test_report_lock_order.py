@@ -15,11 +15,10 @@ from django.db import connection, transaction
 
 from agents.protocol import AttemptState, AttemptStatus, utc_now
 from portal.agentgw.desired import agent_attempt_id
-from portal.cluster.models import Node
 from portal.jobs.models import Job, JobAttempt
 from portal.jobs.services import record_attempt_status
-from scheduler.tasks import run_cycle
 from tests.conftest import wait_for
+from tests.portal.store_helpers import placed_attempt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,15 +34,8 @@ def waiting_for_a_lock(backend_pid: int) -> bool:
 
 
 def test_a_report_waits_for_the_job_lock_before_it_locks_the_attempt(api_for, paused_loop) -> None:  # type: ignore[no-untyped-def]
-    Node.objects.exclude(name="a100-node-1").update(state="cordoned")
-    node = Node.objects.get(name="a100-node-1")
-    Node.objects.filter(pk=node.pk).update(state="ready")
-    body = {"name": "j", "vc": "vision", "flavor": "s-A100", "command": "sleep 600"}
-    response = api_for("alice").post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 201, response.json()
-    job = Job.objects.get(pk=response.json()["id"])
-    assert run_cycle()["started"] == 1
-    attempt = JobAttempt.objects.get(job=job)
+    node, attempt = placed_attempt(api_for)
+    job = attempt.job
     report = AttemptStatus(
         attempt_id=agent_attempt_id(attempt, 0),
         job_id=str(job.pk),

@@ -37,7 +37,11 @@ def application() -> Any:
     return application
 
 
-def hello(node: str) -> Hello:
+def hello(node: str, uuids: dict[int, str] | None = None, unhealthy: dict[int, str] | None = None) -> Hello:
+    """A DGX-A100's hello: eight GPUs (or those of `uuids`, index -> UUID), the `unhealthy` ones
+    with their reason."""
+    uuids = {i: f"GPU-{node}-real-{i}" for i in range(8)} if uuids is None else uuids
+    unhealthy = unhealthy or {}
     return Hello(
         node_name=node,
         agent_version="test",
@@ -46,12 +50,14 @@ def hello(node: str) -> Hello:
         gpus=[
             GpuInfo(
                 index=i,
-                uuid=f"GPU-{node}-real-{i}",
+                uuid=uuid,
                 model="NVIDIA A100-SXM4-80GB",
                 memory_total_mib=81920,
                 topology=GpuTopology(numa_node=i // 4, pcie_switch=f"sw{i // 2}", nvlink_group="nvswitch"),
+                healthy=i not in unhealthy,
+                health_reason=unhealthy.get(i),
             )
-            for i in range(8)
+            for i, uuid in uuids.items()
         ],
     )
 
