@@ -27,6 +27,15 @@ CHROMIUM_ARGS = [
 ]
 BROWSER_DIR = Path(__file__).resolve().parent
 
+# Every browser test: against the live stack, on a database it may change, in the session's loop.
+BROWSER_TEST = [
+    pytest.mark.browser,
+    pytest.mark.live,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
+LONG = 90_000  # ms: generous upper bounds for a loaded machine, never asserted as timings
+
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     reason = None

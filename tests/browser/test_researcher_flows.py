@@ -6,20 +6,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import pytest
 from asgiref.sync import sync_to_async
 from playwright.async_api import Page, expect
 
-from tests.browser.conftest import sign_in
+from tests.browser.conftest import BROWSER_TEST, LONG, sign_in
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.live,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.asyncio(loop_scope="session"),
-]
-
-LONG = 90_000  # ms: generous upper bounds for a loaded machine, never asserted as timings
+pytestmark = BROWSER_TEST
 
 # One line, so that it is one argument in the form's "one argument per line" command.
 HELLO = (
