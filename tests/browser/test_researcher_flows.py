@@ -265,3 +265,53 @@ async def test_a_long_timeline_opens_at_the_latest_event(
     await timeline.scroll_into_view_if_needed()
     await expect(timeline.get_by_text("note 29", exact=True)).to_be_in_viewport()
     await expect(timeline.get_by_text("submitted", exact=True)).not_to_be_in_viewport()
+
+
+def set_email(user: Any, address: str) -> None:
+    from django.db import connection
+
+    try:
+        user.email = address
+        user.save(update_fields=["email"])
+    finally:
+        connection.close()
+
+
+def notify_of(job_id: int) -> list[str]:
+    from django.db import connection
+
+    from portal.jobs.models import Job
+
+    try:
+        return list(Job.objects.get(pk=job_id).notify_on)
+    finally:
+        connection.close()
+
+
+async def test_the_form_asks_for_mail_about_the_chosen_states(
+    live_stack: dict[str, Any], users: Any, page: Page
+) -> None:
+    """The live stack sends mail (its SMTP server is the session's): the form offers the states,
+    to the account's address, and the job keeps the ones ticked."""
+    await sign_in(page, live_stack["http"], "bob")
+    await page.goto(live_stack["http"] + "/submit")
+    choices = page.get_by_role("group", name="Mail me when it is")
+    await expect(page.get_by_text("Your account has no email address")).to_be_visible()  # bob has none yet
+    await expect(choices.get_by_label("failed")).to_be_disabled()
+    await sync_to_async(set_email)(users["bob"], "bob@example.org")
+    await page.reload()
+    await expect(page.get_by_text("To bob@example.org.")).to_be_visible(timeout=LONG)
+    await page.get_by_label("Name", exact=True).fill("mail-me")
+    await page.get_by_role("radio", name=re.compile(r"^s-A100")).check()
+    await page.get_by_label("Command", exact=True).fill("sleep 600")
+    await choices.get_by_label("succeeded").check()
+    await choices.get_by_label("failed").check()
+    await page.get_by_role("tab", name="YAML").click()
+    await expect(page.get_by_label("Job spec (YAML)")).to_have_value(
+        re.compile(r"notify:\n  - succeeded\n  - failed")
+    )
+    await page.get_by_role("tab", name="Form").click()
+    await page.get_by_role("button", name="Submit job").click()
+    await expect(page).to_have_url(re.compile(r"/jobs/\d+$"), timeout=LONG)
+    job_id = int(page.url.rsplit("/", 1)[1])
+    assert await sync_to_async(notify_of)(job_id) == ["failed", "succeeded"]

@@ -30,12 +30,19 @@ describe("form and spec", () => {
       timeLimit: "36h",
       timeSliceable: true,
       after: "41, 42",
+      notify: ["failed", "running"],
     };
     expect(formToSpec(form).after).toEqual([41, 42]);
+    expect(formToSpec(form).notify).toEqual(["running", "failed"]); // in the form's order
     const yaml = specToYaml(formToSpec(form));
     const parsed = parseSpecYaml(yaml);
     expect(parsed.ok).toBe(true);
-    if (parsed.ok) expect(specToForm(parsed.spec).form).toEqual(form);
+    if (parsed.ok) expect(specToForm(parsed.spec).form).toEqual({ ...form, notify: ["running", "failed"] });
+  });
+
+  it("keeps a notify state the form does not offer, for the API to refuse", () => {
+    const form = { ...emptyForm(), notify: ["exploded", "succeeded"] };
+    expect(formToSpec(form).notify).toEqual(["succeeded", "exploded"]);
   });
 
   it("keeps keys the form does not show", () => {

@@ -33,6 +33,8 @@ export interface SpecForm {
   checkpointGrace: string;
   timeLimit: string;
   timeSliceable: boolean;
+  /** States to be mailed about (the spec's `notify`), in the API's names. */
+  notify: string[];
   /** Ids of jobs that must succeed first, comma- or space-separated. */
   after: string;
 }
@@ -54,7 +56,11 @@ export const FORM_KEYS = [
   "time_limit",
   "time_sliceable",
   "after",
+  "notify",
 ];
+
+/** The states a spec's `notify` may name, in the order the form offers them. */
+export const NOTIFY_STATES = ["running", "succeeded", "failed", "cancelled", "timed-out", "preempted"];
 
 export function emptyForm(): SpecForm {
   return {
@@ -77,6 +83,7 @@ export function emptyForm(): SpecForm {
     timeLimit: "",
     timeSliceable: false,
     after: "",
+    notify: [],
   };
 }
 
@@ -127,6 +134,10 @@ export function formToSpec(form: SpecForm, extra: SpecObject = {}): SpecObject {
   if (form.timeSliceable) spec.time_sliceable = true;
   const after = form.after.split(/[\s,]+/).filter(Boolean).map(numberOrText);
   if (after.length) spec.after = after;
+  if (form.notify.length) {
+    // In the form's order; a state it does not offer (typed in YAML) is kept for the API to refuse.
+    spec.notify = [...NOTIFY_STATES.filter((s) => form.notify.includes(s)), ...form.notify.filter((s) => !NOTIFY_STATES.includes(s))];
+  }
   for (const [key, value] of Object.entries(extra)) {
     if (!FORM_KEYS.includes(key)) spec[key] = value;
   }
@@ -180,6 +191,7 @@ export function specToForm(spec: SpecObject): { form: SpecForm; extra: SpecObjec
   if (spec.time_limit !== undefined && spec.time_limit !== null) form.timeLimit = text(spec.time_limit);
   form.timeSliceable = spec.time_sliceable === true;
   if (Array.isArray(spec.after)) form.after = spec.after.map(text).join(", ");
+  if (Array.isArray(spec.notify)) form.notify = spec.notify.map(text);
   return { form, extra };
 }
 

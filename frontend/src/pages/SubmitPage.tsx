@@ -5,6 +5,7 @@ import type { ClusterNode, Flavor, JobDetail, PriorityClass, VirtualCluster, Wha
 import { ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { replicasThatFitNow } from "../lib/cluster";
 import {
+  NOTIFY_STATES,
   type SpecForm,
   type SpecObject,
   applyHint,
@@ -260,6 +261,7 @@ interface FieldsProps {
 }
 
 function SpecFields({ form, update, choices, errors, tenants }: FieldsProps) {
+  const { me } = useSession();
   const submittable = choices.vcs.filter((vc) => tenants.includes(vc.tenant));
   const vcOptions = submittable.length ? submittable : choices.vcs;
   return (
@@ -437,6 +439,34 @@ function SpecFields({ form, update, choices, errors, tenants }: FieldsProps) {
             </p>
           ))}
         </div>
+        {me.mail_enabled && (
+          <div className={errors("notify").length ? "field has-error" : "field"}>
+            <fieldset className="choices">
+              <legend>Mail me when it is</legend>
+              {NOTIFY_STATES.map((state) => (
+                <label key={state} className="checkbox">
+                  <input
+                    type="checkbox"
+                    disabled={!me.email}
+                    checked={form.notify.includes(state)}
+                    onChange={(e) =>
+                      update({ notify: e.target.checked ? [...form.notify, state] : form.notify.filter((s) => s !== state) })
+                    }
+                  />{" "}
+                  {state}
+                </label>
+              ))}
+            </fieldset>
+            <p className="hint">
+              {me.email ? `To ${me.email}.` : "Your account has no email address: ask a cluster admin to set one."}
+            </p>
+            {errors("notify").map((msg) => (
+              <p key={msg} className="field-error">
+                {msg}
+              </p>
+            ))}
+          </div>
+        )}
       </fieldset>
 
       <fieldset className="card">

@@ -45,4 +45,6 @@ class MembershipSerializer(serializers.ModelSerializer):
 class MeSerializer(serializers.Serializer):
     username = serializers.CharField()
     is_staff = serializers.BooleanField()
+    email = serializers.CharField(help_text="Where the portal mails you (set by a cluster admin).")
+    mail_enabled = serializers.BooleanField(help_text="Whether the portal sends mail (a spec's notify).")
     memberships = MembershipSerializer(many=True)

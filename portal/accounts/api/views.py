@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import authenticate, login, logout
 from django.middleware.csrf import get_token
 from django.utils.decorators import method_decorator
@@ -59,6 +60,8 @@ def me_data(user: Any) -> dict[str, Any]:
     data = {
         "username": user.username,
         "is_staff": user.is_staff,
+        "email": user.email,
+        "mail_enabled": settings.MAIL_ENABLED,
         "memberships": user.memberships.select_related("tenant"),
     }
     return MeSerializer(data).data
