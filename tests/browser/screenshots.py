@@ -132,6 +132,9 @@ async def test_take_screenshots(live_stack: dict[str, Any], hosts: Any, submit_a
     await page.get_by_role("button", name="Create token").click()
     await expect(page.get_by_text("shown only once")).to_be_visible()
     await shot(page, "13-tokens")
+    await page.goto(base + "/usage?group=user")
+    await expect(page.get_by_role("table")).to_contain_text("alice")
+    await shot(page, "14-usage")
 
     await page.set_viewport_size(PHONE)
     await page.goto(base + "/")
