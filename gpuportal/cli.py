@@ -26,7 +26,7 @@ from rich.table import Table
 
 from gpuportal import __version__, config
 from gpuportal.client import MAX_ARRAY_JOBS, AuthError, BadRequest, NotFound, PortalClient, PortalError
-from gpuportal.models import Job, JobDetail, JobEvent, LogLine
+from gpuportal.models import Job, JobDetail, JobEvent, LogLine, Quota, VirtualCluster
 
 OK = 0
 JOB_FAILED = 1
@@ -41,7 +41,7 @@ EXIT_CODES = {
     OK: "success (for submit --follow and logs -f: the job succeeded)",
     JOB_FAILED: "the job failed, was cancelled or timed out (submit --follow, logs -f)",
     USAGE: "bad usage or input: unknown option, unreadable file, a spec field the portal refused",
-    NOT_FOUND: "no such job (another tenant's job looks the same)",
+    NOT_FOUND: "no such job or virtual cluster (another tenant's looks the same)",
     AUTH: "not signed in, the token is invalid or expired, or not allowed",
     UNREACHABLE: "the portal cannot be reached or failed (HTTP 5xx)",
     CONFLICT: "the request does not fit the job's state (e.g. cancelling an ended job)",
@@ -63,6 +63,16 @@ STATE_STYLES = {
     "timed-out": "red",
 }
 
+# An admin's stop of a virtual cluster (its stop_policy): the STATE column of `vcs`, and what it
+# means, shown by `vcs NAME`.
+VC_STATES = {"": "open", "hold": "held", "hold-and-drain": "held, drained"}
+VC_STOPS = {
+    "": "open",
+    "hold": "held by an admin: none of its jobs starts; running ones go on",
+    "hold-and-drain": (
+        "held and drained by an admin: none of its jobs starts; running ones are checkpointed and requeued"
+    ),
+}
 
 # The width of output that goes to a pipe or a file: wide enough that no table wraps.
 PIPE_WIDTH = 10_000
@@ -167,6 +177,20 @@ def index_ranges(indices: Sequence[int]) -> str:
             parts.append(str(first) if first == last else f"{first}-{last}")
             start = i
     return ",".join(parts)
+
+
+def counted(number: int, noun: str) -> str:
+    """'1 GPU', '8 GPUs'."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def vc_state(vc: VirtualCluster) -> str:
+    """'open', 'held' or 'held, drained'; a stop this client does not know, as the portal names it."""
+    return VC_STATES.get(vc.stop_policy, vc.stop_policy)
+
+
+def quota_cells(quota: Quota) -> tuple[str, str, str, str]:
+    return (escape(quota.gpu_model), str(quota.in_use), str(quota.guaranteed), str(quota.borrow_limit))
 
 
 def print_json(ctx: Context, data: Any) -> None:
@@ -597,6 +621,64 @@ def cmd_nodes(ctx: Context) -> int:
     return OK
 
 
+def cmd_vcs(ctx: Context) -> int:
+    """Like Slurm's `sshare` or Kueue's `kueuectl list clusterqueue`: how much of each quota is in
+    use, so a researcher can tell before submitting whether a job would borrow or wait."""
+    if ctx.args.vc_name is not None:
+        return show_vc(ctx, ctx.client().virtual_cluster(ctx.args.vc_name))
+    vcs = ctx.client().virtual_clusters()
+    if ctx.args.output == "json":
+        print_json(ctx, dump(vcs))
+        return OK
+    if not vcs:
+        ctx.err.print("No virtual clusters: none of your tenants has one.")
+        return OK
+    rows = []
+    for vc in vcs:
+        for cells in [quota_cells(quota) for quota in vc.quotas] or [("-", "-", "-", "-")]:
+            rows.append((escape(vc.name), escape(vc.tenant), *cells, escape(vc_state(vc))))
+    columns = ("VC", "TENANT", "MODEL", "IN USE", "GUARANTEED", "BORROW LIMIT", "STATE")
+    table = listing(columns, rows)
+    for column in table.columns[3:6]:
+        column.justify = "right"
+    ctx.out.print(table)
+    stopped = [f"{vc.name} ({vc_state(vc)})" for vc in vcs if vc.stop_policy]
+    if stopped:
+        ctx.err.print(f"[yellow]Stopped by an admin, no job starts in: {escape(', '.join(stopped))}.[/]")
+    return OK
+
+
+def show_vc(ctx: Context, vc: VirtualCluster) -> int:
+    """One virtual cluster: what it is for, how it orders its jobs, its limits and quotas."""
+    if ctx.args.output == "json":
+        print_json(ctx, vc.model_dump(mode="json"))
+        return OK
+    limits = []
+    if vc.max_gpus_per_user is not None:
+        limits.append(counted(vc.max_gpus_per_user, "GPU") + " in use")
+    if vc.max_pending_jobs_per_user is not None:
+        limits.append(counted(vc.max_pending_jobs_per_user, "pending job"))
+    info = Table.grid(padding=(0, 2))
+    info.add_column(style="bold")
+    info.add_column()
+    info.add_row("VC", escape(vc.name))
+    info.add_row("Tenant", escape(vc.tenant))
+    info.add_row("Description", escape(vc.description or "-"))
+    info.add_row("Queue order", escape(vc.queueing_policy_label or vc.queueing_policy or "-"))
+    info.add_row("Per-user limits", ", ".join(limits) or "none")
+    info.add_row("State", escape(VC_STOPS.get(vc.stop_policy, vc.stop_policy)))
+    ctx.out.print(info)
+    if not vc.quotas:
+        ctx.err.print(f"VC {escape(vc.name)} has no GPU quota: none of its jobs can start.")
+        return OK
+    table = listing(("MODEL", "IN USE", "GUARANTEED", "BORROW LIMIT"), map(quota_cells, vc.quotas))
+    for column in table.columns[1:]:
+        column.justify = "right"
+    ctx.out.print()
+    ctx.out.print(table)
+    return OK
+
+
 def cmd_usage(ctx: Context) -> int:
     args = ctx.args
     client = ctx.client()
@@ -728,6 +810,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_output(add("nodes", cmd_nodes, "nodes and their GPUs"))
 
+    vcs = add("vcs", cmd_vcs, "your tenants' virtual clusters: quotas, GPUs in use, whether stopped")
+    vcs.add_argument("vc_name", nargs="?", metavar="NAME", help="one virtual cluster in detail")
+    add_output(vcs)
+
     usage = add(
         "usage", cmd_usage, "GPU-hours and energy of the jobs you may see, per VC, user, tenant or job"
     )
@@ -759,9 +845,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ctx.err.print(f"  {escape(field)}: {escape(message)}")
         return error.exit_code
     except NotFound as error:
-        # The same words for a job that does not exist and another tenant's job.
+        # The same words for a job or VC that does not exist and another tenant's.
         job = getattr(args, "job_id", None)
-        message = f"job {job} not found" if job is not None else escape(error.message)
+        vc_name = getattr(args, "vc_name", None)
+        if job is not None:
+            message = f"job {job} not found"
+        elif vc_name is not None:
+            message = f"virtual cluster {escape(vc_name)} not found"
+        else:
+            message = escape(error.message)
         ctx.err.print(f"[red]error:[/] {message}")
         return error.exit_code
     except PortalError as error:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import date
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 import yaml
@@ -423,6 +424,13 @@ class PortalClient:
 
     def virtual_clusters(self) -> list[VirtualCluster]:
         return self._parse(VirtualCluster, self._pages("/virtual-clusters/", limit=None))
+
+    def virtual_cluster(self, name: str) -> VirtualCluster:
+        """One virtual cluster of your tenants by name. Another tenant's raises
+        :class:`NotFound`, exactly as one that does not exist."""
+        return VirtualCluster.model_validate(
+            self.request("GET", f"/virtual-clusters/{quote(name, safe='')}/")
+        )
 
     def flavors(self) -> list[Flavor]:
         return self._parse(Flavor, self._pages("/flavors/", limit=None))

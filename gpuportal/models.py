@@ -165,6 +165,7 @@ class VirtualCluster(_Resource):
     queueing_policy_label: str = ""
     max_gpus_per_user: int | None = None
     max_pending_jobs_per_user: int | None = None
+    stop_policy: str = ""  # an admin's stop: "" (open), "hold" or "hold-and-drain"
     quotas: list[Quota] = []
 
 

@@ -1,0 +1,172 @@
+"""`gpuportal vcs` against a real portal: the virtual clusters of the caller's tenants with the
+demo seed's quotas and the GPUs their jobs hold, an admin's stop, another tenant's VC answering
+like one that does not exist, and the API's objects as JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from gpuportal import cli
+from portal.accounts.services import create_api_token
+from portal.cluster.models import Gpu, VirtualCluster
+from portal.jobs.models import Allocation, Job, JobAttempt
+
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
+
+HEADER = ["VC", "TENANT", "MODEL", "IN USE", "GUARANTEED", "BORROW LIMIT", "STATE"]
+NUMBER_COLUMNS = ("IN USE", "GUARANTEED", "BORROW LIMIT")
+
+
+def api_client(user: Any) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def running_job(user: Any, vc: str, node: str, gpu_indices: list[int]) -> Job:
+    """A job submitted over the API that holds these GPUs now, as a placement would leave it: a
+    running attempt whose allocations are not released."""
+    response = api_client(user).post(
+        "/api/v1/jobs/", {"name": "holding", "vc": vc, "flavor": "s-A100", "command": "true"}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+    attempt = JobAttempt.objects.create(job=job, number=1, state="running", started_at=timezone.now())
+    for gpu in Gpu.objects.filter(node__name=node, index__in=gpu_indices).select_related("node"):
+        Allocation.objects.create(attempt=attempt, gpu=gpu, node=gpu.node)
+    Job.objects.filter(pk=job.pk).update(state="running", started_at=attempt.started_at)
+    return job
+
+
+@pytest.fixture
+def tokens(users: dict[str, Any]) -> dict[str, str]:
+    return {name: create_api_token(users[name], "vcs test")[1] for name in ("alice", "carol")}
+
+
+def split_cells(line: str) -> list[str]:
+    """Cells are apart by two spaces or more; one space stays inside a cell ("IN USE")."""
+    return re.split(r" {2,}", line.strip())
+
+
+def table(stdout: str) -> tuple[str, list[list[str]]]:
+    """The header line as printed, and the rows split into cells."""
+    header, *lines = stdout.splitlines()
+    return header, [split_cells(line) for line in lines]
+
+
+def assert_numbers_right_aligned(stdout: str) -> None:
+    """Each number ends where its column's header ends."""
+    header, *lines = stdout.splitlines()
+    for column in NUMBER_COLUMNS:
+        end = header.index(column) + len(column)
+        for line in lines:
+            assert line[end - 1].isdigit() and line[end : end + 1] in ("", " "), (column, line)
+
+
+def test_vcs_lists_the_tenants_quotas_and_the_gpus_in_use(run_cli, tokens, users) -> None:  # type: ignore[no-untyped-def]
+    before = run_cli(tokens["alice"], "vcs")
+    assert before.returncode == 0, before.stderr
+    header, rows = table(before.stdout)
+    assert split_cells(header) == HEADER
+    assert rows == [
+        ["vision", "vision", "A100", "0", "8", "8", "open"],
+        ["vision", "vision", "V100", "0", "8", "4", "open"],
+    ]
+    assert "speech" not in before.stdout  # another tenant's
+    assert before.stderr == ""
+    assert_numbers_right_aligned(before.stdout)
+
+    running_job(users["alice"], "vision", "a100-node-1", [0, 1])
+    running_job(users["carol"], "speech", "a100-node-2", [0, 1, 2])
+    after = run_cli(tokens["alice"], "vcs")
+    assert after.returncode == 0, after.stderr
+    assert table(after.stdout)[1] == [
+        ["vision", "vision", "A100", "2", "8", "8", "open"],
+        ["vision", "vision", "V100", "0", "8", "4", "open"],
+    ]
+
+    carol = run_cli(tokens["carol"], "vcs")
+    assert carol.returncode == 0, carol.stderr
+    assert table(carol.stdout)[1] == [
+        ["speech", "speech", "A100", "3", "8", "8", "open"],
+        ["speech", "speech", "V100", "0", "8", "4", "open"],
+    ]
+
+
+def test_vcs_name_shows_one_vc_and_another_tenants_is_not_found(run_cli, tokens, users) -> None:  # type: ignore[no-untyped-def]
+    shown = run_cli(tokens["alice"], "vcs", "vision")
+    assert shown.returncode == 0, shown.stderr
+    details, quotas = shown.stdout.split("\n\n")
+    assert [split_cells(line) for line in details.splitlines()] == [
+        ["VC", "vision"],
+        ["Tenant", "vision"],
+        ["Description", "-"],
+        ["Queue order", "First in, first out"],
+        ["Per-user limits", "none"],
+        ["State", "open"],
+    ]
+    header, rows = table(quotas)
+    assert split_cells(header) == ["MODEL", "IN USE", "GUARANTEED", "BORROW LIMIT"]
+    assert rows == [["A100", "0", "8", "8"], ["V100", "0", "8", "4"]]
+
+    VirtualCluster.objects.filter(name="vision").update(
+        description="Computer vision [team]", max_gpus_per_user=4, max_pending_jobs_per_user=1
+    )
+    running_job(users["alice"], "vision", "a100-node-1", [0])
+    changed = run_cli(tokens["alice"], "vcs", "vision")
+    assert changed.returncode == 0, changed.stderr
+    details, quotas = changed.stdout.split("\n\n")
+    lines = {cells[0]: cells[1] for cells in map(split_cells, details.splitlines())}
+    assert lines["Description"] == "Computer vision [team]"  # user text, not markup
+    assert lines["Per-user limits"] == "4 GPUs in use, 1 pending job"
+    assert table(quotas)[1][0] == ["A100", "1", "8", "8"]
+
+    others = run_cli(tokens["alice"], "vcs", "speech")
+    missing = run_cli(tokens["alice"], "vcs", "no-such-vc")
+    assert others.returncode == missing.returncode == cli.NOT_FOUND
+    assert others.stderr == "error: virtual cluster speech not found\n"
+    assert missing.stderr == "error: virtual cluster no-such-vc not found\n"
+    assert others.stdout == missing.stdout == ""
+
+
+def test_a_stopped_vc_says_held(run_cli, tokens) -> None:  # type: ignore[no-untyped-def]
+    VirtualCluster.objects.filter(name="vision").update(stop_policy="hold")
+    held = run_cli(tokens["alice"], "vcs")
+    assert held.returncode == 0, held.stderr
+    assert [row[-1] for row in table(held.stdout)[1]] == ["held", "held"]
+    assert held.stderr == "Stopped by an admin, no job starts in: vision (held).\n"
+    shown = run_cli(tokens["alice"], "vcs", "vision")
+    assert ["State", "held by an admin: none of its jobs starts; running ones go on"] in map(
+        split_cells, shown.stdout.splitlines()
+    )
+
+    VirtualCluster.objects.filter(name="vision").update(stop_policy="hold-and-drain")
+    drained = run_cli(tokens["alice"], "vcs")
+    assert [row[-1] for row in table(drained.stdout)[1]] == ["held, drained", "held, drained"]
+    assert "vision (held, drained)" in drained.stderr
+    shown = run_cli(tokens["alice"], "vcs", "vision")
+    assert "held and drained by an admin" in shown.stdout
+
+
+def test_vcs_json_prints_the_apis_objects(run_cli, tokens, users) -> None:  # type: ignore[no-untyped-def]
+    VirtualCluster.objects.filter(name="vision").update(stop_policy="hold", max_gpus_per_user=4)
+    running_job(users["alice"], "vision", "a100-node-1", [0, 1])
+    api = api_client(users["alice"])
+
+    listed = run_cli(tokens["alice"], "vcs", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == api.get("/api/v1/virtual-clusters/").json()["results"]
+    assert [vc["name"] for vc in json.loads(listed.stdout)] == ["vision"]
+
+    one = run_cli(tokens["alice"], "vcs", "vision", "-o", "json")
+    assert one.returncode == 0, one.stderr
+    vision = json.loads(one.stdout)
+    assert vision == api.get("/api/v1/virtual-clusters/vision/").json()
+    assert vision["stop_policy"] == "hold"
+    assert vision["quotas"][0] == {"gpu_model": "A100", "guaranteed": 8, "borrow_limit": 8, "in_use": 2}
