@@ -538,6 +538,15 @@ def cmd_change(ctx: Context) -> int:
     return OK
 
 
+def cmd_time_limit(ctx: Context) -> int:
+    """Slurm's `scontrol update TimeLimit=`: the portal says who may raise it and how far."""
+    text = ctx.args.limit
+    job = ctx.client().change_time_limit(ctx.args.job_id, int(text) if text.isdigit() else text)
+    shown = f"{text} s" if text.isdigit() else text
+    ctx.err.print(f"Job {job.id} {escape(job.name)}: its time limit is now {escape(shown)} per attempt.")
+    return OK
+
+
 def cmd_queue(ctx: Context) -> int:
     args = ctx.args
     jobs = ctx.client().list_jobs(state="pending", owner=None if args.all else "me", limit=None)
@@ -803,6 +812,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, (help_text, _) in JOB_CHANGES.items():
         add(name, cmd_change, help_text).add_argument("job_id", type=job_id)
+
+    time_limit = add("time-limit", cmd_time_limit, "lower a job's time limit (a tenant admin may raise it)")
+    time_limit.add_argument("job_id", type=job_id)
+    time_limit.add_argument("limit", help="seconds, or 90m, 36h, 1d12h")
 
     queue = add("queue", cmd_queue, "your pending jobs with reasons and estimated starts")
     queue.add_argument("--all", action="store_true", help="pending jobs of everyone in your tenants")

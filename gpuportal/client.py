@@ -327,6 +327,12 @@ class PortalClient:
         """`cancel`, `top` (before its owner's other pending jobs), `hold` or `release` a job."""
         return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/{change}/"))
 
+    def change_time_limit(self, job_id: int, time_limit: int | str) -> Job:
+        """Seconds or text such as '36h': lower your job's limit, or (as a tenant admin) raise it
+        up to its flavor's limit."""
+        body = {"time_limit": time_limit}
+        return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/time-limit/", json=body))
+
     def job_events(self, job_id: int) -> list[JobEvent]:
         return self._parse(JobEvent, self._pages(f"/jobs/{int(job_id)}/events/", limit=None))
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from agents.protocol import AttemptState as AgentAttemptState
 from agents.protocol import AttemptStatus, CheckpointDone, LogChunk, supersedes
-from portal.accounts.choices import SUBMIT_ROLES
+from portal.accounts.choices import SUBMIT_ROLES, Role
 from portal.accounts.services import audit_entry, record_audit
 from portal.cluster.models import Flavor, Node, Quota, VirtualCluster
 from portal.jobs.choices import (
@@ -625,6 +625,40 @@ def hold_job(job: Job, actor: Any) -> Job:
     record_job_event(job, actor_label(actor), "held: it does not start until released", {"held": True})
     record_audit(actor, "job.hold", job, tenant=job.tenant)
     request_scheduling_cycle()  # a reservation may have been held for it
+    return job
+
+
+@transaction.atomic
+def change_time_limit(job: Job, actor: Any, seconds: int) -> Job:
+    """Sets the job's wall-clock limit per attempt (Slurm's `scontrol update TimeLimit`): its
+    owner may lower it, an admin of its tenant (or a cluster admin) also raise it, never past
+    its flavor's limit. A running job past a lowered limit is stopped at the next check, as at
+    any limit; a raised one is warned again before it."""
+    from portal.jobs.spec import duration_text
+
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.state in TERMINAL_STATES:
+        raise InvalidTransition(f"Job {job.pk} {job.state}; its time limit no longer applies.")
+    flavor = Flavor.objects.filter(name=job.spec.get("flavor") or "").only("max_runtime_hours").first()
+    ceiling = flavor.max_runtime_hours * 3600 if flavor is not None else None
+    if ceiling is not None and seconds > ceiling:
+        raise JobRejected(
+            "time_limit", f"At most {duration_text(ceiling)}, the limit of flavor {flavor.name}."
+        )
+    is_admin = actor.is_staff or job.tenant.memberships.filter(user=actor, role=Role.ADMIN).exists()
+    if seconds > job.time_limit_s and not is_admin:
+        raise PermissionDenied(
+            "Only an admin of the job's tenant may raise its time limit; you may lower it."
+        )
+    before = job.time_limit_s
+    job.time_limit_s = seconds
+    if seconds > before:
+        job.time_limit_warned = False
+    job.save(update_fields=["time_limit_s", "time_limit_warned"])
+    change = f"{duration_text(before)} -> {duration_text(seconds)}"
+    record_job_event(job, actor_label(actor), f"time limit changed: {change}", {"time_limit_s": seconds})
+    record_audit(actor, "job.time_limit", job, tenant=job.tenant, detail=change)
+    request_scheduling_cycle()  # reservations and backfill read the limit
     return job
 
 

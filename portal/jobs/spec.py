@@ -93,6 +93,15 @@ def parse_duration(value: Any) -> int:
     return seconds
 
 
+def duration_text(seconds: int) -> str:
+    """A duration as parse_duration reads it: '36h', '1d12h', '90m' (when not whole hours)."""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
+    return "".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
+
+
 @extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "example": "36h"}]})
 class DurationField(serializers.Field):
     def to_internal_value(self, data: Any) -> int:

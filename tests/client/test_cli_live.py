@@ -230,6 +230,7 @@ def test_another_tenants_job_is_not_found(run_cli, tokens, tmp_path) -> None:  #
         ["top", job_id],
         ["hold", job_id],
         ["release", job_id],
+        ["time-limit", job_id, "1h"],
         ["logs", job_id, "-f"],
     ):
         result = run_cli(tokens["carol"], *command)
@@ -241,5 +242,13 @@ def test_another_tenants_job_is_not_found(run_cli, tokens, tmp_path) -> None:  #
         assert made_up.returncode == cli.NOT_FOUND
         assert made_up.stderr.replace("999999", job_id) == result.stderr
     assert Job.objects.get(pk=int(job_id)).state == "pending"
+    # Its owner lowers its time limit; raising it is a tenant admin's, and the portal says so.
+    lowered = run_cli(tokens["alice"], "time-limit", job_id, "90m")
+    assert lowered.returncode == cli.OK, lowered.stderr
+    assert "its time limit is now 90m per attempt" in lowered.stderr
+    assert Job.objects.get(pk=int(job_id)).time_limit_s == 5400
+    refused = run_cli(tokens["alice"], "time-limit", job_id, "2h")
+    assert refused.returncode == cli.AUTH
+    assert "Only an admin of the job's tenant may raise its time limit" in refused.stderr
     # A revoked or made-up token is an authentication failure, not "not found".
     assert run_cli("gpp_made_up", "status", job_id).returncode == cli.AUTH

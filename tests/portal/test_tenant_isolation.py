@@ -47,6 +47,12 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
         "/api/v1/jobs/{job}/release/",
         {"alice": 409, "bob": 403, "victor": 403, "carol": 404, None: 401},
     ),
+    # No body: the owner hears what is missing, everyone else what they hear for hold.
+    (
+        "post",
+        "/api/v1/jobs/{job}/time-limit/",
+        {"alice": 400, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
     (
         "post",
         "/api/v1/jobs/{job}/cancel/",

@@ -221,6 +221,7 @@ AUDITED = [
     ("post", "api/v1/jobs/(?P<pk>[^/.]+)/top/", "alice", None, "job.top"),
     ("post", "api/v1/jobs/(?P<pk>[^/.]+)/hold/", "alice", None, "job.hold"),
     ("post", "api/v1/jobs/(?P<pk>[^/.]+)/release/", "alice", "held", "job.release"),
+    ("post", "api/v1/jobs/(?P<pk>[^/.]+)/time-limit/", "alice", {"time_limit": "1h"}, "job.time_limit"),
     ("post", "api/v1/tokens/", "alice", {"name": "ci"}, "api_token.create"),
     ("delete", "api/v1/tokens/(?P<pk>[^/.]+)/", "alice", None, "api_token.revoke"),
     (

@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from portal.jobs.accounting import Usage, attempt_usage
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine, TelemetrySample
-from portal.jobs.spec import JobSpecSerializer
+from portal.jobs.spec import DurationField, JobSpecSerializer
 from scheduler.core import HintKind
 
 
@@ -161,6 +161,10 @@ class TelemetrySampleSerializer(serializers.ModelSerializer):
             "power_w",
             "temperature_c",
         ]
+
+
+class TimeLimitSerializer(serializers.Serializer):
+    time_limit = DurationField(help_text="Seconds or '36h': the job's new wall-clock limit per attempt.")
 
 
 class UsageRowSerializer(UsageSerializer):

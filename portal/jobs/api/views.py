@@ -30,6 +30,7 @@ from portal.jobs.api.serializers import (
     JobSerializer,
     LogLineSerializer,
     TelemetrySampleSerializer,
+    TimeLimitSerializer,
     UsageReportSerializer,
 )
 from portal.jobs.filtersets import JobFilterSet
@@ -127,6 +128,24 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def release(self, request: Request, pk: str | None = None) -> Response:
         """Let a held job start again."""
         return self._change(request, "release", services.release_job)
+
+    @extend_schema(request=TimeLimitSerializer, responses=JobSerializer)
+    @action(detail=True, methods=["post"], url_path="time-limit")
+    def time_limit(self, request: Request, pk: str | None = None) -> Response:
+        """Change a job's time limit: its owner may lower it, an admin of its tenant raise it too,
+        up to its flavor's limit."""
+        body = TimeLimitSerializer(data=request.data)
+
+        def change(job: Job, user: Any) -> Job:
+            body.is_valid(raise_exception=True)
+            try:
+                return services.change_time_limit(job, user, body.validated_data["time_limit"])
+            except services.JobRejected as exc:
+                raise ValidationError({exc.field: [exc.message]}) from exc
+            except services.PermissionDenied as exc:
+                raise DRFPermissionDenied(str(exc)) from exc
+
+        return self._change(request, "change the time limit of", change)
 
     def _change(self, request: Request, verb: str, change: Callable[[Job, Any], Job]) -> Response:
         """Applies `change` to the job of the URL for its owner or an admin of its tenant; a job
