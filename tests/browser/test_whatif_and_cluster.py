@@ -163,3 +163,23 @@ async def test_a_vc_page_names_its_queue_order(live_stack: dict[str, Any], users
     await sync_to_async(set_queueing_policy)("vision", "")
     await page.reload()
     await expect(page.get_by_text("Queue order: The scheduler's order")).to_be_visible(timeout=LONG)
+
+
+async def test_an_owner_lowers_a_time_limit_and_may_not_raise_it(
+    live_stack: dict[str, Any], users: Any, submit_as: Any, page: Page
+) -> None:
+    job = await submit_as("alice", name="to-shorten")  # s-A100: 72 h
+    await sign_in(page, live_stack["http"], "alice")
+    await page.goto(f"{live_stack['http']}/jobs/{job['id']}")
+    facts = page.locator("dl.facts").filter(has_text="Time limit")
+    await expect(facts).to_contain_text("3d")
+    await page.get_by_role("button", name="Change").click()
+    await page.get_by_label("New time limit").fill("90m")
+    await page.get_by_role("button", name="Save").click()
+    await expect(facts).to_contain_text("1h 30m", timeout=LONG)
+    await page.get_by_role("button", name="Change").click()
+    await page.get_by_label("New time limit").fill("2h")
+    await page.get_by_role("button", name="Save").click()
+    await expect(page.get_by_role("alert")).to_contain_text(
+        "Only an admin of the job's tenant may raise its time limit", timeout=LONG
+    )

@@ -1,4 +1,4 @@
-import { type ReactNode, useCallback, useEffect, useState } from "react";
+import { type FormEvent, type ReactNode, useCallback, useEffect, useState } from "react";
 
 import { ApiError, api, fetchAll, query } from "../api/client";
 import { type LiveMessage, useLive } from "../api/live";
@@ -82,7 +82,7 @@ export function JobDetailPage({ id }: { id: number }) {
       {j.state === "pending" && <PendingCard job={j} onChanged={job.reload} />}
       <div className="grid-2">
         <Section title="Summary">
-          <JobSummary job={j} />
+          <JobSummary job={j} onChanged={job.reload} />
         </Section>
         <Section title="Timeline">
           <ErrorBanner error={events.error} onRetry={events.reload} />
@@ -152,16 +152,16 @@ function merge(old: Sample[], incoming: Sample[]): Sample[] {
   return next.length > MAX_SAMPLES ? next.slice(next.length - MAX_SAMPLES) : next;
 }
 
-/** POSTs a job action (`cancel`, `hold`, `release`, `top`), then `onDone`; its error, if any,
- * shown by <ActionError>. */
+/** POSTs a job action (`cancel`, `hold`, `release`, `top`, `time-limit` with its body), then
+ * `onDone`; its error, if any, shown by <ActionError>. */
 function useJobAction(jobId: number, onDone: () => void) {
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<string | null>(null);
-  const run = async (action: string): Promise<boolean> => {
+  const run = async (action: string, body?: unknown): Promise<boolean> => {
     setBusy(true);
     setError(null);
     try {
-      await api(`/api/v1/jobs/${jobId}/${action}/`, { method: "POST" });
+      await api(`/api/v1/jobs/${jobId}/${action}/`, { method: "POST", body });
       onDone();
       return true;
     } catch (err) {
@@ -300,7 +300,47 @@ function PendingCard({ job, onChanged }: { job: JobDetail; onChanged: () => void
   );
 }
 
-function JobSummary({ job }: { job: JobDetail }) {
+/** The time limit, and (until the job ends) a form to change it: its owner may lower it, an admin
+ * of its tenant raise it too; the portal says who may and how far. */
+function TimeLimit({ job, onDone }: { job: JobDetail; onDone: () => void }) {
+  const [editing, setEditing] = useState(false);
+  const [value, setValue] = useState("");
+  const { busy, error, run } = useJobAction(job.id, onDone);
+  const save = async (event: FormEvent) => {
+    event.preventDefault();
+    const text = value.trim();
+    if (await run("time-limit", { time_limit: /^\d+$/.test(text) ? Number(text) : text })) setEditing(false);
+  };
+  if (!editing) {
+    return (
+      <>
+        {formatDuration(job.time_limit_s)}{" "}
+        {!isEnded(job.state) && (
+          <button type="button" className="button ghost small" onClick={() => setEditing(true)}>
+            Change
+          </button>
+        )}
+      </>
+    );
+  }
+  return (
+    <form className="inline" onSubmit={save}>
+      <label className="visually-hidden" htmlFor="time-limit">
+        New time limit
+      </label>
+      <input id="time-limit" value={value} onChange={(e) => setValue(e.target.value)} placeholder="36h" size={6} autoFocus />
+      <button type="submit" className="button small" disabled={busy || !value.trim()}>
+        Save
+      </button>
+      <button type="button" className="button ghost small" onClick={() => setEditing(false)} disabled={busy}>
+        Keep
+      </button>
+      <ActionError error={error} />
+    </form>
+  );
+}
+
+function JobSummary({ job, onChanged }: { job: JobDetail; onChanged: () => void }) {
   const ran = job.started_at ? formatDuration(elapsedSeconds(job.started_at, job.finished_at)) : "–";
   const facts: [string, ReactNode][] = [
     ["Virtual cluster", <Link href={`/vcs/${encodeURIComponent(job.vc)}`}>{job.vc}</Link>],
@@ -308,7 +348,7 @@ function JobSummary({ job }: { job: JobDetail }) {
     ["Priority", `${job.priority_class} (${job.priority})${job.preemptible ? ", preemptible" : ""}`],
     ["GPUs", `${job.replicas ?? 1} × ${job.gpus_per_replica} ${job.gpu_model} = ${job.total_gpus}`],
     ["Per replica", `${job.cpu_per_replica} CPU, ${job.memory_gb_per_replica} GB`],
-    ["Time limit", formatDuration(job.time_limit_s)],
+    ["Time limit", <TimeLimit job={job} onDone={onChanged} />],
     ["Submitted", formatTime(job.submitted_at)],
     ["Started", formatTime(job.started_at)],
     ["Finished", formatTime(job.finished_at)],
@@ -318,6 +358,8 @@ function JobSummary({ job }: { job: JobDetail }) {
     ["Energy", job.usage ? `${job.usage.energy_kwh.toFixed(2)} kWh` : "–"],
     ["Exit", job.exit_code === null || job.exit_code === undefined ? "–" : `${job.exit_code}${job.end_reason ? ` (${job.end_reason})` : ""}`],
   ];
+  const notify = (job.spec as { notify?: unknown } | undefined)?.notify;
+  if (Array.isArray(notify) && notify.length > 0) facts.push(["Mails its owner when", notify.join(", ")]);
   if (job.after && job.after.length > 0) {
     facts.push([
       "Starts after",
