@@ -78,11 +78,19 @@ VC_STOPS = {
 PIPE_WIDTH = 10_000
 
 
-def listing(columns: Sequence[str], rows: Iterable[Sequence[str]], wraps: Sequence[str] = ()) -> Table:
-    """A borderless table, one row per item; only the columns named in `wraps` may wrap."""
+def listing(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    wraps: Sequence[str] = (),
+    numbers: Sequence[str] = (),
+) -> Table:
+    """A borderless table, one row per item; only the columns named in `wraps` may wrap, and
+    those named in `numbers` are aligned right."""
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column in columns:
-        table.add_column(column, no_wrap=column not in wraps)
+        table.add_column(
+            column, no_wrap=column not in wraps, justify="right" if column in numbers else "left"
+        )
     for row in rows:
         table.add_row(*row)
     return table
@@ -187,6 +195,9 @@ def counted(number: int, noun: str) -> str:
 def vc_state(vc: VirtualCluster) -> str:
     """'open', 'held' or 'held, drained'; a stop this client does not know, as the portal names it."""
     return VC_STATES.get(vc.stop_policy, vc.stop_policy)
+
+
+QUOTA_FIGURES = ("IN USE", "GUARANTEED", "BORROW LIMIT")  # the figures quota_cells gives after the model
 
 
 def quota_cells(quota: Quota) -> tuple[str, str, str, str]:
@@ -646,10 +657,8 @@ def cmd_vcs(ctx: Context) -> int:
     for vc in vcs:
         for cells in [quota_cells(quota) for quota in vc.quotas] or [("-", "-", "-", "-")]:
             rows.append((escape(vc.name), escape(vc.tenant), *cells, escape(vc_state(vc))))
-    columns = ("VC", "TENANT", "MODEL", "IN USE", "GUARANTEED", "BORROW LIMIT", "STATE")
-    table = listing(columns, rows)
-    for column in table.columns[3:6]:
-        column.justify = "right"
+    columns = ("VC", "TENANT", "MODEL", *QUOTA_FIGURES, "STATE")
+    table = listing(columns, rows, numbers=QUOTA_FIGURES)
     ctx.out.print(table)
     stopped = [f"{vc.name} ({vc_state(vc)})" for vc in vcs if vc.stop_policy]
     if stopped:
@@ -680,9 +689,7 @@ def show_vc(ctx: Context, vc: VirtualCluster) -> int:
     if not vc.quotas:
         ctx.err.print(f"VC {escape(vc.name)} has no GPU quota: none of its jobs can start.")
         return OK
-    table = listing(("MODEL", "IN USE", "GUARANTEED", "BORROW LIMIT"), map(quota_cells, vc.quotas))
-    for column in table.columns[1:]:
-        column.justify = "right"
+    table = listing(("MODEL", *QUOTA_FIGURES), map(quota_cells, vc.quotas), numbers=QUOTA_FIGURES)
     ctx.out.print()
     ctx.out.print(table)
     return OK
@@ -715,10 +722,8 @@ def cmd_usage(ctx: Context) -> int:
         )
         for row in report.results
     ]
-    columns = (report.group.upper(), "JOBS", "GPU-HOURS", "USED GPU-HOURS", "ENERGY KWH")
-    table = listing(columns, rows)
-    for column in table.columns[1:]:
-        column.justify = "right"
+    figures = ("JOBS", "GPU-HOURS", "USED GPU-HOURS", "ENERGY KWH")
+    table = listing((report.group.upper(), *figures), rows, numbers=figures)
     ctx.out.print(table)
     ctx.err.print(
         f"[dim]Jobs that had an attempt start from {period}. "
