@@ -394,7 +394,7 @@ def record_gpu_health(node: Node, samples: Iterable[GpuSample]) -> list[str]:
     the event. An Xid whose recovery needs the node rebooted (NODE_LEVEL_XIDS) drains the node,
     which moves its other jobs away too. Returns the uuids of GPUs that became unhealthy."""
     from portal.jobs.models import Allocation
-    from portal.jobs.services import request_scheduling_cycle, requeue_jobs_holding
+    from portal.jobs.services import requeue_jobs_holding
 
     newly_unhealthy = []
     for sample in {s.gpu_uuid: s for s in samples}.values():
@@ -411,13 +411,9 @@ def record_gpu_health(node: Node, samples: Iterable[GpuSample]) -> list[str]:
         held = Allocation.objects.filter(gpu=gpu, released_at__isnull=True)
         requeue_jobs_holding(held, f"GPU {sample.gpu_uuid} on {node.name} failed: {reason}")
         node_level = sorted(set(sample.xid_events) & NODE_LEVEL_XIDS)
-        if node_level and node.revoked_at is None:
-            state_reason = (
-                f"GPU {gpu.index} failed with xid {node_level[0]}: reboot the node, then clear the GPU"
-            )
-            Node.objects.filter(pk=node.pk).update(state=NodeState.DRAINING, state_reason=state_reason[:200])
-            node.state, node.state_reason = NodeState.DRAINING, state_reason[:200]
-            request_scheduling_cycle()  # the drain moves the node's other jobs away
+        if node_level and node.revoked_at is None:  # the drain moves the node's other jobs away
+            reason = f"GPU {gpu.index} failed with xid {node_level[0]}: reboot the node, then clear the GPU"
+            set_node_state(node, "drain", None, reason)
     return newly_unhealthy
 
 

@@ -785,6 +785,18 @@ def record_attempt_status(node: Node, status: AttemptStatus) -> bool:
     return True
 
 
+# A preempted job's requeue event and pending code, by why it was stopped (preemptions not
+# listed: "requeued after preemption").
+REQUEUED_AFTER = {
+    Defragment.name: ("requeued after a migration: it restarts ahead of the queue", PENDING_MOVED),
+    DRAIN: ("requeued after its node was drained: it starts again elsewhere", PENDING_REQUEUED),
+    VC_DRAIN: (
+        "requeued after its VC was stopped and drained: it starts again once the VC is open",
+        PENDING_REQUEUED,
+    ),
+}
+
+
 def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
     replicas = attempt.replicas  # the job's own, or more when it spread over nodes
     states = [attempt.replica_states.get(str(r)) for r in range(replicas)]
@@ -806,16 +818,7 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
             ):
                 report_failed_checkpoint(job, attempt, label, asked.data.get("preemption") or "preemption")
             reason = asked.data.get("preemption") if asked is not None else None
-            if reason == Defragment.name:
-                requeue_job(job, "requeued after a migration: it restarts ahead of the queue", PENDING_MOVED)
-            elif reason == DRAIN:
-                requeue_job(job, "requeued after its node was drained: it starts again elsewhere")
-            elif reason == VC_DRAIN:
-                requeue_job(
-                    job, "requeued after its VC was stopped and drained: it starts again once the VC is open"
-                )
-            else:
-                requeue_job(job, "requeued after preemption")
+            requeue_job(job, *REQUEUED_AFTER.get(reason, ("requeued after preemption", PENDING_REQUEUED)))
         return
     ended = [s for s in reported if s["state"] in ("exited", "vanished")]
     if job.state == JobState.SCHEDULED and ended:

@@ -32,7 +32,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import attrgetter, itemgetter, lt
-from typing import Any
+from typing import Any, NamedTuple
 
 from scheduler.core.estimate import estimate_starts
 from scheduler.core.framework import (
@@ -165,7 +165,23 @@ _EVICTED = (
 )
 
 
-def leave_draining_nodes(snapshot: Snapshot, grace_period_s: float) -> tuple[Snapshot, list[Preemption]]:
+class Drains(NamedTuple):
+    """What empties this cycle: draining nodes and VCs stopped with a drain (by name)."""
+
+    nodes: set[str]
+    vcs: set[str]
+
+
+def drains_of(snapshot: Snapshot) -> Drains:
+    return Drains(
+        {node.name for node in snapshot.nodes if node.state is NodeState.DRAINING},
+        {vc.name for vc in snapshot.vcs if vc.stop_policy == HOLD_AND_DRAIN},
+    )
+
+
+def leave_draining_nodes(
+    snapshot: Snapshot, drains: Drains, grace_period_s: float
+) -> tuple[Snapshot, list[Preemption]]:
     """The snapshot with every running job that has a replica on a draining node, or that is of
     a VC stopped with a drain, told to stop, and those preemptions. A drain (an admin's, or an
     agent's whose runtime failed the version gate) empties the node, where a cordon only keeps
@@ -173,8 +189,7 @@ def leave_draining_nodes(snapshot: Snapshot, grace_period_s: float) -> tuple[Sna
     runtime. The jobs then count as stopping for the rest of the cycle, as if told in an
     earlier one: their GPUs are soon free and no one preempts them again. (Suspended jobs
     parked there: _CycleRun.leave_draining_nodes.)"""
-    draining = {node.name for node in snapshot.nodes if node.state is NodeState.DRAINING}
-    drained_vcs = {vc.name for vc in snapshot.vcs if vc.stop_policy == HOLD_AND_DRAIN}
+    draining, drained_vcs = drains
     if not draining and not drained_vcs:
         return snapshot, []
     preemptions: list[Preemption] = []
@@ -201,7 +216,8 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     # 0. Jobs that may spread after a wait and have waited long enough; jobs on draining nodes
     # told to move.
     snapshot = spread_waited_jobs(snapshot, now)
-    snapshot, drained = leave_draining_nodes(snapshot, profile.cycle.grace_period_s)
+    drains = drains_of(snapshot)
+    snapshot, drained = leave_draining_nodes(snapshot, drains, profile.cycle.grace_period_s)
     plugins = profile.build()
     # 1. Working state: every running job's GPUs taken, quota usage counted.
     state, holds = build_state(snapshot)
@@ -226,7 +242,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
     # 4.-6. Admission, placement, preemption, reservation.
     run = _CycleRun(ctx, plugins, profile, holds)
     run.preemptions.extend(drained)
-    run.leave_draining_nodes()
+    run.leave_draining_nodes(drains)
     run.consider_all(queue)
     # 6b. Time-slicing: waiting jobs take turns on the GPUs of their VC's jobs whose quantum is up.
     suspends = run.rotate(queue)
@@ -937,15 +953,13 @@ class _CycleRun:
         self.waiting[job.id] = (self.ctx.now + self.settings.grace_period_s, model)
         self.reasons[job.id] = Status(Code.UNSCHEDULABLE, ReasonCode.WAITING_FOR_PREEMPTION, message)
 
-    def leave_draining_nodes(self) -> None:
+    def leave_draining_nodes(self, drains: Drains) -> None:
         """Suspended jobs parked on a draining node, or of a VC stopped with a drain, are told to
         checkpoint and leave, as the running jobs there are (leave_draining_nodes)."""
-        snapshot = self.ctx.snapshot
-        draining = {node.name for node in snapshot.nodes if node.state is NodeState.DRAINING}
-        drained_vcs = {vc.name for vc in snapshot.vcs if vc.stop_policy == HOLD_AND_DRAIN}
+        draining, drained_vcs = drains
         if not draining and not drained_vcs:
             return
-        for job in snapshot.pending:
+        for job in self.ctx.snapshot.pending:
             if not job.suspended_on:
                 continue
             on = next((r.node for r in job.suspended_on if r.node in draining), None)
