@@ -77,7 +77,9 @@ _CAPACITY_REASONS = frozenset(
     {ReasonCode.INSUFFICIENT_GPUS, ReasonCode.FRAGMENTATION, ReasonCode.GANG_NODES, ReasonCode.NODE_RESOURCES}
 )
 _QUOTA_REASONS = frozenset({ReasonCode.VC_QUOTA, ReasonCode.USER_LIMIT})
-_PREEMPTION_REASONS = _CAPACITY_REASONS | _QUOTA_REASONS
+# A job blocked by GPUs other VCs keep may preempt where its priority allows (a borrower of
+# any VC frees GPUs it may take; a lender's job only adds to what is kept).
+_PREEMPTION_REASONS = _CAPACITY_REASONS | _QUOTA_REASONS | {ReasonCode.NOT_LENT}
 _LAYOUT_REASONS = frozenset({ReasonCode.FRAGMENTATION, ReasonCode.GANG_NODES})
 
 

@@ -23,7 +23,7 @@ from scheduler.core.plugins.backfill import expected_ends
 from scheduler.core.plugins.queue_sort import expected_runtime
 from scheduler.core.profile import CycleSettings
 from scheduler.core.state import GpuHold
-from scheduler.core.types import ANY_MODEL, PendingJob, RunningJob
+from scheduler.core.types import ALL_MODELS, ANY_MODEL, PendingJob, RunningJob
 
 # The horizon key of the kinds past `estimate_max_kinds`: running jobs release at their end only.
 _ENDS_ONLY: tuple[tuple[float, ...], ...] = ((),)
@@ -122,6 +122,27 @@ def estimate_starts(
     sizes = {model: (gpus, state.max_node_gpus(model)) for model, gpus in capacity.items()}
     # Per (VC, model): guarantee plus borrow limit, or None where no quota covers it.
     limits: dict[tuple[str, str], int | None] = {}
+    # VCs that keep part of their guarantee from borrowers (a lending limit): (VC, model of the
+    # quota row, GPUs kept while it uses none). A borrowing job waits until the free GPUs
+    # cover its own and what the others keep, as admission counts them (lending_fits).
+    keepers = [
+        (vc, row_model, quota.guaranteed - quota.lending_limit)
+        for vc, rows in state.quotas.items()
+        for row_model, quota in rows.items()
+        if quota.lending_limit is not None and quota.guaranteed > quota.lending_limit
+    ]
+
+    def kept_from(vc: str, quota_model: str, model: str, need: int) -> int:
+        """GPUs of `model` other VCs keep from a job of `vc` (none unless the job borrows)."""
+        quota = state.quota_for(vc, quota_model)
+        if quota is None or vc_used.get(vc, 0) + need <= quota[0]:
+            return 0
+        return sum(
+            max(0, keep - vc_used.get(keeper, 0))
+            for keeper, row_model, keep in keepers
+            if keeper != vc and row_model in (model, ALL_MODELS)
+        )
+
     # Bookings of VCs with a quota, (VC, end, GPUs), go to their VC's list only when one is
     # read (a job held back by its quota, a probe): most bookings are never read back.
     unfiled: list[tuple[str, float, int]] = []
@@ -255,7 +276,8 @@ def estimate_starts(
             estimates[job_id] = None
             continue
         have = free[model]
-        while have < need:
+        kept = kept_from(job.vc, asked if asked != ANY_MODEL else model, model, need) if keepers else 0
+        while have < need + kept:
             if next_passing < passing_end and (not booked or passing[next_passing][0] <= booked[0][0]):
                 at, i, r = passing[next_passing]
                 next_passing += 1
@@ -276,7 +298,9 @@ def estimate_starts(
             else:
                 break
             have = free[model]
-        if have < need:
+            if keepers:
+                kept = kept_from(job.vc, asked if asked != ANY_MODEL else model, model, need)
+        if have < need + kept:
             estimates[job_id] = None
             continue
         start = cursor

@@ -67,11 +67,16 @@ class Node:
 @dataclass(frozen=True, slots=True)
 class Quota:
     """A VC's share of one GPU model. `guaranteed` GPUs are always reclaimable for the VC;
-    up to `borrow_limit` more may be borrowed from idle capacity, preemptibly."""
+    up to `borrow_limit` more may be borrowed from idle capacity, preemptibly.
+
+    `lending_limit` (Kueue's lendingLimit) is how many of its idle guaranteed GPUs other VCs
+    may borrow; the rest stays free for the VC, so its jobs start at once instead of after a
+    reclaim's grace period. None lends all of them."""
 
     gpu_model: str  # a model name, or ALL_MODELS
     guaranteed: int
     borrow_limit: int = 0
+    lending_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +280,7 @@ class ReasonCode(StrEnum):
     HELD_FOR_RESERVATION = "held-for-reservation"
     QUEUED_BEHIND = "queued-behind"  # placement possible only by passing higher-ranked work
     VC_STOPPED = "vc-stopped"  # an admin stopped the VC: none of its jobs starts
+    NOT_LENT = "not-lent"  # would borrow GPUs that VCs keep free for themselves (lending_limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,17 +25,23 @@ from pathlib import Path
 from scheduler.core import load_profile
 from scheduler.sim import openb
 from scheduler.sim.cluster import load_topology, parse_cluster_spec, uniform_cluster
-from scheduler.sim.engine import Simulator
+from scheduler.sim.engine import Simulator, VcQuotaRow
 from scheduler.sim.metrics import summarize
 from scheduler.sim.trace import FORMATS, load_trace
 
 
-def load_vc_quotas(path: str | Path) -> dict[str, tuple[int, int]]:
-    """CSV `vc,guaranteed,borrow_limit` (one row per VC; GPUs of any model)."""
-    quotas: dict[str, tuple[int, int]] = {}
+def load_vc_quotas(path: str | Path) -> dict[str, VcQuotaRow]:
+    """CSV `vc,guaranteed,borrow_limit[,lending_limit]` (one row per VC; GPUs of any model).
+    An empty or missing lending limit lends the whole guarantee."""
+    quotas: dict[str, VcQuotaRow] = {}
     with Path(path).open(newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
-            quotas[row["vc"].strip()] = (int(row["guaranteed"]), int(row["borrow_limit"]))
+            lending = (row.get("lending_limit") or "").strip()
+            quotas[row["vc"].strip()] = (
+                int(row["guaranteed"]),
+                int(row["borrow_limit"]),
+                int(lending) if lending else None,
+            )
     return quotas
 
 
@@ -48,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile", required=True, help="profile name (fifo, tiresias, default) or JSON file"
     )
-    parser.add_argument("--vc-quotas", help="CSV vc,guaranteed,borrow_limit")
+    parser.add_argument("--vc-quotas", help="CSV vc,guaranteed,borrow_limit[,lending_limit]")
     parser.add_argument(
         "--preempt-overhead",
         type=float,

@@ -135,8 +135,12 @@ def gang_shape(gpus: int, node_gpus: int) -> tuple[int, int]:
     return gpus // per, per
 
 
+# A VC's row of a quota file: (guaranteed, borrow limit) or with its lending limit as well.
+VcQuotaRow = tuple[int, int] | tuple[int, int, int | None]
+
+
 def build_vcs(
-    trace_vcs: Sequence[str], quotas: Mapping[str, tuple[int, int]] | None, capacity: int
+    trace_vcs: Sequence[str], quotas: Mapping[str, VcQuotaRow] | None, capacity: int
 ) -> tuple[VirtualCluster, ...]:
     """VCs for the snapshot. Without a quota file the VCs share one pool: none has a
     guarantee and each may borrow up to the whole cluster, so a job may preempt (by priority
@@ -144,15 +148,14 @@ def build_vcs(
     cluster as its guarantee instead would promise the same GPUs to every VC at once, and the
     core never takes a VC's guaranteed GPUs for another VC's job: no job could preempt across
     VCs.) With a quota file, VCs it does not list have no guarantee and may only borrow (up
-    to the cluster)."""
+    to the cluster). A row's lending limit, when given, is what the VC lends of its guarantee."""
     names = sorted(set(trace_vcs) | set(quotas or {}))
     vcs = []
     for name in names:
-        if quotas is None:
-            guaranteed, borrow = 0, capacity
-        else:
-            guaranteed, borrow = quotas.get(name, (0, capacity))
-        vcs.append(VirtualCluster(VcName(name), (Quota("*", guaranteed, borrow),)))
+        row: VcQuotaRow = (0, capacity) if quotas is None else quotas.get(name, (0, capacity))
+        guaranteed, borrow, *lending = row
+        lend = lending[0] if lending else None
+        vcs.append(VirtualCluster(VcName(name), (Quota("*", guaranteed, borrow, lend),)))
     return tuple(vcs)
 
 
@@ -162,7 +165,7 @@ class Simulator:
         nodes: tuple[Node, ...],
         profile: Profile,
         jobs: Sequence[TraceJob],
-        vc_quotas: Mapping[str, tuple[int, int]] | None = None,
+        vc_quotas: Mapping[str, VcQuotaRow] | None = None,
         preempt_overhead_s: float = 0.0,
         time_limit_s: float | None = None,
         spread_after_s: float | None = None,
@@ -174,7 +177,7 @@ class Simulator:
         )
         # Estimated starts are read only at submission, so cycles without arrivals skip them.
         self.quiet_profile = replace(self.profile, cycle=replace(self.profile.cycle, estimate_starts=False))
-        self.guarantees = {vc: g for vc, (g, _) in vc_quotas.items()} if vc_quotas is not None else None
+        self.guarantees = {vc: row[0] for vc, row in vc_quotas.items()} if vc_quotas is not None else None
         self.overhead = preempt_overhead_s
         self.time_limit_s = time_limit_s
         # Locality relaxed after waiting (as Philly's scheduler did, Jeon et al., ATC'19): every

@@ -89,11 +89,12 @@ class Snap:
         max_gpus_per_user: int | None = None,
         queueing_policy: str = "",
         stop_policy: str = "",
+        lend: int | None = None,
     ) -> Snap:
         self._vcs.append(
             VirtualCluster(
                 VcName(name),
-                (Quota(model, guaranteed, borrow),),
+                (Quota(model, guaranteed, borrow, lend),),
                 tenant=name,
                 max_gpus_per_user=max_gpus_per_user,
                 queueing_policy=queueing_policy,

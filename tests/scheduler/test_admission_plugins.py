@@ -99,3 +99,127 @@ def test_start_reports_borrowed_gpus() -> None:
     plan = decide(snap.pending("j", 4, vc="vision").build(), QUOTA, now=0.0)
     (start,) = plan.starts
     assert start.borrowed_gpus == 2  # 6 + 4 = 10, two above the guarantee of 8
+
+
+PRIORITY = profile(queue_sort=["priority", "fifo"], admission=["vc_quota"], preemption=["priority"])
+KEPT = (
+    "VC borrower would borrow {b} A100: {free} free, {kept} of them kept free by VCs that do not "
+    "lend them; job needs {n}"
+)
+
+
+def keeper_lends(lend: int | None, keeper_model: str = "*") -> Snap:
+    """32 A100: VC keeper is guaranteed 16 and lends `lend` of them; VC borrower has no guarantee."""
+    return four_nodes().vc("keeper", 16, model=keeper_model, lend=lend).vc("borrower", 0, borrow=32)
+
+
+LENDING_CASES = [
+    pytest.param(
+        keeper_lends(None).pending("j", 8, replicas=3, vc="borrower"), None, id="lends-all-by-default"
+    ),
+    pytest.param(
+        keeper_lends(0).pending("j", 8, replicas=2, vc="borrower"), None, id="borrows-what-is-not-kept"
+    ),
+    pytest.param(
+        keeper_lends(0).pending("j", 8, replicas=3, vc="borrower"),
+        KEPT.format(b=24, free=32, kept=16, n=24),
+        id="lends-none",
+    ),
+    pytest.param(
+        keeper_lends(8).pending("j", 8, replicas=3, vc="borrower"), None, id="lends-part-of-its-guarantee"
+    ),
+    pytest.param(
+        keeper_lends(4).pending("j", 8, replicas=3, vc="borrower"),
+        KEPT.format(b=24, free=32, kept=12, n=24),
+        id="keeps-the-rest",
+    ),
+    pytest.param(
+        # The keeper uses 10 of its 16: it keeps the other 6 free, and 22 are free.
+        keeper_lends(0)
+        .running("k", [("n0", tuple(range(8))), ("n1", (0, 1))], vc="keeper")
+        .pending("j", 8, replicas=2, vc="borrower"),
+        None,
+        id="kept-shrinks-as-the-keeper-uses-it",
+    ),
+    pytest.param(
+        keeper_lends(0)
+        .running("k", [("n0", tuple(range(8))), ("n1", (0, 1))], vc="keeper")
+        .pending("j", 6, replicas=3, vc="borrower"),
+        KEPT.format(b=18, free=22, kept=6, n=18),
+        id="kept-counts-what-the-keeper-uses",
+    ),
+    pytest.param(
+        # Within its own guarantee a VC is not borrowing: what others keep does not bind it.
+        four_nodes().vc("keeper", 16, lend=0).vc("owner", 24).pending("j", 8, replicas=3, vc="owner"),
+        None,
+        id="a-guarantee-is-not-borrowed",
+    ),
+    pytest.param(
+        keeper_lends(0, keeper_model="V100").pending("j", 8, replicas=4, vc="borrower"),
+        None,
+        id="kept-gpus-of-another-model",
+    ),
+    pytest.param(
+        # What a VC keeps, it keeps from others: it may borrow on top of it.
+        four_nodes().vc("keeper", 16, borrow=16, lend=0).pending("j", 8, replicas=3, vc="keeper"),
+        None,
+        id="the-keeper-itself-may-borrow",
+    ),
+]
+
+
+@pytest.mark.parametrize(("snap", "message"), LENDING_CASES)
+def test_lending_limit(snap: Snap, message: str | None) -> None:
+    plan = decide(snap.build(), QUOTA, now=10.0)
+    if message is None:
+        assert [s.job_id for s in plan.starts] == ["j"]
+    else:
+        assert not plan.starts
+        (status,) = plan.pending
+        assert (status.reason, status.message) == (ReasonCode.NOT_LENT, message)
+
+
+def test_a_borrower_blocked_by_kept_gpus_preempts_a_lower_priority_borrower() -> None:
+    """The GPUs another borrower holds are not kept by anyone: a job of higher priority may
+    take them, while the keeper's idle guarantee stays free."""
+    snap = (
+        keeper_lends(0)
+        .vc("other", 0, borrow=32)
+        .running("low", [("n2", tuple(range(8)))], vc="other", priority=0, preemptible=True)
+        .pending("j", 8, replicas=2, vc="borrower", priority=100)
+    )
+    plan = decide(snap.build(), PRIORITY, now=10_000.0)
+    assert [p.job_id for p in plan.preemptions] == ["low"]
+    (status,) = plan.pending
+    assert status.reason is ReasonCode.WAITING_FOR_PREEMPTION
+
+
+def test_a_keeper_does_not_lend_to_reclaim_priority_either() -> None:
+    """Preempting the keeper's own work frees GPUs it then keeps: no such victim is chosen."""
+    snap = (
+        keeper_lends(0)
+        .running("mine", [("n0", tuple(range(8)))], vc="keeper", priority=0, preemptible=True)
+        .pending("j", 8, replicas=3, vc="borrower", priority=100)
+    )
+    plan = decide(snap.build(), PRIORITY, now=10_000.0)
+    assert not plan.preemptions and not plan.starts
+    (status,) = plan.pending
+    assert status.reason is ReasonCode.NOT_LENT
+
+
+def test_a_borrower_blocked_by_kept_gpus_is_estimated_to_start_when_enough_is_free() -> None:
+    """24 of 32 free and 16 of them kept: a 16-GPU borrower starts once the other borrower's
+    8 GPUs come back at its time limit, not now."""
+    snap = (
+        keeper_lends(0)
+        .vc("other", 0, borrow=32)
+        .running("b", [("n2", tuple(range(8)))], vc="other", time_limit_s=3600.0)
+        .pending("j", 8, replicas=2, vc="borrower")
+    )
+    plan = decide(snap.build(), QUOTA, now=600.0)
+    (status,) = plan.pending
+    assert status.reason is ReasonCode.NOT_LENT
+    assert status.estimated_start == 3600.0
+    # Kept for good (the keeper lends none and is idle): no start while quotas stay so.
+    plan = decide(keeper_lends(0).pending("j", 8, replicas=3, vc="borrower").build(), QUOTA, now=600.0)
+    assert plan.pending[0].estimated_start is None

@@ -21,6 +21,7 @@ from scheduler.core import (
     Profile,
     Quota,
     ReasonCode,
+    ReplicaPlacement,
     RunningJob,
     Snapshot,
     UserName,
@@ -54,7 +55,13 @@ cancel = st.tuples(st.just("cancel"), st.integers(0, 50))
 node_down = st.tuples(st.just("node_down"), st.integers(0, NODE_COUNT - 1))
 node_up = st.tuples(st.just("node_up"), st.integers(0, NODE_COUNT - 1))
 cordon = st.tuples(st.just("cordon"), st.integers(0, NODE_COUNT - 1))
-quota = st.tuples(st.just("quota"), st.sampled_from(VCS), st.integers(0, 16), st.integers(0, 16))
+quota = st.tuples(
+    st.just("quota"),
+    st.sampled_from(VCS),
+    st.integers(0, 16),
+    st.integers(0, 16),
+    st.one_of(st.none(), st.integers(0, 16)),  # lending limit (None: lends its whole guarantee)
+)
 step = st.one_of(submit, submit, submit_share, finish, cancel, node_down, node_up, cordon, quota)
 
 
@@ -70,6 +77,7 @@ class Portal:
     nodes: list[Node]
     quotas: dict[str, tuple[int, int]]
     now: float = 0.0
+    lending: dict[str, int] = field(default_factory=dict)  # VCs with a lending limit
     running: dict[str, RunningJob] = field(default_factory=dict)
     pending: dict[str, PendingJob] = field(default_factory=dict)
     next_id: int = 0
@@ -80,7 +88,8 @@ class Portal:
 
     def snapshot(self) -> Snapshot:
         vcs = tuple(
-            VirtualCluster(VcName(v), (Quota("*", g, b),)) for v, (g, b) in sorted(self.quotas.items())
+            VirtualCluster(VcName(v), (Quota("*", g, b, self.lending.get(v)),))
+            for v, (g, b) in sorted(self.quotas.items())
         )
         return Snapshot(
             tuple(self.nodes),
@@ -148,8 +157,13 @@ class Portal:
                 ]:
                     self._requeue(job)
         elif kind == "quota":
-            _, vc, guaranteed, borrow = op
+            _, vc, guaranteed, borrow, *lending = op
             self.quotas[str(vc)] = (int(guaranteed), int(borrow))  # type: ignore[call-overload]
+            lend = lending[0] if lending else None
+            if lend is None:
+                self.lending.pop(str(vc), None)
+            else:
+                self.lending[str(vc)] = min(int(lend), int(guaranteed))  # type: ignore[call-overload]
 
     def _requeue(self, job: RunningJob) -> None:
         del self.running[job.id]
@@ -338,12 +352,59 @@ def check_invariants(portal: Portal, before: Snapshot, plan: Plan) -> None:
         share_milli = sum(j.gpu_share_milli for j in mine)
         used = sum(j.gpus for j in mine if not j.gpu_share_milli) + -(-share_milli // 1000)
         assert used <= guaranteed + borrow, f"VC {vc} holds {used} > {guaranteed} + {borrow}"
+    check_lending(portal, before, plan)
     # Every job still pending has a reason.
     reasons = {p.job_id: p for p in plan.pending}
     started = {s.job_id for s in plan.starts}
     for job_id in pending_before:
         if job_id not in started:
             assert reasons[job_id].message and reasons[job_id].reason
+
+
+def check_lending(portal: Portal, before: Snapshot, plan: Plan) -> None:
+    """A start that borrows leaves free the GPUs other VCs keep for themselves (guarantee
+    minus lending limit minus what they use), counted start by start in plan order, as the
+    cycle decides them: a later start within its VC's guarantee may still take kept GPUs."""
+    if not portal.lending:
+        return
+    models = {(n.name, g.index): g.model for n in before.nodes for g in n.gpus}
+    held = {(r.node, i) for j in before.running for r in j.placement for i in r.gpu_indices}
+    free = {
+        (n.name, g.index)
+        for n in before.nodes
+        if n.state == NodeState.READY
+        for g in n.gpus
+        if g.healthy and (n.name, g.index) not in held
+    }
+    whole: dict[str, int] = {}
+    share_milli: dict[tuple[str, str], int] = {}  # (VC, model) -> thousandths, as the core counts
+
+    def charge(vc: str, gpus_: int, share: int, placement: tuple[ReplicaPlacement, ...]) -> None:
+        if share:
+            key = (vc, models[(placement[0].node, placement[0].gpu_indices[0])])
+            share_milli[key] = share_milli.get(key, 0) + share
+        else:
+            whole[vc] = whole.get(vc, 0) + gpus_
+
+    for job in before.running:
+        if not job.parked:
+            charge(job.vc, job.gpus, job.gpu_share_milli, job.placement)
+    pending_before = {j.id: j for j in before.pending}
+    for start in plan.starts:
+        job = pending_before[start.job_id]
+        free.difference_update((r.node, i) for r in start.placement for i in r.gpu_indices)
+        charge(job.vc, job.gpus, start.gpu_share_milli, start.placement)
+        if not start.borrowed_gpus:
+            continue
+        kept = 0
+        for vc, lend in portal.lending.items():
+            if vc == job.vc:
+                continue
+            used = whole.get(vc, 0) + sum(-(-m // 1000) for (v, _), m in share_milli.items() if v == vc)
+            kept += max(0, portal.quotas[vc][0] - lend - used)
+        assert len(free) >= kept, (
+            f"{job.id} of VC {job.vc} borrowed GPUs kept by others: {len(free)} free, {kept} kept"
+        )
 
 
 def replay(portal: Portal, profile: Profile, steps: list[tuple[object, ...]]) -> None:
@@ -416,3 +477,39 @@ def test_no_job_of_another_tenant_starts_on_gpus_a_suspended_job_is_parked_on(
     one cannot come back (its quota was cut), another VC's jobs want those GPUs."""
     portal = Portal(cluster_nodes()[:1], {"vision": (8, 8), "speech": (8, 8), "nlp": (4, 0)})
     replay(portal, PROFILES["default-timeslice"], steps)
+
+
+borrower_submit = st.tuples(
+    st.just("submit"),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([1, 1, 2]),
+    st.sampled_from(["speech", "nlp"]),
+    st.sampled_from([0, 100]),
+    st.sampled_from(["", "A100", "V100"]),
+    st.just(0),
+)
+keeper_submit = st.tuples(
+    st.just("submit"),
+    st.sampled_from([1, 4]),
+    st.just(1),
+    st.just("vision"),
+    st.just(0),
+    st.just(""),
+    st.just(0),
+)
+lending_quota = st.tuples(
+    st.just("quota"), st.just("vision"), st.just(16), st.just(0), st.one_of(st.none(), st.integers(0, 16))
+)
+lending_steps = st.one_of(borrower_submit, borrower_submit, keeper_submit, finish, finish, lending_quota)
+
+
+@pytest.mark.parametrize("profile_name", ["fifo", "default"])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(lending_steps, min_size=2, max_size=30))
+def test_borrowers_never_take_what_a_vc_keeps(profile_name: str, steps: list[tuple[object, ...]]) -> None:
+    """Half the cluster guaranteed to a VC that lends little or none of it, two VCs that may
+    borrow nearly all of the cluster: borrowing is bound by what the VC keeps."""
+    portal = Portal(
+        cluster_nodes(), {"vision": (16, 0), "speech": (4, 24), "nlp": (0, 24)}, lending={"vision": 0}
+    )
+    replay(portal, PROFILES[profile_name], steps)

@@ -14,7 +14,7 @@ import pytest
 
 from scheduler.core import Profile, load_profile
 from scheduler.sim import RuntimeHistory, Simulator, gang_shape, load_trace, summarize
-from scheduler.sim.__main__ import main
+from scheduler.sim.__main__ import load_vc_quotas, main
 from scheduler.sim.cluster import load_topology, parse_cluster_spec, uniform_cluster
 
 DATA = Path(__file__).parent / "data"
@@ -313,3 +313,35 @@ def test_gpus_reclaimed_for_a_job_go_to_that_job(overhead: float) -> None:
     assert by_id["p"].first_start == 10.0 + overhead
     assert result.preemptions == 1
     assert by_id["q"].preemptions == 0
+
+
+def test_a_vc_that_lends_none_of_its_guarantee_starts_at_once(tmp_path: Path) -> None:
+    # Two nodes of 4 GPUs; VC a is guaranteed 4, VC b only borrows. b1 (4 GPUs, 1,000 s) at
+    # t=0 and b2 (2 GPUs, 100 s) at t=60, then a1 (4 GPUs, 100 s) at t=120. Lending all of its
+    # guarantee, a finds b2 on it and waits for the reclaim's grace period; lending none, b2
+    # waits for b1 to end and a1 starts at once.
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-09-04 00:00:00,1000.0,4,4000.0,b\n"
+        "2017-09-04 00:01:00,100.0,2,200.0,b\n"
+        "2017-09-04 00:02:00,100.0,4,400.0,a\n"
+    )
+    quotas = tmp_path / "quotas.csv"
+    quotas.write_text("vc,guaranteed,borrow_limit,lending_limit\na,4,0,0\nb,0,8,\n")
+    keeps = load_vc_quotas(quotas)
+    assert keeps == {"a": (4, 0, 0), "b": (0, 8, None)}
+    lends = {vc: (g, b) for vc, (g, b, _) in keeps.items()}
+    jobs = load_trace(trace, "philly").jobs
+    profile = load_profile("fifo")
+    lent = summarize(
+        Simulator(uniform_cluster(2, 4), profile, jobs, vc_quotas=lends, preempt_overhead_s=30).run()
+    )
+    kept = summarize(
+        Simulator(uniform_cluster(2, 4), profile, jobs, vc_quotas=keeps, preempt_overhead_s=30).run()
+    )
+    assert lent["preemptions_by_reason"] == {"reclaim": 1}
+    assert lent["per_vc"]["a"]["avg_jct_s"] >= 130.0  # the reclaim's grace period
+    assert kept["preemptions"] == 0
+    assert kept["per_vc"]["a"]["avg_jct_s"] == 100.0
+    assert kept["per_vc"]["b"]["avg_jct_s"] == (1000.0 + (1000.0 - 60.0 + 100.0)) / 2

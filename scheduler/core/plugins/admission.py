@@ -7,7 +7,7 @@ from typing import Any
 
 from scheduler.core.framework import SUCCESS, Code, CycleContext, Status
 from scheduler.core.state import ClusterState
-from scheduler.core.types import ANY_MODEL, PendingJob, ReasonCode
+from scheduler.core.types import ALL_MODELS, ANY_MODEL, PendingJob, ReasonCode
 
 
 def model_label(model: str) -> str:
@@ -59,14 +59,64 @@ class VcQuota:
     def __init__(self, args: Mapping[str, Any]) -> None:
         self.borrowing = bool(args.get("borrowing", True))
         self.cluster_gpus: int | None = None
+        self.lenders = False  # whether any VC keeps some of its guarantee from borrowers
 
     def prepare(self, ctx: CycleContext) -> None:
         self.cluster_gpus = sum(len(node.gpus) for node in ctx.snapshot.nodes)
+        self.lenders = any(q.lending_limit is not None for vc in ctx.snapshot.vcs for q in vc.quotas)
 
     def admit(self, job: PendingJob, model: str, ctx: CycleContext) -> Status:
         quota_model = job.gpu_model if job.gpu_model != ANY_MODEL else model
         gpus = quota_gpus(ctx.state, job, quota_model)[0]
-        return quota_fits(ctx.state, job.vc, quota_model, gpus, self.borrowing, self.cluster_gpus)
+        status = quota_fits(ctx.state, job.vc, quota_model, gpus, self.borrowing, self.cluster_gpus)
+        if status.ok and self.lenders:
+            borrowed = borrowed_gpus(ctx.state, job.vc, quota_model, gpus)
+            if borrowed > 0:
+                return lending_fits(ctx.state, job.vc, model, gpus, borrowed)
+        return status
+
+
+def kept_gpus(state: ClusterState, model: str, borrower: str) -> tuple[int, int]:
+    """GPUs other VCs keep free for themselves: (of `model`, of any model). A VC with a
+    lending limit keeps its guarantee minus that limit minus what it uses; a quota row of one
+    model keeps GPUs of that model, a row for all models GPUs of any."""
+    of_model = of_any = 0
+    for vc, rows in state.quotas.items():
+        if vc == borrower:
+            continue
+        for row_model, quota in rows.items():
+            if quota.lending_limit is None or row_model not in (model, ALL_MODELS):
+                continue
+            kept = quota.guaranteed - quota.lending_limit - state.vc_used(vc, row_model)
+            if kept <= 0:
+                continue
+            if row_model == ALL_MODELS:
+                of_any += kept
+            else:
+                of_model += kept
+    return of_model, of_any
+
+
+def lending_fits(state: ClusterState, vc: str, model: str, gpus: int, borrowed: int) -> Status:
+    """Whether a job of `vc` that borrows may take `gpus` free GPUs of `model`: after it,
+    the free GPUs must still cover what the other VCs keep. GPUs that a preemption frees
+    count, as the cycle asks again once victims are released; a job within its VC's
+    guarantee is never asked (a guarantee is not borrowed)."""
+    kept_of_model, kept_of_any = kept_gpus(state, model, vc)
+    if not kept_of_model and not kept_of_any:
+        return SUCCESS
+    free = state.free_total.get(model, 0)
+    all_free = sum(state.free_total.values())
+    if free - gpus >= kept_of_model and all_free - gpus >= kept_of_model + kept_of_any:
+        return SUCCESS
+    label = model_label(model)
+    kept = kept_of_model + kept_of_any
+    return Status(
+        Code.UNSCHEDULABLE,
+        ReasonCode.NOT_LENT,
+        f"VC {vc} would borrow {borrowed} {label}: {free} free, {min(kept, free)} of them kept "
+        f"free by VCs that do not lend them; job needs {gpus}",
+    )
 
 
 def quota_gpus(state: ClusterState, job: PendingJob, model: str) -> tuple[int, int]:
