@@ -37,6 +37,7 @@ HINT_REASONS = frozenset(
         ReasonCode.NO_MATCHING_GPU,
         ReasonCode.VC_QUOTA,
         ReasonCode.USER_LIMIT,
+        ReasonCode.NOT_LENT,
         ReasonCode.HELD_FOR_RESERVATION,
         ReasonCode.QUEUED_BEHIND,
     }

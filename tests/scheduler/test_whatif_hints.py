@@ -98,6 +98,22 @@ def test_quota_bound_job_is_told_how_many_gpus_fit_its_quota() -> None:
     assert (fewer.gpus_per_replica, fewer.starts_now) == (2, True)
 
 
+def test_a_borrower_is_told_how_many_gpus_others_do_not_keep() -> None:
+    """16 A100 free, 8 of them kept by a VC that lends none: 8 may be borrowed now."""
+    snap = (
+        Snap()
+        .nodes(2, 8)
+        .vc("keeper", 8, lend=0)
+        .vc("team", 0, borrow=16)
+        .pending("job", 4, replicas=4, vc="team", submitted_at=NOW - 10)
+        .build()
+    )
+    status = status_of(decide(snap, BASIC, NOW), "job")
+    assert status.reason is ReasonCode.NOT_LENT
+    fewer = next(h for h in status.hints if h.kind is HintKind.FEWER_GPUS)
+    assert (fewer.replicas * fewer.gpus_per_replica, fewer.starts_now) == (8, True)
+
+
 def test_a_later_start_is_reported_only_when_clearly_sooner() -> None:
     # Eight GPUs busy: four free in 1 h, all eight in 5 h. Half the GPUs start in about 1 h
     # instead of 5 h, which is worth saying; nothing starts now.
