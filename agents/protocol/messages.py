@@ -300,6 +300,26 @@ class RequestReject(_Message):
     reason: str = Field(max_length=4096)
 
 
+class ShellOutput(_Message):
+    """What a shell session's terminal wrote, in order (``seq`` counts the session's messages
+    from 0). Bytes that are not UTF-8 arrive replaced; a character is never split."""
+
+    type: Literal["shell_output"] = "shell_output"
+    session: Identifier
+    seq: int = Field(ge=0)
+    data: str = Field(max_length=65536)
+
+
+class ShellExit(_Message):
+    """The shell session ended (its process exited, it was closed, its attempt ended) or could
+    not open; ``reason`` says why in words. Nothing more comes for the session."""
+
+    type: Literal["shell_exit"] = "shell_exit"
+    session: Identifier
+    exit_code: int | None = None
+    reason: str = Field(default="", max_length=4096)
+
+
 # ---------------------------------------------------------------------------
 # Portal -> agent
 # ---------------------------------------------------------------------------
@@ -360,6 +380,44 @@ class StopRequest(_Message):
     grace_period_s: Seconds | None = None  # None: the attempt's own grace period
 
 
+class ShellOpen(_Message):
+    """Open an interactive shell inside a running attempt: ``command`` on a pseudo-terminal of
+    ``cols`` x ``rows``, in the attempt's container (or, for the process runtime, its working
+    directory and environment). The agent answers with shell_output messages and, once, a
+    shell_exit; ``session`` (chosen by the portal, unguessable) names it in every message."""
+
+    type: Literal["shell_open"] = "shell_open"
+    session: Identifier
+    attempt_id: Identifier
+    command: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
+        default=["/bin/sh"], min_length=1, max_length=64
+    )
+    cols: int = Field(default=80, ge=1, le=1000)
+    rows: int = Field(default=24, ge=1, le=1000)
+
+
+class ShellInput(_Message):
+    """Keystrokes for the session's terminal, as typed (control characters included)."""
+
+    type: Literal["shell_input"] = "shell_input"
+    session: Identifier
+    data: str = Field(min_length=1, max_length=65536)
+
+
+class ShellResize(_Message):
+    type: Literal["shell_resize"] = "shell_resize"
+    session: Identifier
+    cols: int = Field(ge=1, le=1000)
+    rows: int = Field(ge=1, le=1000)
+
+
+class ShellClose(_Message):
+    """End the session: its process is hung up on (SIGHUP, then killed)."""
+
+    type: Literal["shell_close"] = "shell_close"
+    session: Identifier
+
+
 AgentToPortal = Annotated[
     Hello
     | Heartbeat
@@ -368,13 +426,26 @@ AgentToPortal = Annotated[
     | LogChunk
     | CheckpointDone
     | RequestAck
-    | RequestReject,
+    | RequestReject
+    | ShellOutput
+    | ShellExit,
     Field(discriminator="type"),
 ]
 PortalToAgent = Annotated[
-    Welcome | DesiredSet | SignalRequest | CheckpointRequest | SuspendRequest | ResumeRequest | StopRequest,
+    Welcome
+    | DesiredSet
+    | SignalRequest
+    | CheckpointRequest
+    | SuspendRequest
+    | ResumeRequest
+    | StopRequest
+    | ShellOpen
+    | ShellInput
+    | ShellResize
+    | ShellClose,
     Field(discriminator="type"),
 ]
+ShellMessage = ShellOpen | ShellInput | ShellResize | ShellClose
 PortalRequest = SignalRequest | CheckpointRequest | SuspendRequest | ResumeRequest | StopRequest
 
 AGENT_TO_PORTAL_TYPES: tuple[type[_Message], ...] = (
@@ -386,6 +457,8 @@ AGENT_TO_PORTAL_TYPES: tuple[type[_Message], ...] = (
     CheckpointDone,
     RequestAck,
     RequestReject,
+    ShellOutput,
+    ShellExit,
 )
 PORTAL_TO_AGENT_TYPES: tuple[type[_Message], ...] = (
     Welcome,
@@ -395,6 +468,10 @@ PORTAL_TO_AGENT_TYPES: tuple[type[_Message], ...] = (
     SuspendRequest,
     ResumeRequest,
     StopRequest,
+    ShellOpen,
+    ShellInput,
+    ShellResize,
+    ShellClose,
 )
 
 
