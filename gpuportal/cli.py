@@ -197,11 +197,13 @@ def vc_state(vc: VirtualCluster) -> str:
     return VC_STATES.get(vc.stop_policy, vc.stop_policy)
 
 
-QUOTA_FIGURES = ("IN USE", "GUARANTEED", "BORROW LIMIT")  # the figures quota_cells gives after the model
+QUOTA_FIGURES = ("IN USE", "GUARANTEED", "BORROW LIMIT", "LENDS")  # what quota_cells gives after the model
 
 
-def quota_cells(quota: Quota) -> tuple[str, str, str, str]:
-    return (escape(quota.gpu_model), str(quota.in_use), str(quota.guaranteed), str(quota.borrow_limit))
+def quota_cells(quota: Quota) -> tuple[str, str, str, str, str]:
+    """LENDS is how many idle guaranteed GPUs other VCs may borrow: "all" unless a limit keeps some."""
+    lends = "all" if quota.lending_limit is None else str(quota.lending_limit)
+    return (escape(quota.gpu_model), str(quota.in_use), str(quota.guaranteed), str(quota.borrow_limit), lends)
 
 
 def print_json(ctx: Context, data: Any) -> None:
@@ -655,7 +657,7 @@ def cmd_vcs(ctx: Context) -> int:
         return OK
     rows = []
     for vc in vcs:
-        for cells in [quota_cells(quota) for quota in vc.quotas] or [("-", "-", "-", "-")]:
+        for cells in [quota_cells(quota) for quota in vc.quotas] or [("-", "-", "-", "-", "-")]:
             rows.append((escape(vc.name), escape(vc.tenant), *cells, escape(vc_state(vc))))
     columns = ("VC", "TENANT", "MODEL", *QUOTA_FIGURES, "STATE")
     table = listing(columns, rows, numbers=QUOTA_FIGURES)

@@ -153,6 +153,7 @@ class Quota(_Resource):
     gpu_model: str
     guaranteed: int
     borrow_limit: int
+    lending_limit: int | None = None  # of its idle guaranteed GPUs, how many other VCs may borrow; None: all
     in_use: int = 0
 
 

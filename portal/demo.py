@@ -34,10 +34,12 @@ TENANTS = {
     "vision": ["vision-admin", "alice", "bob"],
     "speech": ["speech-admin", "carol", "dave"],
 }
-# VC name -> (tenant, policy, {model: (guaranteed, borrow limit)})
+# VC name -> (tenant, policy, {model: (guaranteed, borrow limit, lending limit)}). Vision lends
+# at most 4 of its V100, as many as speech may borrow: the limit shows, and holds no job back while
+# every V100 is up.
 VIRTUAL_CLUSTERS = {
-    "vision": ("vision", QueueingPolicy.FIFO, {"A100": (8, 8), "V100": (8, 4)}),
-    "speech": ("speech", QueueingPolicy.LAS, {"A100": (8, 8), "V100": (8, 4)}),
+    "vision": ("vision", QueueingPolicy.FIFO, {"A100": (8, 8, None), "V100": (8, 4, 4)}),
+    "speech": ("speech", QueueingPolicy.LAS, {"A100": (8, 8, None), "V100": (8, 4, None)}),
 }
 
 # Simulated hosts: DGX-A100 (8x A100 80 GB, one NVSwitch fabric) and DGX-1 (8x V100 32 GB,
@@ -112,11 +114,11 @@ def seed_demo(agent_token_dir: Path | None = None) -> None:
         vc, _ = VirtualCluster.objects.get_or_create(
             name=vc_name, defaults={"tenant": Tenant.objects.get(name=tenant_name), "queueing_policy": policy}
         )
-        for model, (guaranteed, borrow) in quotas.items():
+        for model, (guaranteed, borrow, lending) in quotas.items():
             Quota.objects.get_or_create(
                 virtual_cluster=vc,
                 gpu_model=model,
-                defaults={"guaranteed": guaranteed, "borrow_limit": borrow},
+                defaults={"guaranteed": guaranteed, "borrow_limit": borrow, "lending_limit": lending},
             )
     for name, rack, model, memory_mb, cpu, mem_gb, nvlink_group in NODES:
         node, _ = Node.objects.get_or_create(

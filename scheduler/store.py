@@ -82,7 +82,9 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
     quotas: dict[int, list[core.Quota]] = defaultdict(list)
     for quota in Quota.objects.all():
         quotas[quota.virtual_cluster_id].append(
-            core.Quota(quota.gpu_model, quota.guaranteed, quota.borrow_limit)
+            core.Quota(
+                quota.gpu_model, quota.guaranteed, quota.borrow_limit, lending_limit=quota.lending_limit
+            )
         )
     vcs = tuple(
         core.VirtualCluster(

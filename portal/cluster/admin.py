@@ -55,12 +55,16 @@ class VirtualClusterAdmin(AuditedModelAdmin):
 
 @admin.register(Quota)
 class QuotaAdmin(AuditedModelAdmin):
-    list_display = ["virtual_cluster", "gpu_model", "in_use", "guaranteed", "borrow_limit"]
+    list_display = ["virtual_cluster", "gpu_model", "in_use", "guaranteed", "borrow_limit", "lends"]
     list_filter = ["gpu_model", "virtual_cluster__tenant"]
     readonly_fields = ["in_use"]
 
     def get_queryset(self, request: Any) -> Any:
         return super().get_queryset(request).select_related("virtual_cluster")
+
+    def save_model(self, request: Any, obj: Quota, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        request_scheduling_cycle()  # as from the VC's page: a changed quota takes effect at once
 
     def changelist_view(self, request: Any, extra_context: Any = None) -> Any:
         self._usage = gpus_in_use(Quota.objects.values_list("virtual_cluster", flat=True))
@@ -73,6 +77,11 @@ class QuotaAdmin(AuditedModelAdmin):
             usage = gpus_in_use([quota.virtual_cluster_id]) if quota.pk else {}
         used = usage.get((quota.virtual_cluster_id, quota.gpu_model), 0)
         return f"{used} / {quota.guaranteed} + {quota.borrow_limit}"
+
+    @admin.display(description="lends", ordering="lending_limit")
+    def lends(self, quota: Quota) -> str:
+        """How many idle guaranteed GPUs other VCs may borrow; an empty limit lends them all."""
+        return "all" if quota.lending_limit is None else str(quota.lending_limit)
 
 
 @admin.register(Flavor)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -70,12 +71,23 @@ class Quota(models.Model):
 
     Guaranteed GPUs are reclaimable for the VC within a grace period; borrowed GPUs are used
     preemptibly. A VC never holds more than guaranteed + borrow_limit of a model.
+
+    `lending_limit` (Kueue's lendingLimit) caps how many of the VC's idle guaranteed GPUs other
+    VCs may borrow. The rest of the guarantee is kept free, so the VC's jobs start at once
+    instead of after reclaiming GPUs from borrowers. Empty lends them all; 0 lends none.
     """
 
     virtual_cluster = models.ForeignKey(VirtualCluster, on_delete=models.CASCADE, related_name="quotas")
     gpu_model = models.CharField(max_length=32)
     guaranteed = models.PositiveIntegerField(default=0)
     borrow_limit = models.PositiveIntegerField(default=0)
+    lending_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="How many of the idle guaranteed GPUs other VCs may borrow; the rest stay free "
+        "for this VC's jobs, which then start without waiting for a reclaim. Empty lends them all, "
+        "0 lends none.",
+    )
 
     class Meta:
         constraints = [
@@ -87,6 +99,21 @@ class Quota(models.Model):
 
     def __str__(self) -> str:
         return f"{self.virtual_cluster} {self.gpu_model}: {self.guaranteed} + {self.borrow_limit}"
+
+    def clean(self) -> None:
+        """A VC can lend only GPUs it is guaranteed."""
+        super().clean()
+        if (
+            self.lending_limit is not None
+            and self.guaranteed is not None
+            and self.lending_limit > self.guaranteed
+        ):
+            raise ValidationError(
+                {
+                    "lending_limit": f"At most {self.guaranteed}, the GPUs guaranteed: "
+                    "a VC lends only GPUs of its guarantee."
+                }
+            )
 
     @property
     def max_gpus(self) -> int:

@@ -62,6 +62,11 @@ class PortalCollector:
             "gpuportal_vc_gpus_guaranteed", "A VC's guaranteed GPUs.", labels=labels
         )
         borrow = GaugeMetricFamily("gpuportal_vc_gpus_borrow_limit", "A VC's borrow limit.", labels=labels)
+        lending = GaugeMetricFamily(
+            "gpuportal_vc_gpus_lending_limit",
+            "How many of a VC's idle guaranteed GPUs other VCs may borrow; absent when it lends all.",
+            labels=labels,
+        )
         tenant_allocated = GaugeMetricFamily(
             "gpuportal_tenant_gpus_allocated", "GPUs held by a tenant's jobs.", labels=["tenant", "model"]
         )
@@ -75,12 +80,14 @@ class PortalCollector:
             vc, tenant = quota.virtual_cluster.name, quota.virtual_cluster.tenant.name
             guaranteed.add_metric([vc, tenant, quota.gpu_model], quota.guaranteed)
             borrow.add_metric([vc, tenant, quota.gpu_model], quota.borrow_limit)
+            if quota.lending_limit is not None:
+                lending.add_metric([vc, tenant, quota.gpu_model], quota.lending_limit)
             allocated.add_metric([vc, tenant, quota.gpu_model], held.get((vc, tenant, quota.gpu_model), 0))
         for (_, tenant, model), n in held.items():
             per_tenant[(tenant, model)] += n
         for (tenant, model), n in sorted(per_tenant.items()):
             tenant_allocated.add_metric([tenant, model], n)
-        yield from (allocated, guaranteed, borrow, tenant_allocated)
+        yield from (allocated, guaranteed, borrow, lending, tenant_allocated)
 
     def jobs(self) -> Iterator[Metric]:
         by_state = GaugeMetricFamily("gpuportal_jobs", "Jobs by state.", labels=["state"])

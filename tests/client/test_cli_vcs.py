@@ -1,6 +1,6 @@
 """`gpuportal vcs` against a real portal: the virtual clusters of the caller's tenants with the
-demo seed's quotas and the GPUs their jobs hold, an admin's stop, another tenant's VC answering
-like one that does not exist, and the API's objects as JSON."""
+demo seed's quotas (vision lends at most 4 of its V100) and the GPUs their jobs hold, an admin's
+stop, another tenant's VC answering like one that does not exist, and the API's objects as JSON."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from rest_framework.test import APIClient
 
 from gpuportal import cli
 from portal.accounts.services import create_api_token
-from portal.cluster.models import Gpu, VirtualCluster
+from portal.cluster.models import Gpu, Quota, VirtualCluster
 from portal.jobs.models import Allocation, Job, JobAttempt
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
-HEADER = ["VC", "TENANT", "MODEL", "IN USE", "GUARANTEED", "BORROW LIMIT", "STATE"]
-NUMBER_COLUMNS = ("IN USE", "GUARANTEED", "BORROW LIMIT")
+HEADER = ["VC", "TENANT", "MODEL", "IN USE", "GUARANTEED", "BORROW LIMIT", "LENDS", "STATE"]
+RIGHT_ALIGNED = ("IN USE", "GUARANTEED", "BORROW LIMIT", "LENDS")  # LENDS: a number or "all"
 
 
 def api_client(user: Any) -> APIClient:
@@ -61,12 +61,12 @@ def table(stdout: str) -> tuple[str, list[list[str]]]:
 
 
 def assert_numbers_right_aligned(stdout: str) -> None:
-    """Each number ends where its column's header ends."""
+    """Each number (or LENDS's "all") ends where its column's header ends."""
     header, *lines = stdout.splitlines()
-    for column in NUMBER_COLUMNS:
+    for column in RIGHT_ALIGNED:
         end = header.index(column) + len(column)
         for line in lines:
-            assert line[end - 1].isdigit() and line[end : end + 1] in ("", " "), (column, line)
+            assert line[end - 1].isalnum() and line[end : end + 1] in ("", " "), (column, line)
 
 
 def test_vcs_lists_the_tenants_quotas_and_the_gpus_in_use(run_cli, tokens, users) -> None:  # type: ignore[no-untyped-def]
@@ -75,8 +75,8 @@ def test_vcs_lists_the_tenants_quotas_and_the_gpus_in_use(run_cli, tokens, users
     header, rows = table(before.stdout)
     assert split_cells(header) == HEADER
     assert rows == [
-        ["vision", "vision", "A100", "0", "8", "8", "open"],
-        ["vision", "vision", "V100", "0", "8", "4", "open"],
+        ["vision", "vision", "A100", "0", "8", "8", "all", "open"],
+        ["vision", "vision", "V100", "0", "8", "4", "4", "open"],
     ]
     assert "speech" not in before.stdout  # another tenant's
     assert before.stderr == ""
@@ -87,15 +87,15 @@ def test_vcs_lists_the_tenants_quotas_and_the_gpus_in_use(run_cli, tokens, users
     after = run_cli(tokens["alice"], "vcs")
     assert after.returncode == 0, after.stderr
     assert table(after.stdout)[1] == [
-        ["vision", "vision", "A100", "2", "8", "8", "open"],
-        ["vision", "vision", "V100", "0", "8", "4", "open"],
+        ["vision", "vision", "A100", "2", "8", "8", "all", "open"],
+        ["vision", "vision", "V100", "0", "8", "4", "4", "open"],
     ]
 
     carol = run_cli(tokens["carol"], "vcs")
     assert carol.returncode == 0, carol.stderr
     assert table(carol.stdout)[1] == [
-        ["speech", "speech", "A100", "3", "8", "8", "open"],
-        ["speech", "speech", "V100", "0", "8", "4", "open"],
+        ["speech", "speech", "A100", "3", "8", "8", "all", "open"],
+        ["speech", "speech", "V100", "0", "8", "4", "all", "open"],
     ]
 
 
@@ -112,12 +112,13 @@ def test_vcs_name_shows_one_vc_and_another_tenants_is_not_found(run_cli, tokens,
         ["State", "open"],
     ]
     header, rows = table(quotas)
-    assert split_cells(header) == ["MODEL", "IN USE", "GUARANTEED", "BORROW LIMIT"]
-    assert rows == [["A100", "0", "8", "8"], ["V100", "0", "8", "4"]]
+    assert split_cells(header) == ["MODEL", "IN USE", "GUARANTEED", "BORROW LIMIT", "LENDS"]
+    assert rows == [["A100", "0", "8", "8", "all"], ["V100", "0", "8", "4", "4"]]
 
     VirtualCluster.objects.filter(name="vision").update(
         description="Computer vision [team]", max_gpus_per_user=4, max_pending_jobs_per_user=1
     )
+    Quota.objects.filter(virtual_cluster__name="vision", gpu_model="A100").update(lending_limit=0)
     running_job(users["alice"], "vision", "a100-node-1", [0])
     changed = run_cli(tokens["alice"], "vcs", "vision")
     assert changed.returncode == 0, changed.stderr
@@ -125,7 +126,7 @@ def test_vcs_name_shows_one_vc_and_another_tenants_is_not_found(run_cli, tokens,
     lines = {cells[0]: cells[1] for cells in map(split_cells, details.splitlines())}
     assert lines["Description"] == "Computer vision [team]"  # user text, not markup
     assert lines["Per-user limits"] == "4 GPUs in use, 1 pending job"
-    assert table(quotas)[1][0] == ["A100", "1", "8", "8"]
+    assert table(quotas)[1][0] == ["A100", "1", "8", "8", "0"]  # lends none, not "all"
 
     others = run_cli(tokens["alice"], "vcs", "speech")
     missing = run_cli(tokens["alice"], "vcs", "no-such-vc")
@@ -169,4 +170,7 @@ def test_vcs_json_prints_the_apis_objects(run_cli, tokens, users) -> None:  # ty
     vision = json.loads(one.stdout)
     assert vision == api.get("/api/v1/virtual-clusters/vision/").json()
     assert vision["stop_policy"] == "hold"
-    assert vision["quotas"][0] == {"gpu_model": "A100", "guaranteed": 8, "borrow_limit": 8, "in_use": 2}
+    assert vision["quotas"] == [
+        {"gpu_model": "A100", "guaranteed": 8, "borrow_limit": 8, "lending_limit": None, "in_use": 2},
+        {"gpu_model": "V100", "guaranteed": 8, "borrow_limit": 4, "lending_limit": 4, "in_use": 0},
+    ]

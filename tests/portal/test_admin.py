@@ -61,6 +61,87 @@ def test_quota_list_shows_use_against_guarantee_and_borrow_limit(admin_client_, 
     assert {q["gpu_model"]: q["in_use"] for q in vc["quotas"]} == {"A100": 2, "V100": 0}
 
 
+def quota_form(quota: Quota, **changes: object) -> dict[str, object]:
+    """The quota's change form as Django admin posts it, with `changes`."""
+    form = {
+        "virtual_cluster": quota.virtual_cluster_id,
+        "gpu_model": quota.gpu_model,
+        "guaranteed": quota.guaranteed,
+        "borrow_limit": quota.borrow_limit,
+        "lending_limit": "" if quota.lending_limit is None else quota.lending_limit,
+    }
+    return {**form, **changes}
+
+
+def test_a_lending_limit_is_at_most_the_guarantee_and_shows_in_the_api(admin_client_, api_for) -> None:  # type: ignore[no-untyped-def]
+    quota = Quota.objects.get(virtual_cluster__name="vision", gpu_model="A100")
+    url = f"/admin/cluster/quota/{quota.pk}/change/"
+    refused = admin_client_.post(url, quota_form(quota, lending_limit=9))
+    assert refused.status_code == 200
+    errors = refused.context["adminform"].form.errors
+    assert list(errors) == ["lending_limit"]
+    assert "a VC lends only GPUs of its guarantee" in errors["lending_limit"][0]
+    # Lowering the guarantee under the limit is refused the same way.
+    refused = admin_client_.post(url, quota_form(quota, guaranteed=2, lending_limit=3))
+    assert list(refused.context["adminform"].form.errors) == ["lending_limit"]
+    quota.refresh_from_db()
+    assert (quota.guaranteed, quota.lending_limit) == (8, None)
+
+    assert admin_client_.post(url, quota_form(quota, lending_limit=0)).status_code == 302
+    quota.refresh_from_db()
+    assert quota.lending_limit == 0  # lends none
+    entry = AuditEntry.objects.filter(action="admin.change", object_id=str(quota.pk)).get()
+    assert "Lending limit" in entry.detail
+
+    page = admin_client_.get("/admin/cluster/quota/").content.decode()
+    assert page.count('<td class="field-lends">0</td>') == 1  # vision A100
+    assert page.count('<td class="field-lends">4</td>') == 1  # the demo's vision V100
+    assert page.count('<td class="field-lends">all</td>') == 2  # speech's
+
+    vision = api_for("alice").get("/api/v1/virtual-clusters/vision/").json()
+    assert {q["gpu_model"]: q["lending_limit"] for q in vision["quotas"]} == {"A100": 0, "V100": 4}
+    speech = api_for("carol").get("/api/v1/virtual-clusters/").json()["results"]
+    assert [(vc["name"], [q["lending_limit"] for q in vc["quotas"]]) for vc in speech] == [
+        ("speech", [None, None])
+    ]
+
+    assert admin_client_.post(url, quota_form(quota, lending_limit="")).status_code == 302
+    quota.refresh_from_db()
+    assert quota.lending_limit is None  # lends all again
+    vision = api_for("alice").get("/api/v1/virtual-clusters/vision/").json()
+    assert vision["quotas"][0]["lending_limit"] is None
+
+
+def test_the_vc_page_refuses_a_lending_limit_above_the_guarantee_on_the_quota(admin_client_) -> None:  # type: ignore[no-untyped-def]
+    from portal.cluster.models import VirtualCluster
+
+    vc = VirtualCluster.objects.get(name="speech")
+    quotas = list(vc.quotas.order_by("gpu_model"))
+    form: dict[str, object] = {
+        "tenant": vc.tenant_id,
+        "name": vc.name,
+        "description": vc.description,
+        "queueing_policy": vc.queueing_policy,
+        "stop_policy": vc.stop_policy,
+        "idle_policy": vc.idle_policy,
+        "allowed_mounts": "[]",
+        "quotas-TOTAL_FORMS": str(len(quotas)),
+        "quotas-INITIAL_FORMS": str(len(quotas)),
+    }
+    for i, quota in enumerate(quotas):
+        form.update({f"quotas-{i}-{field}": value for field, value in quota_form(quota).items()})
+        form[f"quotas-{i}-id"] = quota.pk
+    url = f"/admin/cluster/virtualcluster/{vc.pk}/change/"
+    refused = admin_client_.post(url, {**form, "quotas-1-lending_limit": 9})  # V100, 8 guaranteed
+    assert refused.status_code == 200
+    formset = refused.context["inline_admin_formsets"][0].formset
+    assert [list(errors) for errors in formset.errors] == [[], ["lending_limit"]]
+
+    response = admin_client_.post(url, {**form, "quotas-1-lending_limit": 8})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert [q.lending_limit for q in vc.quotas.order_by("gpu_model")] == [None, 8]
+
+
 def test_every_admin_change_writes_an_audit_entry(admin_client_) -> None:  # type: ignore[no-untyped-def]
     quota = Quota.objects.get(virtual_cluster__name="vision", gpu_model="A100")
     response = admin_client_.post(

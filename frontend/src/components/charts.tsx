@@ -3,17 +3,20 @@
 import type { ModelUse } from "../lib/cluster";
 import { formatClock, formatDuration } from "../lib/format";
 
-export function QuotaBar({ inUse, guaranteed, borrowLimit, label }: {
+export function QuotaBar({ inUse, guaranteed, borrowLimit, lendingLimit, label }: {
   inUse: number;
   guaranteed: number;
   borrowLimit: number;
+  /** How many idle guaranteed GPUs other VCs may borrow; null or absent lends them all. */
+  lendingLimit?: number | null;
   label: string;
 }) {
   const max = Math.max(guaranteed + borrowLimit, inUse, 1);
   const pct = (n: number) => `${(100 * n) / max}%`;
   const borrowed = Math.max(0, inUse - guaranteed);
   const within = Math.min(inUse, guaranteed);
-  const text = `${label}: ${inUse} in use, ${guaranteed} guaranteed, up to ${borrowLimit} more borrowed`;
+  const lends = lendingLimit == null ? "" : `, lends up to ${lendingLimit} of its guarantee`;
+  const text = `${label}: ${inUse} in use, ${guaranteed} guaranteed, up to ${borrowLimit} more borrowed${lends}`;
   return (
     <div className="quota-bar" role="img" aria-label={text} title={text}>
       <div className="quota-track">

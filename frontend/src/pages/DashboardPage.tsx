@@ -68,7 +68,7 @@ export function DashboardPage() {
               {vc.quotas.map((q) => (
                 <div key={q.gpu_model} className="quota-row">
                   <span className="quota-label">{q.gpu_model}</span>
-                  <QuotaBar inUse={q.in_use} guaranteed={q.guaranteed ?? 0} borrowLimit={q.borrow_limit ?? 0} label={`${vc.name} ${q.gpu_model}`} />
+                  <QuotaBar inUse={q.in_use} guaranteed={q.guaranteed ?? 0} borrowLimit={q.borrow_limit ?? 0} lendingLimit={q.lending_limit} label={`${vc.name} ${q.gpu_model}`} />
                   <span className="quota-figures">
                     {q.in_use} / {q.guaranteed} <span className="muted">+{q.borrow_limit}</span>
                   </span>

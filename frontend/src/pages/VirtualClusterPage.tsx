@@ -58,6 +58,9 @@ function VcQuotas({ vc }: { vc: VirtualCluster }) {
               <th scope="col">In use</th>
               <th scope="col">Guaranteed</th>
               <th scope="col">Borrow limit</th>
+              <th scope="col" title="How many of its idle guaranteed GPUs other VCs may borrow; the rest stay free for its own jobs">
+                Lends
+              </th>
             </tr>
           </thead>
           <tbody>
@@ -65,11 +68,18 @@ function VcQuotas({ vc }: { vc: VirtualCluster }) {
               <tr key={q.gpu_model}>
                 <th scope="row">{q.gpu_model}</th>
                 <td className="bar-cell">
-                  <QuotaBar inUse={q.in_use} guaranteed={q.guaranteed ?? 0} borrowLimit={q.borrow_limit ?? 0} label={`${vc.name} ${q.gpu_model}`} />
+                  <QuotaBar
+                    inUse={q.in_use}
+                    guaranteed={q.guaranteed ?? 0}
+                    borrowLimit={q.borrow_limit ?? 0}
+                    lendingLimit={q.lending_limit}
+                    label={`${vc.name} ${q.gpu_model}`}
+                  />
                 </td>
                 <td>{q.in_use}</td>
                 <td>{q.guaranteed}</td>
                 <td>+{q.borrow_limit}</td>
+                <td>{q.lending_limit == null ? "all" : `up to ${q.lending_limit}`}</td>
               </tr>
             ))}
           </tbody>

@@ -26,7 +26,13 @@ class QuotaSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Quota
-        fields = ["gpu_model", "guaranteed", "borrow_limit", "in_use"]
+        fields = ["gpu_model", "guaranteed", "borrow_limit", "lending_limit", "in_use"]
+        extra_kwargs = {
+            "lending_limit": {
+                "help_text": "How many of the VC's idle guaranteed GPUs other VCs may borrow; the rest "
+                "stay free for its own jobs. null lends them all, 0 none."
+            }
+        }
 
     def get_in_use(self, quota: Quota) -> int:
         usage: dict[tuple[int, str], int] = self.context.get("usage", {})

@@ -63,6 +63,9 @@ def test_gpus_jobs_and_telemetry_are_reported_with_their_labels(api_for, small_j
     assert value(samples, "gpuportal_node_gpus_healthy", node="a100-node-2", model="A100") == 7
     assert value(samples, "gpuportal_vc_gpus_allocated", vc="vision", model="A100") == 2
     assert value(samples, "gpuportal_vc_gpus_guaranteed", vc="vision", model="A100") == 8
+    # Only quotas with a lending limit have one (the demo's vision V100); the others lend all.
+    lending = samples["gpuportal_vc_gpus_lending_limit"]
+    assert lending == [({"vc": "vision", "tenant": "vision", "model": "V100"}, 4.0)]
     assert value(samples, "gpuportal_tenant_gpus_allocated", tenant="vision", model="A100") == 2
     assert value(samples, "gpuportal_jobs", state="running") == 1
     assert value(samples, "gpuportal_pending_jobs", reason="new") == 1
