@@ -62,6 +62,9 @@ from agents.protocol import (
     RequestReject,
     ResumeRequest,
     RuntimeInfo,
+    ShellExit,
+    ShellMessage,
+    ShellOutput,
     SignalRequest,
     StopRequest,
     SuspendRequest,
@@ -95,6 +98,7 @@ from agents.runtime import (
     chunk_lines,
 )
 from agents.runtime.policy import PolicyError
+from agents.shells import ShellSessions
 from agents.store import AttemptRecord, AttemptStore
 from agents.versions import drain_reasons
 
@@ -107,6 +111,8 @@ OUTBOX_LOG_BYTES = 64 * 1024 * 1024
 LOST_LOGS_READ_TIMEOUT_S = 60.0
 WELCOME_TIMEOUT_S = 30.0
 REMEMBERED_REQUESTS = 1000
+# Shell output waiting in the outbox; beyond it, shells wait (held up by their terminals).
+OUTBOX_SHELL_CHARS = 1024 * 1024
 CHECKPOINTABLE_STATES = (AttemptState.RUNNING, AttemptState.SUSPENDED, AttemptState.CHECKPOINTING)
 
 
@@ -156,6 +162,7 @@ class Agent:
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s, random.Random(config.seed))
         self.outbox: deque[AgentToPortal] = deque()
         self.outbox_log_bytes = 0
+        self.outbox_shell_chars = 0
         self.outbox_dropped = 0
         self.outbox_ready = asyncio.Event()
         self.connected = False
@@ -185,6 +192,7 @@ class Agent:
         self.markers: dict[str, MarkerIdentity | None] = {}
         self.scanning: set[str] = set()
         self.sessions = 0  # completed handshakes, for tests and logs
+        self.shells = ShellSessions(runtime, self.send, self._why_no_shell, self._room_for_shell_output)
 
     # ------------------------------------------------------------------ main loop
 
@@ -228,6 +236,7 @@ class Agent:
                 log.info("reconnecting in %.1fs", delay)
                 await asyncio.sleep(delay)
         finally:
+            await self.shells.shutdown()
             for task in [*lifetime, *self.tasks, *self.log_pumps.values()]:
                 task.cancel()
             await asyncio.gather(*lifetime, *self.tasks, *self.log_pumps.values(), return_exceptions=True)
@@ -239,7 +248,9 @@ class Agent:
         2. Wait for welcome; take the intervals it sets.
         3. Start the per-session loops: sender (outbox) and heartbeat.
         4. Handle messages until the connection closes: a desired set is reconciled in
-           full (latest revision wins), requests run as tasks and are answered once.
+           full (latest revision wins), requests run as tasks and are answered once, shell
+           messages go to the shell sessions in the order they came.
+        5. When it closes, close the shell sessions: only this connection could hear them.
         """
         # 1.
         await self.refresh()
@@ -276,10 +287,15 @@ class Agent:
                     self._spawn(self.apply_desired(message))
                 elif isinstance(message, Welcome):
                     continue
+                elif isinstance(message, ShellMessage):
+                    self.shells.handle(message)
                 else:
                     self._spawn(self.handle_request(message))
         finally:
             self.connected = False
+            # 5.
+            self.shells.portal_lost()
+            self._drop_shell_messages()
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
@@ -333,9 +349,13 @@ class Agent:
                     self._spawn(self.apply_desired(self.last_desired))
 
     def send(self, message: AgentToPortal) -> None:
+        if isinstance(message, ShellOutput | ShellExit) and not self.connected:
+            return  # no portal could place it: shell sessions end with their connection
         self.outbox.append(message)
         if isinstance(message, LogChunk):
             self.outbox_log_bytes += len(message.text)
+        elif isinstance(message, ShellOutput):
+            self.outbox_shell_chars += len(message.data)
         while len(self.outbox) > OUTBOX_LIMIT or self.outbox_log_bytes > OUTBOX_LOG_BYTES:
             dropped = self._pop_outbox()
             self.outbox_dropped += 1
@@ -355,7 +375,34 @@ class Agent:
         message = self.outbox.popleft()
         if isinstance(message, LogChunk):
             self.outbox_log_bytes -= len(message.text)
+        elif isinstance(message, ShellOutput):
+            self.outbox_shell_chars -= len(message.data)
         return message
+
+    def _drop_shell_messages(self) -> None:
+        """Unlike logs, shell messages are not kept for the next connection: their sessions
+        ended with this one."""
+        self.outbox = deque(
+            message for message in self.outbox if not isinstance(message, ShellOutput | ShellExit)
+        )
+        self.outbox_shell_chars = 0
+
+    async def _room_for_shell_output(self) -> None:
+        while self.connected and self.outbox_shell_chars > OUTBOX_SHELL_CHARS:
+            await asyncio.sleep(0.01)
+
+    def _why_no_shell(self, attempt_id: str) -> str | None:
+        """Shells open only in attempts that run and that the agent is not busy with."""
+        record = self.store.get(attempt_id)
+        if record is None or not record.state.is_live:
+            return f"attempt {attempt_id} is not running on this node"
+        if record.state == AttemptState.STARTING:
+            return f"attempt {attempt_id} is still starting"
+        if record.state != AttemptState.RUNNING:
+            return f"attempt {attempt_id} is {record.state}"
+        if attempt_id in self.busy:
+            return f"attempt {attempt_id} is being stopped or checkpointed"
+        return None
 
     def _spawn(self, awaitable: Awaitable[None]) -> None:
         task = asyncio.ensure_future(awaitable)
@@ -464,6 +511,7 @@ class Agent:
             record.stop_reason = stop_reason
         self.store.put(record)
         self.send(self._status(record))
+        self.shells.attempt_changed(record.attempt_id, state)
 
     def _status(self, record: AttemptRecord) -> AttemptStatus:
         return AttemptStatus(
@@ -659,6 +707,7 @@ class Agent:
         await self.refresh()
 
     async def remove_attempt(self, attempt_id: str) -> None:
+        self.shells.attempt_removed(attempt_id)
         pump = self.log_pumps.pop(attempt_id, None)
         if pump is not None:
             pump.cancel()
@@ -670,6 +719,7 @@ class Agent:
 
     async def _suspend_or_resume(self, attempt_id: str, suspend: bool) -> None:
         if suspend:
+            await self.shells.suspending(attempt_id)
             await self.runtime.suspend(attempt_id)
         else:
             await self.runtime.resume(attempt_id)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from agents.protocol import AttemptState, DesiredAttempt, LogChunk, RuntimeInfo
+from agents.runtime.shell import ShellProcess
 
 LogStream = Literal["stdout", "stderr"]
 LOG_STREAMS: tuple[LogStream, ...] = ("stdout", "stderr")
@@ -64,6 +65,10 @@ class Runtime(Protocol):
     - ``remove`` forgets an ended attempt (container, files); it is idempotent.
     - ``attempt_of_pid`` is cheap and never raises; it may only know attempts that
       ``list_attempts`` has seen.
+    - ``open_shell`` starts ``command`` on a new pseudo-terminal of ``cols`` x ``rows`` in a
+      running attempt (its container, or its directory and environment), with
+      ``TERM=xterm-256color``; it raises RuntimeFailure (UnknownAttemptError for an attempt
+      it does not know) when the attempt is not running. See agents.runtime.shell.
     """
 
     @property
@@ -92,6 +97,8 @@ class Runtime(Protocol):
     def attempt_of_pid(self, pid: int) -> str | None:
         """Which attempt a host pid belongs to (labels GPU processes in telemetry); None if none."""
         ...
+
+    async def open_shell(self, attempt_id: str, command: list[str], cols: int, rows: int) -> ShellProcess: ...
 
 
 def _piece_end(raw: bytes) -> int:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import re
+import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -37,13 +39,18 @@ from agents.runtime import (
     UnknownAttemptError,
 )
 from agents.runtime.policy import HostPolicy, LaunchPlan, PolicyError, image_problems, prepare
+from agents.runtime.shell import READ_BYTES, SHELL_TERM, ShellProcess, hang_up_session
 
+log = logging.getLogger("agents")
 LABEL_MANAGED = "gpuportal.managed"
 LABEL_ATTEMPT = "gpuportal.attempt-id"
 LABEL_JOB = "gpuportal.job-id"
 LABEL_GPUS = "gpuportal.gpu-uuids"
 CHECKPOINT_TARGET = "/gpuportal/checkpoint"
 POLL_S = 0.1
+# Reads of a shell's output that may wait for the agent before the reading thread waits too.
+SHELL_PENDING_READS = 4
+SHELL_EXIT_WAIT_S = 5.0
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 
 # What an ordinary training job may need, and nothing that reaches beyond its container:
@@ -261,6 +268,28 @@ class DockerRuntime:
         finally:
             source.close()
 
+    async def open_shell(self, attempt_id: str, command: list[str], cols: int, rows: int) -> ShellProcess:
+        """``docker exec`` on a terminal: the shell gets the container's user, namespaces, cgroup,
+        capabilities and environment (plus TERM); it is never privileged."""
+        container = await self._container(attempt_id)
+        state = _observe(container.attrs).state
+        if state != AttemptState.RUNNING:
+            raise RuntimeFailure(f"attempt {attempt_id} is {state}, not running")
+        api = self.client.api
+        created = await _engine(
+            api.exec_create,
+            container.id,
+            list(command),
+            stdin=True,
+            tty=True,
+            privileged=False,
+            environment={"TERM": SHELL_TERM},
+        )
+        stream = await _engine(api.exec_start, created["Id"], socket=True, tty=True)
+        shell = ExecShell(api, container.id, created["Id"], stream)
+        await shell.set_first_size(cols, rows)
+        return shell
+
     async def remove(self, attempt_id: str) -> None:
         try:
             container = await self._container(attempt_id)
@@ -284,6 +313,130 @@ class DockerRuntime:
             except docker.errors.NotFound:
                 await asyncio.sleep(POLL_S / 5)
         raise RuntimeFailure("containers keep disappearing while being listed")
+
+
+class ExecShell:
+    """A shell started with ``docker exec`` on a terminal (see agents.runtime.shell).
+
+    Output comes from the exec's socket, read by a thread of its own that waits when the
+    agent has not collected :data:`SHELL_PENDING_READS` reads yet. The engine does not end a
+    shell on a terminal when its stream closes (the terminal's input stays open), so closing
+    hangs up the exec's session by signals to its host pids, after checking that each one
+    lies in the container's cgroup. That needs the agent to share the host's pid namespace
+    with the engine; where it does not, the shell is left to end with its container.
+    """
+
+    def __init__(self, api: Any, container_id: str, exec_id: str, stream: Any) -> None:
+        self.api = api
+        self.container_id = container_id
+        self.exec_id = exec_id
+        self._stream = stream  # the engine's upgraded HTTP response holds it: closed together
+        self.connection: socket.socket = stream._sock if isinstance(stream, socket.SocketIO) else stream
+        self._output: asyncio.Queue[bytes] = asyncio.Queue()  # b"" marks the end
+        self._room = threading.Semaphore(SHELL_PENDING_READS)
+        self._hung_up = threading.Event()
+        self._ended = False
+        self._closing: asyncio.Future[int | None] | None = None
+        threading.Thread(
+            target=self._receive,
+            args=(asyncio.get_running_loop(),),
+            name=f"shell-{exec_id[:12]}",
+            daemon=True,
+        ).start()
+
+    def _receive(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            while True:
+                while not self._room.acquire(timeout=POLL_S):
+                    if self._hung_up.is_set():
+                        return
+                data = self.connection.recv(READ_BYTES)
+                if not data:
+                    return
+                loop.call_soon_threadsafe(self._output.put_nowait, data)
+        except OSError:
+            return
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads any more
+                loop.call_soon_threadsafe(self._output.put_nowait, b"")
+
+    async def read(self) -> bytes:
+        if self._ended:
+            return b""
+        data = await self._output.get()
+        if not data:
+            self._ended = True
+            return b""
+        self._room.release()
+        return data
+
+    async def write(self, data: bytes) -> None:
+        if self._hung_up.is_set():
+            return
+        try:
+            await asyncio.to_thread(self.connection.sendall, data)
+        except OSError as error:
+            raise RuntimeFailure(f"cannot write to the shell's terminal: {error}") from error
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await _engine(self.api.exec_resize, self.exec_id, height=rows, width=cols)
+
+    async def set_first_size(self, cols: int, rows: int) -> None:
+        """The engine resizes an exec's terminal only once the exec runs, a moment after it
+        was started."""
+        for attempt in range(20):
+            try:
+                await self.resize(cols, rows)
+                return
+            except RuntimeFailure as error:
+                if attempt == 19:
+                    log.warning("shell %s keeps its default size: %s", self.exec_id[:12], error)
+                await asyncio.sleep(POLL_S / 4)
+
+    async def close(self) -> int | None:
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._hang_up())
+        return await asyncio.shield(self._closing)
+
+    async def _hang_up(self) -> int | None:
+        self._hung_up.set()
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+        try:
+            session_id = (await _engine(self.api.exec_inspect, self.exec_id)).get("Pid") or 0
+            if session_id > 0:
+                await hang_up_session(session_id, self._exec_ended, self._in_container)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + SHELL_EXIT_WAIT_S
+            while (inspected := await _engine(self.api.exec_inspect, self.exec_id))["Running"]:
+                if loop.time() > deadline:
+                    log.warning("shell %s still runs after its hangup", self.exec_id[:12])
+                    return None
+                await asyncio.sleep(POLL_S)
+            return inspected.get("ExitCode")
+        except RuntimeFailure as error:  # the container is gone, and the shell with it
+            log.debug("shell %s: %s", self.exec_id[:12], error)
+            return None
+        finally:
+            self._close_stream()
+
+    def _close_stream(self) -> None:
+        """The HTTP response first (it flushes through the socket), then the socket."""
+        response = getattr(self._stream, "_response", None)
+        with contextlib.suppress(Exception):
+            if response is not None:
+                response.close()
+        with contextlib.suppress(OSError):
+            self.connection.close()
+
+    async def _exec_ended(self) -> bool:
+        return not (await _engine(self.api.exec_inspect, self.exec_id))["Running"]
+
+    def _in_container(self, pid: int) -> bool:
+        try:
+            return self.container_id in Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return False
 
 
 async def _engine(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

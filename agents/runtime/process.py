@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import termios
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
@@ -39,9 +42,14 @@ from agents.runtime import (
     UnknownAttemptError,
 )
 from agents.runtime.policy import HostPolicy, PolicyError, prepare
+from agents.runtime.shell import READ_BYTES, SHELL_TERM, ShellProcess, exit_code_of, hang_up_session
 from agents.runtime.wrapper import write_exit_code
 
 WRAPPER = Path(__file__).with_name("wrapper.py")
+SHELL_LAUNCHER = Path(__file__).with_name("shell_launcher.py")
+# How long the last output of a shell that exited may take to reach the terminal's master
+# side (the kernel hands it over asynchronously), and so how long it is waited for.
+SHELL_DRAIN_S = 0.1
 POLL_S = 0.05
 SIGKILL_EXIT_CODE = 128 + signal.SIGKILL
 START_TIMEOUT_S = 30.0
@@ -177,6 +185,19 @@ class ProcessRuntime:
                 return str(record["attempt_id"])
         return None
 
+    async def open_shell(self, attempt_id: str, command: list[str], cols: int, rows: int) -> ShellProcess:
+        """A shell in the attempt's directory with the environment its command got (read from the
+        wrapper, so it is exact after an agent restart too), as the agent's user."""
+        record = self._record(attempt_id)
+        state = self._observe(record).state
+        if state != AttemptState.RUNNING:
+            raise RuntimeFailure(f"attempt {attempt_id} is {state}, not running")
+        env = {**_environment_of(record), "TERM": SHELL_TERM}
+        try:
+            return await PtyShell.spawn(command, env, self._dir(attempt_id), cols, rows)
+        except OSError as error:
+            raise RuntimeFailure(f"cannot open a shell in attempt {attempt_id}: {error}") from error
+
     async def remove(self, attempt_id: str) -> None:
         directory = self._dir(attempt_id)
         record = _read_json(directory / "record.json")
@@ -257,6 +278,158 @@ class ProcessRuntime:
         while _process_state(record["pid"], record["start_ticks"]) not in (None, "Z"):
             await asyncio.sleep(POLL_S / 5)
         self._reap(record["attempt_id"], record["pid"])
+
+
+class PtyShell:
+    """A shell on a pseudo-terminal of the host, leading its own session (see agents.runtime.shell).
+
+    Output is read from the terminal's master side with the event loop's reader, so a shell
+    that writes nothing holds no thread, and one whose output is not collected is held up by
+    the terminal instead of filling the agent's memory.
+    """
+
+    def __init__(self, process: asyncio.subprocess.Process, master: int) -> None:
+        self.process = process
+        self.master = master
+        self._exited = asyncio.ensure_future(process.wait())
+        self._hung_up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._master_closed = False
+        self._closing: asyncio.Future[int] | None = None
+        self._output_deadline: float | None = None  # set once the shell exited
+
+    @classmethod
+    async def spawn(
+        cls, command: list[str], env: dict[str, str], cwd: Path, cols: int, rows: int
+    ) -> PtyShell:
+        master, terminal = os.openpty()
+        try:
+            set_terminal_size(master, cols, rows)
+            os.set_blocking(master, False)
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",
+                str(SHELL_LAUNCHER),
+                *command,
+                stdin=terminal,
+                stdout=terminal,
+                stderr=terminal,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(terminal)  # the shell holds it now; the master sees EIO once every holder let go
+        return cls(process, master)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def read(self) -> bytes:
+        loop = asyncio.get_running_loop()
+        while not self._hung_up.done():
+            try:
+                return os.read(self.master, READ_BYTES)
+            except BlockingIOError:
+                pass
+            except OSError:  # EIO: no process has the terminal open any more
+                return b""
+            if not self._exited.done():
+                await self._wait_readable(None)
+                continue
+            if self._output_deadline is None:
+                self._output_deadline = loop.time() + SHELL_DRAIN_S
+            # Processes the shell left behind may still write; they are hung up on at close.
+            remaining = self._output_deadline - loop.time()
+            if remaining <= 0 or not await self._wait_readable(remaining):
+                return b""
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and not self._hung_up.done():
+            try:
+                view = view[os.write(self.master, view) :]
+            except BlockingIOError:
+                await self._wait_writable()
+            except OSError as error:
+                raise RuntimeFailure(f"cannot write to the shell's terminal: {error}") from error
+
+    async def resize(self, cols: int, rows: int) -> None:
+        if not self._master_closed:
+            set_terminal_size(self.master, cols, rows)
+
+    async def close(self) -> int:
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._hang_up())
+        return await asyncio.shield(self._closing)
+
+    async def _hang_up(self) -> int:
+        loop = asyncio.get_running_loop()
+        if not self._hung_up.done():
+            self._hung_up.set_result(None)
+        loop.remove_reader(self.master)
+        loop.remove_writer(self.master)
+        self._master_closed = True
+        os.close(self.master)  # the kernel hangs up the terminal: SIGHUP to the shell
+
+        async def shell_ended() -> bool:
+            return self._exited.done()
+
+        await hang_up_session(self.pid, shell_ended)
+        return exit_code_of(await self._exited)
+
+    async def _wait_readable(self, timeout: float | None) -> bool:
+        """Wait until the master has output, the shell exited or is being closed; True when there
+        is output."""
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+        events = [readable, self._hung_up] + ([] if self._exited.done() else [self._exited])
+        loop.add_reader(self.master, _settle, readable)
+        try:
+            await asyncio.wait(events, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not self._master_closed:
+                loop.remove_reader(self.master)
+            readable.cancel()
+        return readable.done() and not readable.cancelled()
+
+    async def _wait_writable(self) -> None:
+        loop = asyncio.get_running_loop()
+        writable: asyncio.Future[None] = loop.create_future()
+        loop.add_writer(self.master, _settle, writable)
+        try:
+            await asyncio.wait([writable, self._hung_up], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not self._master_closed:
+                loop.remove_writer(self.master)
+            writable.cancel()
+
+
+def set_terminal_size(fd: int, cols: int, rows: int) -> None:
+    """TIOCSWINSZ on a terminal; the kernel tells the terminal's foreground programs (SIGWINCH)."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _environment_of(record: dict[str, Any]) -> dict[str, str]:
+    """The environment the wrapper was started with, which its command inherited."""
+    attempt_id = record["attempt_id"]
+    try:
+        raw = Path(f"/proc/{record['pid']}/environ").read_bytes()
+    except OSError as error:
+        raise RuntimeFailure(f"cannot read the environment of attempt {attempt_id}: {error}") from error
+    if _process_state(record["pid"], record["start_ticks"]) is None:  # the pid was reused meanwhile
+        raise RuntimeFailure(f"attempt {attempt_id} is no longer running")
+    names_and_values = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {os.fsdecode(name): os.fsdecode(value) for name, _, value in names_and_values}
 
 
 def _kill_group(pid: int, signum: signal.Signals) -> None:

@@ -33,7 +33,9 @@ SURVIVED_SIGNALS = (
 
 
 def write_exit_code(path: str, exit_code: int) -> None:
-    temporary = f"{path}.tmp"
+    # The agent may write the file too (a stop's kill): a temporary file of each writer's own, so
+    # neither replaces the other's half-written one or finds it gone.
+    temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w") as file:
         json.dump({"exit_code": exit_code}, file)
         file.flush()

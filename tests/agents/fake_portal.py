@@ -36,6 +36,7 @@ class FakePortal:
         self.desired: list[DesiredAttempt] = []
         self.revision = 0
         self.received: list[AgentToPortal] = []
+        self.received_per_connection: list[list[AgentToPortal]] = []  # after each hello
         self.hellos: list[Hello] = []
         self.refused = 0
         self.refuse_all = False  # simulate a portal that is down: refuse every handshake
@@ -68,6 +69,7 @@ class FakePortal:
         hello = decode_from_agent(await connection.recv())
         assert isinstance(hello, Hello), hello
         self.hellos.append(hello)
+        self.received_per_connection.append(received := [])
         self.connection = connection
         await connection.send(
             encode(Welcome(node_id="node-1", heartbeat_interval_s=1, telemetry_interval_s=1))
@@ -75,7 +77,9 @@ class FakePortal:
         await connection.send(encode(DesiredSet(revision=self.revision, attempts=self.desired)))
         try:
             async for text in connection:
-                self.received.append(decode_from_agent(text))
+                message = decode_from_agent(text)
+                self.received.append(message)
+                received.append(message)
         except websockets.exceptions.ConnectionClosed:
             pass
 
