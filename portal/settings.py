@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "portal.jobs",
     "portal.agentgw",
     "portal.live",
+    "portal.shell",
     "portal.metrics",
     "portal.web",
 ]
@@ -301,6 +302,12 @@ ENROLLMENT_TOKEN_MAX_TTL_MINUTES = env_int("ENROLLMENT_TOKEN_MAX_TTL_MINUTES", 2
 # (portal.accounts.security).
 SECURITY_ALERT_THRESHOLD = env_int("SECURITY_ALERT_THRESHOLD", 5)
 SECURITY_ALERT_WINDOW_S = env_int("SECURITY_ALERT_WINDOW_S", 600)
+# Shells in running jobs (/ws/jobs/<id>/shell/, portal.shell): at most this many open at once per
+# user; a session ends when the node's agent has not answered its opening within this many
+# seconds, and after this many seconds without input.
+SHELL_MAX_SESSIONS_PER_USER = env_int("SHELL_MAX_SESSIONS_PER_USER", 4)
+SHELL_OPEN_TIMEOUT_S = env_int("SHELL_OPEN_TIMEOUT_S", 10)
+SHELL_IDLE_TIMEOUT_S = env_int("SHELL_IDLE_TIMEOUT_S", 1800)
 
 # json: one object a line with request, task, job and attempt ids (for log shippers); text: for people.
 LOG_FORMAT = env_str("LOG_FORMAT", "text" if DEBUG else "json")

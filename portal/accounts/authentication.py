@@ -11,25 +11,41 @@ from rest_framework import authentication, exceptions
 from portal.accounts.models import TOKEN_PREFIX, ApiToken, hash_secret
 
 
+def bearer_secret(header: str) -> str | None:
+    """The secret of an `Authorization` header's value, or None when its scheme is not Bearer."""
+    scheme, _, raw = header.partition(" ")
+    return raw.strip() if scheme == "Bearer" else None
+
+
+def authenticate_token(raw: str) -> ApiToken | None:
+    """The API token whose secret is `raw`, with its user, if it may be used: not revoked, not
+    expired, its user active; else None. Every way in that takes API tokens (the REST API, the
+    shell socket) checks them here, so that none accepts a token another refuses. Its use is
+    noted (`last_used_at`) at most once a minute, not a write per request."""
+    if not raw.startswith(TOKEN_PREFIX):
+        return None
+    token = ApiToken.objects.usable().select_related("user").filter(token_hash=hash_secret(raw)).first()
+    if token is None or not token.user.is_active:
+        return None
+    now = timezone.now()
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request: Any) -> tuple[Any, ApiToken] | None:
         header = authentication.get_authorization_header(request).decode("latin-1")
-        if not header:
-            return None
-        scheme, _, raw = header.partition(" ")
-        if scheme != self.keyword:
-            return None
-        raw = raw.strip()
+        raw = bearer_secret(header) if header else None
+        if raw is None:
+            return None  # another scheme, or none: another authentication class may take it
         if not raw.startswith(TOKEN_PREFIX):
             raise exceptions.AuthenticationFailed("Invalid token.")
-        token = ApiToken.objects.usable().select_related("user").filter(token_hash=hash_secret(raw)).first()
-        if token is None or not token.user.is_active:
+        token = authenticate_token(raw)
+        if token is None:
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
-        now = timezone.now()
-        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return token.user, token
 
     def authenticate_header(self, request: Any) -> str:

@@ -10,6 +10,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from portal.accounts.models import ApiToken, AuditEntry, Tenant, hash_secret, new_secret
+from portal.live.publish import publish_access_change, token_key
 
 
 def record_audit(actor: Any, action: str, obj: models.Model | None = None, **fields: Any) -> AuditEntry:
@@ -60,9 +61,11 @@ def create_api_token(user: Any, name: str, expires_in_days: int | None = None) -
 
 @transaction.atomic
 def revoke_api_token(token: ApiToken, actor: Any) -> ApiToken:
-    """Revokes a token; revoking twice keeps the first time."""
+    """Revokes a token; revoking twice keeps the first time. A socket the token opened (a shell
+    from the CLI) closes, as the REST API refuses the token's next request."""
     if token.revoked_at is None:
         ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
         token.refresh_from_db()
         record_audit(actor, "api_token.revoke", token)
+        publish_access_change(token.user_id, token_key(token.pk))
     return token

@@ -4,6 +4,11 @@ Thin by design: decode with agents.protocol, call one service, reply. Telemetry 
 which every agent sends all the time, are buffered and written for all agents at once
 (portal.agentgw.ingest). Browsers never get in: a browser cannot send an Authorization header
 on a websocket and always sends an Origin.
+
+Shell output and exits are relayed to the session's browser socket (portal.shell.consumers)
+through the channel layer, without touching the database, tagged with this node and connection:
+the browser socket takes them only from the node its session runs on, and ends the session when
+the connection that answered it closes.
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ from agents.protocol import (
     ProtocolError,
     RequestAck,
     RequestReject,
+    ShellExit,
+    ShellOutput,
     TelemetryBatch,
     Welcome,
     decode_from_agent,
     encode,
 )
 from portal.accounts.security import record_refusal
+from portal.accounts.websocket import bearer_token, has_origin
 from portal.agentgw.desired import desired_set_for
 from portal.agentgw.ingest import buffer as ingest
 from portal.agentgw.outbox import node_group
@@ -38,6 +46,7 @@ from portal.cluster import services as cluster_services
 from portal.cluster.models import Node
 from portal.jobs import services as job_services
 from portal.lib.db import database_sync_to_async
+from portal.shell.services import shell_group, shell_node_group
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +59,9 @@ CLOSE_PROTOCOL = 4400
 DESIRED_RECHECK_S = 30.0
 
 
-def bearer_token(scope: dict[str, Any]) -> str:
-    for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme == "Bearer" else ""
-    return ""
-
-
 def client_address(scope: dict[str, Any]) -> str:
     client = scope.get("client")
     return str(client[0]) if client else "unknown"
-
-
-def has_origin(scope: dict[str, Any]) -> bool:
-    return any(name == b"origin" for name, _ in scope.get("headers", []))
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -102,6 +99,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.node is not None and self.greeted:
             await ingest.flush()  # nothing this agent sent is lost when it (or the server) goes
             await self.channel_layer.group_discard(node_group(self.node.pk), self.channel_name)
+            # The agent ends the shells this connection opened when it loses it, and cannot
+            # tell their browsers: the portal does (portal.shell.consumers).
+            await self.channel_layer.group_send(
+                shell_node_group(self.node.pk),
+                {"type": "shell.agent_gone", "node_id": self.node.pk, "agent": self.channel_name},
+            )
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         assert self.node is not None
@@ -173,6 +176,28 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 await database_sync_to_async(cluster_services.record_gpu_health)(node, message.samples)
         elif isinstance(message, CheckpointDone):
             await database_sync_to_async(job_services.record_checkpoint)(node, message)
+        elif isinstance(message, ShellOutput):
+            await self.channel_layer.group_send(
+                shell_group(message.session),
+                {
+                    "type": "shell.output",
+                    "node_id": node.pk,
+                    "agent": self.channel_name,
+                    "seq": message.seq,
+                    "data": message.data,
+                },
+            )
+        elif isinstance(message, ShellExit):
+            await self.channel_layer.group_send(
+                shell_group(message.session),
+                {
+                    "type": "shell.exit",
+                    "node_id": node.pk,
+                    "agent": self.channel_name,
+                    "exit_code": message.exit_code,
+                    "reason": message.reason,
+                },
+            )
         elif isinstance(message, RequestAck | RequestReject):
             log.info("node %s answered request %s: %s", node.name, message.request_id, message.type)
 

@@ -56,10 +56,19 @@ def publish_telemetry(job_id: int, samples: list[dict[str, Any]]) -> None:
     _send([job_group(job_id)], {"kind": "telemetry", "job": job_id, "samples": samples})
 
 
+def token_key(token_id: int) -> str:
+    """The key, in place of a session key, of the sockets an API token opened (they have no
+    session), published when the token is revoked or deleted. No session key looks like it, so
+    a sign-out never closes a socket opened with a token, nor a revocation a browser's."""
+    return f"token:{token_id}"
+
+
 def publish_access_change(user_id: int, session_key: str | None = None) -> None:
-    """The user's open sockets close (or only the one of `session_key`, at a sign-out), so that
-    none goes on hearing of jobs the user may no longer see; a browser still signed in reconnects
-    and subscribes to what it may see now. Sent after commit, as the change it follows."""
+    """The user's open sockets close (or only those of `session_key`: a session's at a sign-out,
+    a token's, token_key, when it is revoked), so that none goes on hearing of jobs the user may
+    no longer see, nor typing into a shell with credentials that no longer hold; a browser still
+    signed in reconnects and subscribes to what it may see now. Sent after commit, as the change
+    it follows."""
     payload = {"kind": "access", "session": session_key}
     transaction.on_commit(lambda: _send([user_group(user_id)], payload))
 

@@ -2,7 +2,9 @@
 
 A sign-out closes the sockets of that session; a membership added, changed or removed, and any
 change an admin makes to the account (deactivated, made staff or not, a new password), close all
-of the user's sockets. Saving only `last_login`, which every sign-in does, changes nothing."""
+of the user's sockets. Saving only `last_login`, which every sign-in does, changes nothing. An API
+token deleted (revoking one publishes itself: portal.accounts.services.revoke_api_token) closes
+the sockets it opened."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from django.contrib.auth.signals import user_logged_out
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from portal.accounts.models import Membership
-from portal.live.publish import publish_access_change
+from portal.accounts.models import ApiToken, Membership
+from portal.live.publish import publish_access_change, token_key
 
 
 @receiver(user_logged_out)
@@ -35,3 +37,8 @@ def account_changed(
 ) -> None:
     if not created and set(update_fields or ()) != {"last_login"}:
         publish_access_change(instance.pk)
+
+
+@receiver(post_delete, sender=ApiToken)
+def token_deleted(sender: Any, instance: ApiToken, **kwargs: Any) -> None:
+    publish_access_change(instance.user_id, token_key(instance.pk))
