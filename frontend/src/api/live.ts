@@ -43,6 +43,12 @@ export type LiveMessage = LiveJobMessage | LiveLogMessage | LiveTelemetryMessage
 
 export type LiveStatus = "connecting" | "live" | "offline";
 
+/** The URL of one of the portal's sockets (a path such as "/ws/live/") on this page's host. */
+export function socketUrl(path: string): string {
+  const scheme = window.location.protocol === "https:" ? "wss" : "ws";
+  return `${scheme}://${window.location.host}${path}`;
+}
+
 type Topic = string; // "jobs" or "job:<id>"
 type Listener = (message: LiveMessage) => void;
 
@@ -79,10 +85,9 @@ export class LiveConnection {
 
   private connect(): void {
     this.timer = null;
-    const scheme = window.location.protocol === "https:" ? "wss" : "ws";
     let socket: WebSocket;
     try {
-      socket = new WebSocket(`${scheme}://${window.location.host}/ws/live/`);
+      socket = new WebSocket(socketUrl("/ws/live/"));
     } catch {
       this.scheduleReconnect();
       return;

@@ -7,11 +7,13 @@ import { AttemptsTable } from "../components/AttemptsTable";
 import { ErrorBanner, PageHeader, Section, Spinner, StateBadge } from "../components/common";
 import { EventTimeline } from "../components/EventTimeline";
 import { LogView, useLogLines } from "../components/LogView";
+import { ShellPanel } from "../components/ShellPanel";
 import { type Sample, TelemetryCharts, toSample } from "../components/TelemetryCharts";
 import { elapsedSeconds, formatDuration, formatRelative, formatTime } from "../lib/format";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
+import { useSession } from "../session";
 
 const MAX_SAMPLES = 2000;
 
@@ -20,6 +22,8 @@ export function JobDetailPage({ id }: { id: number }) {
   const events = useResource((signal) => fetchAll<JobEvent>(`/api/v1/jobs/${id}/events/`, signal), `events-${id}`);
   const [resyncToken, setResyncToken] = useState(0);
   const [chosenAttempt, setChosenAttempt] = useState<number | null>(null);
+  const [shellOpen, setShellOpen] = useState(false);
+  const { me } = useSession();
   const attempts = (job.data?.attempts ?? []).map((a) => a.number);
   const latest = attempts.length ? Math.max(...attempts) : null;
   const attempt = chosenAttempt ?? latest;
@@ -62,6 +66,9 @@ export function JobDetailPage({ id }: { id: number }) {
   }
   const j = job.data;
   const allocations = j.attempts.find((a) => a.number === attempt)?.allocations ?? [];
+  // Only the job's owner may open a shell, and only in a running job. Once open, the panel stays
+  // (with how the shell ended) when the job stops, until it is closed.
+  const mayOpenShell = j.state === "running" && j.owner === me.username;
 
   return (
     <>
@@ -76,10 +83,35 @@ export function JobDetailPage({ id }: { id: number }) {
         <Link href={`/submit?clone=${j.id}`} className="button">
           Clone and resubmit
         </Link>
+        {(mayOpenShell || shellOpen) && (
+          <button
+            type="button"
+            className="button"
+            aria-expanded={shellOpen}
+            aria-controls="shell-section"
+            onClick={() => setShellOpen((open) => !open)}
+          >
+            {shellOpen ? "Close shell" : "Shell"}
+          </button>
+        )}
         {!isEnded(j.state) && <CancelButton jobId={j.id} onDone={job.reload} />}
       </PageHeader>
       <ErrorBanner error={job.error} onRetry={job.reload} />
       {j.state === "pending" && <PendingCard job={j} onChanged={job.reload} />}
+      {shellOpen && (
+        <div id="shell-section">
+          <Section
+            title="Shell"
+            actions={
+              <button type="button" className="button ghost small" onClick={() => setShellOpen(false)}>
+                Close
+              </button>
+            }
+          >
+            <ShellPanel jobId={j.id} replicas={Math.max(1, j.replicas ?? 1)} />
+          </Section>
+        </div>
+      )}
       <div className="grid-2">
         <Section title="Summary">
           <JobSummary job={j} onChanged={job.reload} />
