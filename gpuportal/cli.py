@@ -27,6 +27,7 @@ from rich.table import Table
 from gpuportal import __version__, config
 from gpuportal.client import MAX_ARRAY_JOBS, AuthError, BadRequest, NotFound, PortalClient, PortalError
 from gpuportal.models import Job, JobDetail, JobEvent, LogLine, Quota, VirtualCluster
+from gpuportal.shell import run_shell
 
 OK = 0
 JOB_FAILED = 1
@@ -39,7 +40,9 @@ INTERRUPTED = 130
 
 EXIT_CODES = {
     OK: "success (for submit --follow and logs -f: the job succeeded)",
-    JOB_FAILED: "the job failed, was cancelled or timed out (submit --follow, logs -f)",
+    JOB_FAILED: (
+        "the job failed, was cancelled or timed out (submit --follow, logs -f); shell: refused or cut off"
+    ),
     USAGE: "bad usage or input: unknown option, unreadable file, a spec field the portal refused",
     NOT_FOUND: "no such job or virtual cluster (another tenant's looks the same)",
     AUTH: "not signed in, the token is invalid or expired, or not allowed",
@@ -560,6 +563,18 @@ def cmd_time_limit(ctx: Context) -> int:
     return OK
 
 
+def cmd_shell(ctx: Context) -> int:
+    """Like `kubectl exec -it` or `srun --pty`: the job's own terminal, so it needs this one."""
+    if not sys.stdin.isatty():
+        raise UsageError("gpuportal shell needs a terminal: standard input is not one")
+    ended = run_shell(ctx.client(), ctx.args.job_id, ctx.args.replica)
+    if ended.error:
+        ctx.err.print(f"[red]error:[/] {escape(ended.message)}")
+    else:
+        ctx.err.print(escape(ended.message))
+    return ended.status
+
+
 def cmd_queue(ctx: Context) -> int:
     args = ctx.args
     jobs = ctx.client().list_jobs(state="pending", owner=None if args.all else "me", limit=None)
@@ -743,6 +758,12 @@ def job_id(value: str) -> int:
     return int(value)
 
 
+def replica_number(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"a replica is a number from 0, not {value!r}")
+    return int(value)
+
+
 def array_size(value: str) -> int:
     """The portal takes 1 to MAX_ARRAY_JOBS jobs in one array: another size is refused here,
     before anything is sent."""
@@ -823,6 +844,12 @@ def build_parser() -> argparse.ArgumentParser:
     time_limit = add("time-limit", cmd_time_limit, "lower a job's time limit (a tenant admin may raise it)")
     time_limit.add_argument("job_id", type=job_id)
     time_limit.add_argument("limit", help="seconds, or 90m, 36h, 1d12h")
+
+    shell = add("shell", cmd_shell, "open a shell in your running job (a replica of it)")
+    shell.add_argument("job_id", type=job_id)
+    shell.add_argument(
+        "--replica", type=replica_number, default=0, metavar="N", help="this replica (default 0)"
+    )
 
     queue = add("queue", cmd_queue, "your pending jobs with reasons and estimated starts")
     queue.add_argument("--all", action="store_true", help="pending jobs of everyone in your tenants")

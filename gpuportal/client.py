@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import date
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 import yaml
@@ -126,6 +126,7 @@ class PortalClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.token = token
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -153,6 +154,17 @@ class PortalClient:
             raise Unreachable(f"{self.url} did not answer in time ({error.__class__.__name__})") from None
         except httpx.HTTPError as error:
             raise Unreachable(f"cannot reach {self.url}: {error}") from None
+
+    def websocket_url(self, path: str, params: dict[str, Any] | None = None) -> str:
+        """The address of one of the portal's websockets (``/ws/...``): ``ws://`` for an
+        ``http://`` portal, ``wss://`` for ``https://``, under the portal's own path as the REST
+        API is."""
+        scheme, _, rest = self.url.partition("://")
+        secure = {"http": False, "https": True}.get(scheme.lower())
+        if secure is None:
+            raise PortalError(f"{self.url} is not an http:// or https:// address")
+        query = f"?{urlencode(params)}" if params else ""
+        return f"{'wss' if secure else 'ws'}://{rest}{path}{query}"
 
     def _decode(self, response: httpx.Response) -> Any:
         try:
