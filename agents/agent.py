@@ -343,6 +343,7 @@ class Agent:
                 await self.refresh()
                 self.flush_logs()
                 self.scan_for_checkpoints()
+                self.shells.close_idle()
             if loop.time() >= next_resync:
                 next_resync = loop.time() + self.config.resync_interval_s
                 if self.connected and self.last_desired is not None and not self.reconcile_lock.locked():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,11 @@ MAX_PENDING_INPUT_BYTES = 1024 * 1024
 # How long a suspension waits for the attempt's sessions to close, and shutdown for all of them.
 SUSPEND_WAIT_S = 10.0
 SHUTDOWN_WAIT_S = 15.0
+# A session without input this long is closed by the agent itself. The portal closes idle
+# sessions much sooner (SHELL_IDLE_TIMEOUT_S); this catches those it can no longer close, say
+# after the web process that held the browser's socket died, so they do not hold the node's
+# session slots until their attempt ends.
+IDLE_LIMIT_S = 4 * 3600.0
 
 SHELL_EXITED = "the shell exited"
 CLOSED = "closed"
@@ -78,6 +84,7 @@ class ShellSession:
     silent: bool = False  # the connection that opened it is gone: send nothing more
     next_seq: int = 0
     task: asyncio.Task[None] | None = None  # its whole life; done once its shell_exit was sent
+    last_input: float = field(default_factory=time.monotonic)
 
     @property
     def session_id(self) -> str:
@@ -145,6 +152,7 @@ class ShellSessions:
             log.warning("shell session %s does not read its input; dropping %d bytes", session_id, len(raw))
             return
         session.pending_input_bytes += len(raw)
+        session.last_input = time.monotonic()
         session.commands.put_nowait(raw)
 
     def resize(self, session_id: str, cols: int, rows: int) -> None:
@@ -190,6 +198,13 @@ class ShellSessions:
             await asyncio.wait(set(self._tasks), timeout=SHUTDOWN_WAIT_S)
         for task in self._tasks:
             task.cancel()
+
+    def close_idle(self, idle_limit_s: float = IDLE_LIMIT_S) -> None:
+        """End the sessions that got no input for `idle_limit_s` (see IDLE_LIMIT_S)."""
+        now = time.monotonic()
+        for session in list(self.sessions.values()):
+            if now - session.last_input >= idle_limit_s:
+                self._end(session, f"no input for {idle_limit_s:.0f} s: closed by the agent")
 
     def of_attempt(self, attempt_id: str) -> list[ShellSession]:
         return [session for session in self.sessions.values() if session.attempt_id == attempt_id]

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,25 @@ async def test_closing_a_session_hangs_up_its_shell(state_dir: Path) -> None:
         (ended,) = exits(portal, "s1")
         assert (ended.exit_code, ended.reason) == (129, "closed")
         assert not alive(pid) and agent.shells.sessions == {}
+
+
+@pytest.mark.asyncio
+async def test_a_session_without_input_for_long_is_closed_by_the_agent(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The portal closes idle sessions; the agent closes those the portal no longer can (its
+    web process died), from its monitor loop, and leaves a session that gets input alone."""
+    async with FakePortal() as portal, running_agent(portal, state_dir, "att-1") as agent:
+        forgotten = await open_shell(portal, "s1")
+        typing = await open_shell(portal, "s2")
+        monkeypatch.setattr(agent.shells, "close_idle", partial(agent.shells.close_idle, 1.0))
+        for _ in range(8):
+            await portal.send(ShellInput(session="s2", data=":\r"))
+            await asyncio.sleep(0.25)
+        await wait_for(lambda: exits(portal, "s1"))
+        assert exits(portal, "s1")[0].reason == "no input for 1 s: closed by the agent"
+        assert not alive(forgotten)
+        assert exits(portal, "s2") == [] and alive(typing)
 
 
 @pytest.mark.asyncio
