@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 from agents.runtime.shell import ShellProcess
 
@@ -47,3 +49,12 @@ async def run_in(shell: ShellProcess, command: str) -> list[str]:
     begin = next(index for index, line in enumerate(lines) if line.endswith("BEGIN-42"))
     end = next(index for index, line in enumerate(lines) if line.endswith("END-42"))
     return lines[begin + 1 : end]
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, which only waits to be reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from agent_builders import make_attempt
-from shell_reading import closed, read_until, run_in
+from shell_reading import alive, closed, read_until, run_in
 
 from agents.protocol import GpuRef
 from agents.runtime import RuntimeFailure, UnknownAttemptError
@@ -38,14 +37,6 @@ async def runtime(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
 
 async def running(runtime: ProcessRuntime, attempt_id: str = "att-1", **fields) -> None:
     await runtime.start(make_attempt(attempt_id, command=[PY, "-c", FOREVER], **fields))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
 
 
 @pytest.mark.asyncio

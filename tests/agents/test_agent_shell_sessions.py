@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from agent_builders import make_attempt
 from fake_portal import TOKEN, FakePortal, wait_for
+from shell_reading import alive
 
 from agents import shells
 from agents.agent import Agent
@@ -122,14 +123,6 @@ async def open_shell(portal: FakePortal, session: str, attempt_id: str = "att-1"
     await portal.send(ShellInput(session=session, data="echo pid=$$=$((6*7))\r"))
     await wait_for(lambda: "=42" in output_text(portal, session))
     return int(output_text(portal, session).split("pid=")[-1].split("=42")[0])
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
 
 
 @pytest.mark.asyncio
