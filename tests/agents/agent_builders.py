@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
+from fake_portal import TOKEN, FakePortal
+
+from agents.agent import Agent
+from agents.config import AgentConfig
+from agents.devices.simulated import SimulatedBackend, load_description
 from agents.protocol import DesiredAttempt, GpuRef, Resources
+from agents.runtime.docker import DockerRuntime
 
 
 def make_attempt(
@@ -46,3 +53,16 @@ async def collect_logs(
     runtime: Any, attempt_id: str, stream: str, from_seq: int = 0
 ) -> list[tuple[int, str]]:
     return [(line.seq, line.text) async for line in runtime.logs(attempt_id, stream, from_seq)]
+
+
+def docker_agent(portal: FakePortal, runtime: DockerRuntime, state_dir: Path) -> Agent:
+    """An agent of a simulated DGX-A100 that runs its jobs in the private Docker engine."""
+    config = AgentConfig(
+        portal_url=f"{portal.url.replace('http', 'ws')}/ws/agent/",
+        token=TOKEN,
+        runtime="docker",
+        simulate="dgx-a100",
+        state_dir=state_dir,
+        monitor_interval_s=0.05,
+    )
+    return Agent(config, SimulatedBackend(load_description("dgx-a100"), "n"), runtime)

@@ -14,7 +14,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
-from agent_builders import collect_logs, eventually, make_attempt
+from agent_builders import collect_logs, docker_agent, eventually, make_attempt
 from fake_portal import TOKEN, FakePortal, wait_for
 
 from agents.agent import Agent
@@ -295,15 +295,7 @@ async def test_a_container_checkpoints_through_the_agent(engine, policy: HostPol
     runtime = DockerRuntime(engine, policy, request_gpus=False)
     checkpoint_dir = tmp_path / "ckpt" / "job-9"
     async with FakePortal() as portal:
-        config = AgentConfig(
-            portal_url=f"{portal.url.replace('http', 'ws')}/ws/agent/",
-            token=TOKEN,
-            runtime="docker",
-            simulate="dgx-a100",
-            state_dir=tmp_path / "state",
-            monitor_interval_s=0.05,
-        )
-        agent = Agent(config, SimulatedBackend(load_description("dgx-a100"), "n"), runtime)
+        agent = docker_agent(portal, runtime, tmp_path / "state")
         portal.desired = [
             _attempt("dk-ckpt", CONTAINER_CHECKPOINT, checkpoint_dir=str(checkpoint_dir), resume=True)
         ]

@@ -13,13 +13,10 @@ from pathlib import Path
 from uuid import UUID
 
 import pytest
-from agent_builders import eventually, make_attempt
-from fake_portal import TOKEN, FakePortal, wait_for
+from agent_builders import docker_agent, eventually, make_attempt
+from fake_portal import FakePortal, wait_for
 from shell_reading import closed, read_until, run_in
 
-from agents.agent import Agent
-from agents.config import AgentConfig
-from agents.devices.simulated import SimulatedBackend, load_description
 from agents.protocol import (
     AttemptState,
     RequestAck,
@@ -170,15 +167,7 @@ async def test_the_agent_relays_a_container_shell_and_ends_it_with_the_attempt(
     runtime: DockerRuntime, tmp_path: Path
 ) -> None:
     async with FakePortal() as portal:
-        config = AgentConfig(
-            portal_url=f"{portal.url.replace('http', 'ws')}/ws/agent/",
-            token=TOKEN,
-            runtime="docker",
-            simulate="dgx-a100",
-            state_dir=tmp_path / "state",
-            monitor_interval_s=0.05,
-        )
-        agent = Agent(config, SimulatedBackend(load_description("dgx-a100"), "n"), runtime)
+        agent = docker_agent(portal, runtime, tmp_path / "state")
         portal.desired = [make_attempt("dk-agent-shell", image=IMAGE, command=["sh", "-c", LOOP])]
         task = asyncio.create_task(agent.run())
         try:

@@ -15,7 +15,6 @@ from asgiref.sync import sync_to_async
 from django.test import Client
 
 from portal.accounts.models import AuditEntry
-from portal.accounts.services import create_api_token
 from portal.cluster.models import Node
 from portal.jobs.models import Allocation, Job
 from tests.conftest import wait_for
@@ -23,12 +22,6 @@ from tests.conftest import wait_for
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 SLEEP = "import time\ntime.sleep(600)\n"
-
-
-@pytest.fixture
-def alice_api(live_stack: dict[str, Any], users: dict[str, Any]) -> httpx.Client:
-    _, token = create_api_token(users["alice"], "shell-e2e")
-    return httpx.Client(base_url=live_stack["http"], headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from typing import Any
 import httpx
 import pytest
 
-from portal.accounts.services import create_api_token
 from portal.cluster.models import Node
 from portal.jobs.models import Allocation, Job, JobAttempt
 from tests.conftest import wait_for
@@ -24,12 +23,6 @@ PRINT_AND_EXIT = (
 )
 
 COUNT_SLOWLY = "import time\nfor i in range(60):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.25)\n"
-
-
-@pytest.fixture
-def alice_api(live_stack: dict[str, Any], users: dict[str, Any]) -> httpx.Client:
-    _, token = create_api_token(users["alice"], "e2e")
-    return httpx.Client(base_url=live_stack["http"], headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
 
 @pytest.fixture
