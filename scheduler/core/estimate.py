@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
+from scheduler.core.plugins.admission import kept_free
 from scheduler.core.plugins.backfill import expected_ends
 from scheduler.core.plugins.queue_sort import expected_runtime
 from scheduler.core.profile import CycleSettings
@@ -122,14 +123,14 @@ def estimate_starts(
     sizes = {model: (gpus, state.max_node_gpus(model)) for model, gpus in capacity.items()}
     # Per (VC, model): guarantee plus borrow limit, or None where no quota covers it.
     limits: dict[tuple[str, str], int | None] = {}
-    # VCs that keep part of their guarantee from borrowers (a lending limit): (VC, model of the
-    # quota row, GPUs kept while it uses none). A borrowing job waits until the free GPUs
-    # cover its own and what the others keep, as admission counts them (lending_fits).
+    # VCs that keep part of their guarantee from borrowers (a lending limit), with the model of
+    # the quota row. A borrowing job waits until the free GPUs cover its own and what the others
+    # keep, as admission counts them (lending_fits; the walk counts a VC's usage over all models).
     keepers = [
-        (vc, row_model, quota.guaranteed - quota.lending_limit)
+        (vc, row_model, quota)
         for vc, rows in state.quotas.items()
         for row_model, quota in rows.items()
-        if quota.lending_limit is not None and quota.guaranteed > quota.lending_limit
+        if kept_free(quota, 0)
     ]
 
     def kept_from(vc: str, quota_model: str, model: str, need: int) -> int:
@@ -138,8 +139,8 @@ def estimate_starts(
         if quota is None or vc_used.get(vc, 0) + need <= quota[0]:
             return 0
         return sum(
-            max(0, keep - vc_used.get(keeper, 0))
-            for keeper, row_model, keep in keepers
+            kept_free(row, vc_used.get(keeper, 0))
+            for keeper, row_model, row in keepers
             if keeper != vc and row_model in (model, ALL_MODELS)
         )
 
@@ -276,7 +277,8 @@ def estimate_starts(
             estimates[job_id] = None
             continue
         have = free[model]
-        kept = kept_from(job.vc, asked if asked != ANY_MODEL else model, model, need) if keepers else 0
+        quota_model = asked if asked != ANY_MODEL else model
+        kept = kept_from(job.vc, quota_model, model, need) if keepers else 0
         while have < need + kept:
             if next_passing < passing_end and (not booked or passing[next_passing][0] <= booked[0][0]):
                 at, i, r = passing[next_passing]
@@ -299,13 +301,13 @@ def estimate_starts(
                 break
             have = free[model]
             if keepers:
-                kept = kept_from(job.vc, asked if asked != ANY_MODEL else model, model, need)
+                kept = kept_from(job.vc, quota_model, model, need)
         if have < need + kept:
             estimates[job_id] = None
             continue
         start = cursor
         vc = job.vc
-        quota_key = (vc, asked if asked != ANY_MODEL else model)
+        quota_key = (vc, quota_model)
         limit = limits.get(quota_key, -1)
         if limit == -1:
             quota = state.quota_for(*quota_key)

@@ -7,7 +7,7 @@ from typing import Any
 
 from scheduler.core.framework import SUCCESS, Code, CycleContext, Status
 from scheduler.core.state import ClusterState
-from scheduler.core.types import ALL_MODELS, ANY_MODEL, PendingJob, ReasonCode
+from scheduler.core.types import ALL_MODELS, ANY_MODEL, PendingJob, Quota, ReasonCode
 
 
 def model_label(model: str) -> str:
@@ -76,6 +76,14 @@ class VcQuota:
         return status
 
 
+def kept_free(quota: Quota, used: int) -> int:
+    """GPUs of its guarantee a VC keeps free from borrowers while it uses `used`: the guarantee
+    minus the lending limit minus what it uses (none without a lending limit: it lends all)."""
+    if quota.lending_limit is None:
+        return 0
+    return max(0, quota.guaranteed - quota.lending_limit - used)
+
+
 def kept_gpus(state: ClusterState, model: str, borrower: str) -> tuple[int, int]:
     """GPUs other VCs keep free for themselves: (of `model`, of any model). A VC with a
     lending limit keeps its guarantee minus that limit minus what it uses; a quota row of one
@@ -87,9 +95,7 @@ def kept_gpus(state: ClusterState, model: str, borrower: str) -> tuple[int, int]
         for row_model, quota in rows.items():
             if quota.lending_limit is None or row_model not in (model, ALL_MODELS):
                 continue
-            kept = quota.guaranteed - quota.lending_limit - state.vc_used(vc, row_model)
-            if kept <= 0:
-                continue
+            kept = kept_free(quota, state.vc_used(vc, row_model))
             if row_model == ALL_MODELS:
                 of_any += kept
             else:
