@@ -17,7 +17,6 @@ import logging
 import time
 from typing import Any
 
-from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -45,7 +44,7 @@ from portal.agentgw.outbox import node_group
 from portal.cluster import services as cluster_services
 from portal.cluster.models import Node
 from portal.jobs import services as job_services
-from portal.lib.db import database_sync_to_async
+from portal.lib.db import DirectDispatch, database_sync_to_async
 from portal.shell.services import shell_group, shell_node_group
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ def client_address(scope: dict[str, Any]) -> str:
     return str(client[0]) if client else "unknown"
 
 
-class AgentConsumer(AsyncWebsocketConsumer):
+class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
     node: Node | None = None
     greeted = False
     sent_revision = -1  # of the last desired set sent on this connection
@@ -85,15 +84,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         await self.accept()
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """As Channels' own, less the thread hop to close stale database connections before every
-        message: this consumer reaches the database only through database_sync_to_async, which
-        does that itself, and a thousand agents send a thousand messages a second."""
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
 
     async def disconnect(self, code: int) -> None:
         if self.node is not None and self.greeted:
@@ -176,28 +166,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 await database_sync_to_async(cluster_services.record_gpu_health)(node, message.samples)
         elif isinstance(message, CheckpointDone):
             await database_sync_to_async(job_services.record_checkpoint)(node, message)
-        elif isinstance(message, ShellOutput):
-            await self.channel_layer.group_send(
-                shell_group(message.session),
-                {
-                    "type": "shell.output",
-                    "node_id": node.pk,
-                    "agent": self.channel_name,
-                    "seq": message.seq,
-                    "data": message.data,
-                },
-            )
-        elif isinstance(message, ShellExit):
-            await self.channel_layer.group_send(
-                shell_group(message.session),
-                {
-                    "type": "shell.exit",
-                    "node_id": node.pk,
-                    "agent": self.channel_name,
-                    "exit_code": message.exit_code,
-                    "reason": message.reason,
-                },
-            )
+        elif isinstance(message, ShellOutput | ShellExit):
+            # To the browser's socket of the session (handlers shell_output and shell_exit),
+            # tagged with where it came from: only the session's own node may write to it.
+            fields = message.model_dump(exclude={"v", "id", "session"})
+            event = {**fields, "node_id": node.pk, "agent": self.channel_name}
+            await self.channel_layer.group_send(shell_group(message.session), event)
         elif isinstance(message, RequestAck | RequestReject):
             log.info("node %s answered request %s: %s", node.name, message.request_id, message.type)
 

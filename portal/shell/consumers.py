@@ -30,7 +30,6 @@ import logging
 import time
 from typing import Any
 
-from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -38,7 +37,7 @@ from agents.protocol import ShellClose, ShellInput, ShellMessage, ShellOpen, She
 from portal.accounts.websocket import credential_key
 from portal.agentgw.outbox import node_group
 from portal.jobs.models import Job
-from portal.lib.db import database_sync_to_async
+from portal.lib.db import DirectDispatch, database_sync_to_async
 from portal.live.hub import hub
 from portal.live.publish import user_group
 from portal.shell import services
@@ -49,7 +48,6 @@ log = logging.getLogger(__name__)
 CLOSE_NORMAL = 1000
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = services.CLOSE_FORBIDDEN  # 4403: not the owner, or access changed
-CLOSE_NOT_FOUND = services.CLOSE_NOT_FOUND  # 4404
 CLOSE_UNAVAILABLE = 4409  # not running, no such replica, agent not connected
 CLOSE_TOO_MANY = 4429
 CLOSE_NO_ANSWER = 4504
@@ -75,7 +73,7 @@ def terminal_size(value: Any) -> int | None:
     return None
 
 
-class ShellConsumer(AsyncWebsocketConsumer):
+class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
     session = ""
     job: Job | None = None
     target: ShellTarget | None = None
@@ -91,15 +89,6 @@ class ShellConsumer(AsyncWebsocketConsumer):
     next_seq = 0
     how = "the browser closed it"  # how the session ended, for the audit entry
 
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """As Channels' own, less the thread hop to close stale database connections before every
-        message (as the agent gateway's): output arrives many times a second, and this consumer
-        reaches the database only through database_sync_to_async, which does that itself."""
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
-
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -112,6 +101,11 @@ class ShellConsumer(AsyncWebsocketConsumer):
         except services.ShellRefused as exc:
             await self.refuse(exc.code)
             return
+        if isinstance(target, str):  # a shell that cannot open takes no slot
+            await self.accept()
+            await self.send_json({"type": "exit", "exit_code": None, "reason": target})
+            await self.close(code=CLOSE_UNAVAILABLE)
+            return
         session = services.new_session_id()
         if not await database_sync_to_async(services.claim_slot)(user.pk, session):
             await self.refuse(CLOSE_TOO_MANY)
@@ -120,10 +114,6 @@ class ShellConsumer(AsyncWebsocketConsumer):
         if self.scope.get("api_token") is not None:
             self.how = "the client closed it"  # not a browser: the CLI, or a script
         await self.accept()
-        if isinstance(target, str):
-            await self.send_json({"type": "exit", "exit_code": None, "reason": target})
-            await self.close(code=CLOSE_UNAVAILABLE)
-            return
         await hub().join(user_group(user.pk), self.access_changed)
         self.joined_hub = True
         # Audited before the agent hears of it: no shell opens unrecorded.
@@ -169,14 +159,11 @@ class ShellConsumer(AsyncWebsocketConsumer):
                 await self.error(f"input needs 'data': a string of 1 to {MAX_INPUT_CHARS} characters")
                 return
             try:
-                message = encode(ShellInput(session=self.session, data=data))
+                await self.to_agent(ShellInput(session=self.session, data=data))
             except ValueError:  # a lone surrogate: not text that can be sent on
                 await self.error("input 'data' is not valid Unicode text")
                 return
             self.last_input = time.monotonic()
-            await self.channel_layer.group_send(
-                node_group(self.target.node_id), {"type": "agent.request", "text": message}
-            )
         elif kind == "resize":
             cols, rows = terminal_size(content.get("cols")), terminal_size(content.get("rows"))  # type: ignore[union-attr]
             if cols is None or rows is None:
@@ -295,7 +282,7 @@ class ShellConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
 
     async def disconnect(self, code: int) -> None:
-        if self.watcher is not None and self.watcher is not asyncio.current_task():
+        if self.watcher is not None:
             self.watcher.cancel()
         user = self.scope.get("user")
         try:

@@ -25,8 +25,7 @@ from urllib.parse import parse_qs
 from django.conf import settings
 from django.utils import timezone
 
-from portal.accounts.choices import Role
-from portal.accounts.models import ApiToken, Membership
+from portal.accounts.models import ApiToken
 from portal.accounts.security import record_refusal
 from portal.accounts.services import record_audit
 from portal.agentgw.desired import agent_attempt_id
@@ -128,8 +127,7 @@ def authorize(user: Any, job_id: int) -> Job:
     if job.owner_id != user.pk:
         _refused(user, job_id, job, "not the job's owner")
         raise ShellRefused(CLOSE_FORBIDDEN, "only the job's owner may open a shell in it")
-    may_submit = Membership.objects.filter(user=user, tenant_id=job.tenant_id).exclude(role=Role.VIEWER)
-    if not user.is_staff and not may_submit.exists():
+    if not Job.objects.manageable_by(user).filter(pk=job.pk).exists():  # the owner, not a viewer
         _refused(user, job_id, job, "a viewer of the job's tenant")
         raise ShellRefused(CLOSE_FORBIDDEN, "a viewer may not open a shell")
     return job
