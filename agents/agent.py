@@ -397,8 +397,6 @@ class Agent:
         record = self.store.get(attempt_id)
         if record is None or not record.state.is_live:
             return f"attempt {attempt_id} is not running on this node"
-        if record.state == AttemptState.STARTING:
-            return f"attempt {attempt_id} is still starting"
         if record.state != AttemptState.RUNNING:
             return f"attempt {attempt_id} is {record.state}"
         if attempt_id in self.busy:
@@ -708,7 +706,6 @@ class Agent:
         await self.refresh()
 
     async def remove_attempt(self, attempt_id: str) -> None:
-        self.shells.attempt_removed(attempt_id)
         pump = self.log_pumps.pop(attempt_id, None)
         if pump is not None:
             pump.cancel()

@@ -60,7 +60,6 @@ SHELL_EXITED = "the shell exited"
 CLOSED = "closed"
 PORTAL_LOST = "the portal connection was lost"
 AGENT_SHUTTING_DOWN = "the agent is shutting down"
-ATTEMPT_REMOVED = "the job's attempt was removed"
 # Why the sessions of an attempt end when it leaves the running state.
 ATTEMPT_LEFT_RUNNING = {
     AttemptState.SUSPENDED: "the job's attempt was suspended",
@@ -181,9 +180,6 @@ class ShellSessions:
         if tasks:
             await asyncio.wait(tasks, timeout=SUSPEND_WAIT_S)
 
-    def attempt_removed(self, attempt_id: str) -> None:
-        self._end_all(ATTEMPT_REMOVED, attempt_id)
-
     def portal_lost(self) -> None:
         for session in self.sessions.values():
             session.silent = True
@@ -267,8 +263,8 @@ class ShellSessions:
         """Send what the terminal writes, in order, as few messages as a short delay allows.
 
         The decoder keeps the bytes of a character that a read cut in two until the rest
-        arrives, so no character is ever broken across messages. One read is always in flight
-        and never cancelled, so no output is lost between two messages.
+        arrives, so no character is ever broken across messages. One read is always in flight and
+        is not cancelled between messages, so no output is lost between two of them.
         """
         assert session.process is not None
         process = session.process

@@ -42,8 +42,8 @@ from agents.runtime import (
     UnknownAttemptError,
 )
 from agents.runtime.policy import HostPolicy, PolicyError, prepare
-from agents.runtime.shell import READ_BYTES, SHELL_TERM, ShellProcess, exit_code_of, hang_up_session
-from agents.runtime.wrapper import write_exit_code
+from agents.runtime.shell import READ_BYTES, SHELL_TERM, ShellProcess, hang_up_session, stat_fields
+from agents.runtime.wrapper import exit_code_of, write_exit_code
 
 WRAPPER = Path(__file__).with_name("wrapper.py")
 SHELL_LAUNCHER = Path(__file__).with_name("shell_launcher.py")
@@ -174,7 +174,8 @@ class ProcessRuntime:
                 await asyncio.sleep(POLL_S)
 
     def attempt_of_pid(self, pid: int) -> str | None:
-        """Every process of an attempt is in the wrapper's process group."""
+        """Every process of an attempt is in the wrapper's process group; those started from a
+        shell in it are not (the shell leads a session of its own) and are attributed to none."""
         try:
             group = os.getpgid(pid)
         except (ProcessLookupError, PermissionError):
@@ -293,7 +294,6 @@ class PtyShell:
         self.master = master
         self._exited = asyncio.ensure_future(process.wait())
         self._hung_up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._master_closed = False
         self._closing: asyncio.Future[int] | None = None
         self._output_deadline: float | None = None  # set once the shell exited
 
@@ -359,7 +359,7 @@ class PtyShell:
                 raise RuntimeFailure(f"cannot write to the shell's terminal: {error}") from error
 
     async def resize(self, cols: int, rows: int) -> None:
-        if not self._master_closed:
+        if not self._hung_up.done():
             set_terminal_size(self.master, cols, rows)
 
     async def close(self) -> int:
@@ -369,11 +369,9 @@ class PtyShell:
 
     async def _hang_up(self) -> int:
         loop = asyncio.get_running_loop()
-        if not self._hung_up.done():
-            self._hung_up.set_result(None)
+        self._hung_up.set_result(None)  # from here on the master is closed (it runs once)
         loop.remove_reader(self.master)
         loop.remove_writer(self.master)
-        self._master_closed = True
         os.close(self.master)  # the kernel hangs up the terminal: SIGHUP to the shell
 
         async def shell_ended() -> bool:
@@ -392,7 +390,7 @@ class PtyShell:
         try:
             await asyncio.wait(events, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not self._master_closed:
+            if not self._hung_up.done():
                 loop.remove_reader(self.master)
             readable.cancel()
         return readable.done() and not readable.cancelled()
@@ -404,7 +402,7 @@ class PtyShell:
         try:
             await asyncio.wait([writable, self._hung_up], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not self._master_closed:
+            if not self._hung_up.done():
                 loop.remove_writer(self.master)
             writable.cancel()
 
@@ -437,23 +435,14 @@ def _kill_group(pid: int, signum: signal.Signals) -> None:
         os.killpg(pid, signum)
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) may contain spaces and parentheses; split after the last ')'.
-    return text[text.rindex(")") + 2 :].split()
-
-
 def _start_ticks(pid: int) -> int:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[19]) if fields else -1
 
 
 def _process_state(pid: int, start_ticks: int) -> str | None:
     """The /proc state letter of ``pid`` if it is still the process we started, else None."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields is None or int(fields[19]) != start_ticks:
         return None
     return fields[0]

@@ -47,9 +47,15 @@ class ShellProcess(Protocol):
     async def close(self) -> int | None: ...
 
 
-def exit_code_of(returncode: int) -> int:
-    """Shell and Docker convention: 128+N when signal N ended the process."""
-    return returncode if returncode >= 0 else 128 - returncode
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None when the
+    process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may contain spaces and parentheses; split after the last ')'.
+    return text[text.rindex(")") + 2 :].split()
 
 
 def session_members(session_id: int, belongs: Callable[[int], bool] | None = None) -> list[int]:
@@ -62,13 +68,13 @@ def session_members(session_id: int, belongs: Callable[[int], bool] | None = Non
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:  # ended while we looked
-            continue
-        # The command name (field 2) may contain spaces and parentheses; split after the last ')'.
-        fields = text[text.rindex(")") + 2 :].split()
         pid = int(entry.name)
+        try:
+            fields = stat_fields(pid)
+        except OSError:  # unreadable while it ended
+            continue
+        if fields is None:  # ended while we looked
+            continue
         alive = fields[0] not in ("Z", "X")
         if int(fields[3]) == session_id and alive and (belongs is None or belongs(pid)):
             members.append(pid)

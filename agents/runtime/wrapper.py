@@ -32,6 +32,11 @@ SURVIVED_SIGNALS = (
 )
 
 
+def exit_code_of(returncode: int) -> int:
+    """Shell and Docker convention: 128+N when signal N ended the process."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
 def write_exit_code(path: str, exit_code: int) -> None:
     # The agent may write the file too (a stop's kill): a temporary file of each writer's own, so
     # neither replaces the other's half-written one or finds it gone.
@@ -58,9 +63,7 @@ def main(argv: list[str]) -> int:
         return 0
     with open(f"{exit_file}.ready", "w"):
         pass
-    returncode = child.wait()
-    # Shell and Docker convention: 128+N when the command was killed by signal N.
-    write_exit_code(exit_file, returncode if returncode >= 0 else 128 - returncode)
+    write_exit_code(exit_file, exit_code_of(child.wait()))
     return 0
 
 
