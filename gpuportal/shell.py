@@ -156,8 +156,8 @@ class Session:
 
     async def connected(self) -> Ending:
         """Opens the socket with the terminal's size and relays until it closes. A refused
-        handshake (HTTP) and one that finds no portal are told apart: only the second is
-        `Unreachable`, exit 5 as for every command."""
+        handshake (HTTP 4xx) and one that finds no portal or a server error (5xx) are told
+        apart: only the second is `Unreachable`, exit 5 as for every command."""
         cols, rows = terminal_size(self.stdin)
         url = self.client.websocket_url(
             f"/ws/jobs/{self.job_id}/shell/", {"replica": self.replica, "cols": cols, "rows": rows}
@@ -173,6 +173,8 @@ class Session:
             )
         except InvalidStatus as error:
             status = error.response.status_code
+            if status >= 500:  # a server error, as Unreachable counts it for every command
+                raise Unreachable(f"{self.client.url} failed (HTTP {status})") from None
             return Ending(1, f"the portal refused the shell's connection (HTTP {status})")
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as error:
             raise Unreachable(f"cannot reach {self.client.url}: {error}") from None

@@ -33,7 +33,7 @@ export interface ShellHandlers {
   onError: (message: string) => void;
 }
 
-export function shellPath(jobId: number, replica: number, cols: number, rows: number): string {
+function shellPath(jobId: number, replica: number, cols: number, rows: number): string {
   return `/ws/jobs/${jobId}/shell/?replica=${replica}&cols=${cols}&rows=${rows}`;
 }
 

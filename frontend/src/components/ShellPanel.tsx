@@ -2,7 +2,7 @@ import { useCallback, useEffect, useRef, useState } from "react";
 
 import { type ShellEnd, ShellSession, describeEnd } from "../api/shell";
 import { DEFAULT_COLS, DEFAULT_ROWS, Screen } from "../lib/terminal";
-import { Spinner } from "./common";
+import { ErrorBanner, Spinner } from "./common";
 import { Terminal, type TerminalHandle } from "./Terminal";
 
 type Status = { phase: "connecting" } | { phase: "open"; node: string } | { phase: "ended"; end: ShellEnd };
@@ -98,11 +98,7 @@ export function ShellPanel({ jobId, replicas }: { jobId: number; replicas: numbe
           </button>
         )}
       </div>
-      {notice && (
-        <p className="field-error" role="alert">
-          {notice}
-        </p>
-      )}
+      <ErrorBanner error={notice} />
       <Terminal
         screen={screen}
         version={version}
