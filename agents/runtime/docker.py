@@ -255,7 +255,10 @@ class DockerRuntime:
             except Exception:
                 pass
             finally:
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                # The loop may be gone (the agent stopped while the container still logs): then
+                # no one waits for the end of the stream.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(queue.put_nowait, None)
 
         threading.Thread(target=pump, name=f"logs-{attempt_id}-{stream}", daemon=True).start()
         numbering = LineNumbering(stream, from_seq)
