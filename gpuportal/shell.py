@@ -79,7 +79,7 @@ def ending(job_id: int, code: int | None, exit_frame: dict[str, Any] | None, ope
             status = exit_code
         return Ending(status, reason or "the shell ended", error=False)
     if code == CLOSE_FORBIDDEN and opened:  # refused at the opening, or closed since: not the same
-        return Ending(1, "the shell was closed: the token was revoked, or your access changed")
+        return Ending(1, reason or "the shell was closed: the token was revoked, or your access changed")
     return Ending(1, reason or close_message(code, job_id))
 
 

@@ -11,6 +11,7 @@ browser's way, session and origin checked, exactly as without this middleware.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser
@@ -49,6 +50,21 @@ def credential_key(scope: dict[str, Any]) -> str | None:
         return token_key(token.pk)
     session = scope.get("session")
     return session.session_key if session is not None else None
+
+
+def credential_expiry(scope: dict[str, Any]) -> datetime | None:
+    """When what signed the socket in stops signing anyone in: its API token's expiry, or its
+    session's (as stored: a session's expiry moves only when the session is saved). None: never,
+    or nothing signed it in. A socket outlives its handshake, so a consumer that stays open for
+    long closes itself at this time, as a request would be refused from then on."""
+    token = scope.get("api_token")
+    if token is not None:
+        return token.expires_at
+    session = scope.get("session")
+    if session is None or session.session_key is None or not hasattr(session, "get_model_class"):
+        return None
+    sessions = session.get_model_class().objects.filter(session_key=session.session_key)
+    return sessions.values_list("expire_date", flat=True).first()
 
 
 class BearerTokenMiddleware:

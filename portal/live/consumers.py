@@ -3,18 +3,21 @@
 The browser signs in with its session. It subscribes to "jobs" (every job of its tenants) or to
 one job; a job it may not see is answered exactly like one that does not exist. What it may see
 is checked when it subscribes; when that changes (a sign-out, a membership removed or changed,
-the account changed by an admin: portal.live.signals), the socket is closed with code 4403 and a
-browser still signed in reconnects and subscribes again.
+the account changed by an admin: portal.live.signals), and when the session expires, the socket
+is closed with code 4403 and a browser still signed in reconnects and subscribes again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils import timezone
 
 from portal.accounts.models import Tenant
+from portal.accounts.websocket import credential_expiry
 from portal.jobs.models import Job
 from portal.lib.db import database_sync_to_async
 from portal.live.hub import hub
@@ -34,6 +37,8 @@ def tenant_groups(user: Any) -> list[str]:
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
+    expiry_watch: asyncio.Task[None] | None = None
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -42,6 +47,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.groups_joined: set[str] = set()
         await self.accept()
         await hub().join(user_group(user.pk), self.access_changed)
+        if (expiry := await database_sync_to_async(credential_expiry)(self.scope)) is not None:
+            self.expiry_watch = asyncio.create_task(self.close_at((expiry - timezone.now()).total_seconds()))
+
+    async def close_at(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+        await self.close(code=4403)
 
     async def send_text(self, text: str) -> None:
         await self.send(text_data=text)
@@ -52,6 +63,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4403)
 
     async def disconnect(self, code: int) -> None:
+        if self.expiry_watch is not None:
+            self.expiry_watch.cancel()
         for group in getattr(self, "groups_joined", set()):
             await hub().leave(group, self.send_text)
         user = self.scope.get("user")

@@ -19,7 +19,8 @@ when the agent connection that answered it closes (the agent ends its shells the
 when the browser goes (the agent is told shell_close), after SHELL_IDLE_TIMEOUT_S without input,
 when the agent answers nothing within SHELL_OPEN_TIMEOUT_S, or when the user's access changes
 (code 4403, through the same hub topic as the live socket: a membership or the account changed,
-or what signed the socket in ended, the browser's session signed out or the API token revoked).
+or what signed the socket in ended, the browser's session signed out or the API token revoked),
+or when what signed it in expires (4403 too, with an exit frame that says so).
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.utils import timezone
 
 from agents.protocol import ShellClose, ShellInput, ShellMessage, ShellOpen, ShellResize, encode
-from portal.accounts.websocket import credential_key
+from portal.accounts.websocket import credential_expiry, credential_key
 from portal.agentgw.outbox import node_group
 from portal.jobs.models import Job
 from portal.lib.db import DirectDispatch, database_sync_to_async
@@ -86,6 +88,7 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
     watcher: asyncio.Task[None] | None = None
     opened_at = 0.0
     last_input = 0.0
+    signed_in_until: float | None = None  # when the socket's token or session expires (monotonic)
     next_seq = 0
     how = "the browser closed it"  # how the session ended, for the audit entry
 
@@ -124,6 +127,8 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
         await self.channel_layer.group_add(shell_group(session), self.channel_name)
         await self.channel_layer.group_add(shell_node_group(target.node_id), self.channel_name)
         self.opened_at = self.last_input = time.monotonic()
+        if (expiry := await database_sync_to_async(credential_expiry)(self.scope)) is not None:
+            self.signed_in_until = self.opened_at + (expiry - timezone.now()).total_seconds()
         await self.to_agent(
             ShellOpen(session=session, attempt_id=target.attempt_id, cols=options.cols, rows=options.rows)
         )
@@ -234,8 +239,8 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
     # Ends that the portal decides.
 
     async def watch(self) -> None:
-        """Ends the session when the agent answers nothing in time or the user stops typing,
-        and renews the session's slot while it is open."""
+        """Ends the session when the agent answers nothing in time, the user stops typing or
+        what signed the socket in expires, and renews the session's slot while it is open."""
         assert self.target is not None
         open_timeout = float(settings.SHELL_OPEN_TIMEOUT_S)
         idle_timeout = int(settings.SHELL_IDLE_TIMEOUT_S)
@@ -246,8 +251,13 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
             deadlines = [next_renewal, self.last_input + idle_timeout]
             if not self.answered:
                 deadlines.append(self.opened_at + open_timeout)
+            if self.signed_in_until is not None:
+                deadlines.append(self.signed_in_until)
             await asyncio.sleep(max(0.0, min(deadlines) - time.monotonic()))
             now = time.monotonic()
+            if self.signed_in_until is not None and now >= self.signed_in_until:
+                await self.end(self.expired_words(), CLOSE_FORBIDDEN)
+                return
             if not self.answered and now >= self.opened_at + open_timeout:
                 await self.end(f"no answer from the agent of node {self.target.node_name}", CLOSE_NO_ANSWER)
                 return
@@ -260,6 +270,12 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
                     await database_sync_to_async(services.renew_slot)(user.pk, self.session)
                 except Exception as exc:  # Redis away: the next renewal tries again
                     log.warning("shell session %s: could not renew its slot: %s", self.session, exc)
+
+    def expired_words(self) -> str:
+        token = self.scope.get("api_token")
+        if token is not None:
+            return f"the token {token.name} expired; sign in again"
+        return "the session expired; sign in again"
 
     async def end(self, reason: str, code: int) -> None:
         """The portal ends the session: the agent is told to close it, the browser why."""

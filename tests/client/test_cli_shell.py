@@ -105,6 +105,8 @@ def test_each_end_of_the_socket_reads_as_one_line() -> None:
     assert ending(12, 4401, None, False).message.startswith("the token is invalid, expired or revoked")
     assert ending(12, 4403, None, False).message.startswith("only the job's owner can open a shell")
     assert ending(12, 4403, None, True).message.startswith("the shell was closed: the token was revoked")
+    expired = {"type": "exit", "exit_code": None, "reason": "the token cli expired; sign in again"}
+    assert ending(12, 4403, expired, True) == Ending(1, "the token cli expired; sign in again")
     assert ending(12, 1006, None, True) == Ending(1, "the connection to the portal was lost")
     assert ending(12, 1011, None, True) == Ending(1, "the portal closed the shell (code 1011)")
     # An exit code the CLI cannot exit with gives 1.

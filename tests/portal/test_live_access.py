@@ -4,11 +4,14 @@ admin closes all of the user's; a browser still signed in reconnects and sees wh
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.contrib.sessions.models import Session
+from django.utils import timezone
 
 from portal.accounts.models import Membership
 from tests.portal.test_live_hub import live_socket, signed_in
@@ -46,3 +49,17 @@ async def test_losing_a_membership_or_an_admins_change_closes_every_socket(users
     carol.is_active = False
     await carol.asave()
     assert await closed_with(other) == 4403
+
+
+async def test_a_socket_closes_when_its_session_expires(users: Any) -> None:
+    """A session's expiry is the end of its sign-in: a socket opened before does not outlive it."""
+    expiring = await sync_to_async(signed_in)(users["alice"])
+    lasting = await sync_to_async(signed_in)(users["alice"])
+    await Session.objects.filter(session_key=expiring.cookies["sessionid"].value).aupdate(
+        expire_date=timezone.now() + timedelta(seconds=1)
+    )
+    on_expiring, on_lasting = await live_socket(expiring), await live_socket(lasting)
+    assert await on_expiring.receive_nothing(timeout=0.3)
+    assert await closed_with(on_expiring) == 4403
+    assert await on_lasting.receive_nothing(timeout=0.5)
+    await on_lasting.disconnect()

@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
+from django.contrib.sessions.models import Session
 from django.test import Client
+from django.utils import timezone
 
 from agents.protocol import (
     AttemptState,
@@ -681,4 +684,41 @@ async def test_a_real_server_relays_a_session_and_tells_each_refusal(
         "the close to be audited",
     )
     assert await AuditEntry.objects.filter(action="job.shell.open", object_id=str(job.pk)).acount() == 1
+    await running.close()
+
+
+async def test_a_shell_closes_when_its_token_or_session_expires(users, paused_loop) -> None:  # type: ignore[no-untyped-def]
+    """Signed in at the handshake is not signed in forever: a token or a session that expires
+    while its shell is open closes the shell then, as the next request would be refused."""
+    running = await running_job(users["alice"])
+    token, raw = await sync_to_async(create_api_token)(users["alice"], "short")
+    await ApiToken.objects.filter(pk=token.pk).aupdate(expires_at=timezone.now() + timedelta(seconds=1.5))
+    laptop = await sync_to_async(signed_in)(users["alice"])
+    session_key = laptop.cookies["sessionid"].value
+    await Session.objects.filter(session_key=session_key).aupdate(
+        expire_date=timezone.now() + timedelta(seconds=2.5)
+    )
+    lasting = await sync_to_async(signed_in)(users["alice"])
+    from_cli = await token_socket(raw, running.job.pk)
+    in_browser = await shell_socket(laptop, running.job.pk)
+    in_other_browser = await shell_socket(lasting, running.job.pk)
+    for socket in (from_cli, in_browser, in_other_browser):
+        await socket.receive_json_from(timeout=10)
+    sessions = [(await next_shell_message(running.agent(0))).session for _ in range(3)]
+
+    token_expired = {"type": "exit", "exit_code": None, "reason": "the token short expired; sign in again"}
+    assert await frames_until_close(from_cli) == ([token_expired], 4403)
+    assert await in_browser.receive_nothing(timeout=0.3)  # its session has a second to go
+    session_expired = {"type": "exit", "exit_code": None, "reason": "the session expired; sign in again"}
+    assert await frames_until_close(in_browser) == ([session_expired], 4403)
+    closed = [await next_shell_message(running.agent(0)) for _ in range(2)]
+    assert [(m.type, m.session) for m in closed] == [("shell_close", s) for s in sessions[:2]]
+    assert await in_other_browser.receive_nothing(timeout=0.5)  # a session that lasts keeps its shell
+    for socket in (from_cli, in_browser):
+        await socket.disconnect()
+    entries = await audited("job.shell.close", running.job.pk)
+    assert len(entries) == 2
+    assert entries[0].detail.endswith("s; the token short expired; sign in again"), entries[0].detail
+    assert entries[1].detail.endswith("s; the session expired; sign in again"), entries[1].detail
+    await in_other_browser.disconnect()
     await running.close()

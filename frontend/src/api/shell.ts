@@ -155,7 +155,10 @@ const CLOSE_MESSAGES: Record<number, string> = {
 export function describeEnd(end: ShellEnd): { message: string; detail: string | null } {
   const detail = end.reason.trim() || null;
   if (end.closeCode === 4403 && end.opened) {
-    return { message: "Your access changed (you signed out, or your membership did), so the shell was closed.", detail };
+    return {
+      message: "Your access changed (you signed out, your sign-in expired, or your membership changed), so the shell was closed.",
+      detail,
+    };
   }
   const known = CLOSE_MESSAGES[end.closeCode];
   if (known) return { message: known, detail };
