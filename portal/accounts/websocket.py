@@ -11,6 +11,7 @@ browser's way, session and origin checked, exactly as without this middleware.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -50,6 +51,14 @@ def credential_key(scope: dict[str, Any]) -> str | None:
         return token_key(token.pk)
     session = scope.get("session")
     return session.session_key if session is not None else None
+
+
+def ends_access(scope: dict[str, Any], access_change: str) -> bool:
+    """Whether an access change (publish_access_change's message) closes this socket: any change
+    of the user's access, or the end of what signed it in (credential_key); another session's
+    sign-out or another token's revocation leaves it open."""
+    key = json.loads(access_change).get("session")
+    return key is None or key == credential_key(scope)
 
 
 def credential_expiry(scope: dict[str, Any]) -> datetime | None:

@@ -10,14 +10,13 @@ is closed with code 4403 and a browser still signed in reconnects and subscribes
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import timezone
 
 from portal.accounts.models import Tenant
-from portal.accounts.websocket import credential_expiry
+from portal.accounts.websocket import credential_expiry, ends_access
 from portal.jobs.models import Job
 from portal.lib.db import database_sync_to_async
 from portal.live.hub import hub
@@ -58,8 +57,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send(text_data=text)
 
     async def access_changed(self, text: str) -> None:
-        session = json.loads(text).get("session")
-        if session is None or session == self.scope["session"].session_key:
+        if ends_access(self.scope, text):
             await self.close(code=4403)
 
     async def disconnect(self, code: int) -> None:

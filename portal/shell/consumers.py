@@ -36,7 +36,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from agents.protocol import ShellClose, ShellInput, ShellMessage, ShellOpen, ShellResize, encode
-from portal.accounts.websocket import credential_expiry, credential_key
+from portal.accounts.websocket import credential_expiry, ends_access
 from portal.agentgw.outbox import node_group
 from portal.jobs.models import Job
 from portal.lib.db import DirectDispatch, database_sync_to_async
@@ -79,9 +79,7 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
     session = ""
     job: Job | None = None
     target: ShellTarget | None = None
-    slot_held = False
     joined_hub = False
-    answered = False  # the agent sent output or an exit
     agent_done = False  # the agent sent shell_exit, or was sent shell_close
     foreign_seen = False
     agent_channel: str | None = None  # the agent connection that answered (its gateway socket)
@@ -106,14 +104,13 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
             return
         if isinstance(target, str):  # a shell that cannot open takes no slot
             await self.accept()
-            await self.send_json({"type": "exit", "exit_code": None, "reason": target})
-            await self.close(code=CLOSE_UNAVAILABLE)
+            await self.exit_and_close(None, target, CLOSE_UNAVAILABLE)
             return
         session = services.new_session_id()
         if not await database_sync_to_async(services.claim_slot)(user.pk, session):
             await self.refuse(CLOSE_TOO_MANY)
             return
-        self.session, self.slot_held, self.job = session, True, job
+        self.session, self.job = session, job  # a session id: a slot held
         if self.scope.get("api_token") is not None:
             self.how = "the client closed it"  # not a browser: the CLI, or a script
         await self.accept()
@@ -141,8 +138,18 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
         await self.accept()
         await self.close(code=code)
 
+    @property
+    def answered(self) -> bool:
+        """Whether the agent of the session's node sent output or an exit (from_our_node)."""
+        return self.agent_channel is not None
+
     async def send_json(self, content: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(content))
+
+    async def exit_and_close(self, exit_code: Any, reason: str, code: int) -> None:
+        """The last frame of every session that opened or was answered: how it ended, in words."""
+        await self.send_json({"type": "exit", "exit_code": exit_code, "reason": reason})
+        await self.close(code=code)
 
     async def to_agent(self, message: ShellMessage) -> None:
         assert self.target is not None
@@ -186,7 +193,6 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def shell_output(self, event: dict[str, Any]) -> None:
         if not await self.from_our_node(event) or self.agent_done:
             return
-        self.answered = True
         seq = event.get("seq")
         if seq != self.next_seq:  # the channel layer dropped some (a full channel), or reordered
             log.warning(
@@ -198,12 +204,9 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def shell_exit(self, event: dict[str, Any]) -> None:
         if not await self.from_our_node(event) or self.agent_done:
             return
-        self.answered = self.agent_done = True
+        self.agent_done = True
         self.how = f"the shell ended: {event.get('reason') or 'no reason given'}"
-        await self.send_json(
-            {"type": "exit", "exit_code": event.get("exit_code"), "reason": event.get("reason", "")}
-        )
-        await self.close(code=CLOSE_NORMAL)
+        await self.exit_and_close(event.get("exit_code"), event.get("reason", ""), CLOSE_NORMAL)
 
     async def shell_agent_gone(self, event: dict[str, Any]) -> None:
         """A connection of an agent closed. If it is the one that answered this session, the
@@ -214,8 +217,7 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
             return
         self.agent_done = True
         self.how = reason = f"the connection to the agent of node {self.target.node_name} was lost"
-        await self.send_json({"type": "exit", "exit_code": None, "reason": reason})
-        await self.close(code=CLOSE_NORMAL)
+        await self.exit_and_close(None, reason, CLOSE_NORMAL)
 
     async def from_our_node(self, event: dict[str, Any]) -> bool:
         """Whether the event came from the agent of the node the session runs on. Another node's
@@ -283,17 +285,13 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
             return
         self.agent_done, self.how = True, reason
         await self.to_agent(ShellClose(session=self.session))
-        await self.send_json({"type": "exit", "exit_code": None, "reason": reason})
-        await self.close(code=code)
+        await self.exit_and_close(None, reason, code)
 
     async def access_changed(self, text: str) -> None:
-        """As the live socket's: any change of the user's access, or the end of what signed this
-        socket in (its session's sign-out, its API token's revocation: credential_key); another
-        session's sign-out or another token's revocation leaves it open."""
-        key = json.loads(text).get("session")
-        if key is None or key == credential_key(self.scope):
+        """As the live socket's (ends_access), saying in the audit entry which it was."""
+        if ends_access(self.scope, text):
             token = self.scope.get("api_token")
-            revoked = key is not None and token is not None
+            revoked = token is not None and json.loads(text).get("session") is not None
             self.how = f"the token {token.name} was revoked" if revoked else "the user's access changed"
             await self.close(code=CLOSE_FORBIDDEN)
 
@@ -307,8 +305,7 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
             if self.target is not None:
                 await self.close_session(user)
         finally:
-            if self.slot_held:
-                self.slot_held = False
+            if self.session:
                 await database_sync_to_async(services.release_slot)(user.pk, self.session)
 
     async def close_session(self, user: Any) -> None:
