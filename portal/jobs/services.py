@@ -35,7 +35,7 @@ from portal.jobs.choices import (
     can_transition,
 )
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine
-from portal.jobs.spec import SECRET_MASK
+from portal.jobs.spec import MAX_RETRY_BACKOFF_S, SECRET_MASK
 from portal.lib.db import insert_together
 from portal.live.publish import publish_job_change, publish_log_lines
 from scheduler.core.cycle import DRAIN, VC_DRAIN
@@ -888,6 +888,12 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         transition_job(job, JobState.STARTING, label=label, reason="the agent is starting it")
 
 
+def retry_backoff_s(retries: dict[str, Any], used: int) -> int:
+    """The wait before retry `used + 1`: the spec's backoff, doubled after each retry used, as
+    for flapping services, yet never longer than a day however many retries are allowed."""
+    return min(retries.get("backoff_seconds", 60) * 2**used, MAX_RETRY_BACKOFF_S)
+
+
 def fail_or_retry(
     job: Job, attempt: JobAttempt, exit_code: int | None, message: str, label: str, permanent: bool
 ) -> None:
@@ -898,7 +904,7 @@ def fail_or_retry(
     now = timezone.now()
     if job.retries_left > 0 and not (permanent or permanent_code):
         used = retries.get("limit", 0) - job.retries_left
-        backoff = retries.get("backoff_seconds", 60) * (2**used)
+        backoff = retry_backoff_s(retries, used)
         reason = f"{message}; retry {used + 1} of {retries.get('limit', 0)} in {backoff} s"
         if transition_job(
             job,

@@ -152,9 +152,12 @@ class MountSerializer(StrictSerializer):
         return value
 
 
+MAX_RETRY_BACKOFF_S = 86400  # one day: the longest wait before a retry, asked for or doubled
+
+
 class RetriesSerializer(StrictSerializer):
     limit = serializers.IntegerField(min_value=0, max_value=10, default=0)
-    backoff_seconds = serializers.IntegerField(min_value=0, max_value=86400, default=60)
+    backoff_seconds = serializers.IntegerField(min_value=0, max_value=MAX_RETRY_BACKOFF_S, default=60)
     permanent_exit_codes = serializers.ListField(
         child=serializers.IntegerField(min_value=0, max_value=255),
         default=list,

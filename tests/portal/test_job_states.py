@@ -5,7 +5,7 @@ from django.db import IntegrityError, transaction
 
 from portal.jobs.choices import ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState, can_transition
 from portal.jobs.models import Allocation, Job, JobAttempt
-from portal.jobs.services import InvalidTransition, submit_job, transition_job
+from portal.jobs.services import InvalidTransition, retry_backoff_s, submit_job, transition_job
 from portal.jobs.spec import JobSpecSerializer
 
 EXPECTED_PATHS = [
@@ -104,3 +104,20 @@ def test_the_database_forbids_two_live_allocations_of_one_gpu(users, rf) -> None
     Allocation.objects.filter(attempt=first).update(released_at=timezone.now())
     Allocation.objects.create(attempt=second, gpu=gpu, node=gpu.node)
     assert Allocation.objects.filter(gpu=gpu, released_at__isnull=True).count() == 1
+
+
+@pytest.mark.parametrize(
+    ("retries", "used", "wait_s"),
+    [
+        ({}, 0, 60),  # the default backoff
+        ({"backoff_seconds": 30}, 0, 30),
+        ({"backoff_seconds": 30}, 1, 60),
+        ({"backoff_seconds": 30}, 3, 240),
+        ({"backoff_seconds": 0}, 9, 0),
+        ({"backoff_seconds": 86400}, 0, 86400),
+        ({"backoff_seconds": 86400}, 9, 86400),  # doubled 9 times it would be 512 days
+        ({"backoff_seconds": 3600}, 5, 86400),  # 32 hours, held to a day
+    ],
+)
+def test_the_wait_before_a_retry_doubles_up_to_a_day(retries: dict[str, int], used: int, wait_s: int) -> None:
+    assert retry_backoff_s(retries, used) == wait_s
