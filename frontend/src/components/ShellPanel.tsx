@@ -25,14 +25,12 @@ export function ShellPanel({ jobId, replicas }: { jobId: number; replicas: numbe
 
   useEffect(() => {
     const fresh = new Screen(size.current.cols, size.current.rows);
-    let pending = "";
+    // Output goes into the screen as it comes (its scrollback is bounded, and queries are answered
+    // at once, even in a background tab, where animation frames wait); a burst of output frames is
+    // drawn once, at the next animation frame.
     let frame: number | null = null;
-    const flush = () => {
+    const draw = () => {
       frame = null;
-      if (!pending) return;
-      fresh.write(pending);
-      pending = "";
-      for (const reply of fresh.takeReplies()) current.send(reply);
       setVersion((v) => v + 1);
     };
     setScreen(fresh);
@@ -44,13 +42,13 @@ export function ShellPanel({ jobId, replicas }: { jobId: number; replicas: numbe
         terminal.current?.focus();
       },
       onOutput: (data) => {
-        pending += data;
-        // many frames in a burst are drawn once
-        if (frame === null) frame = window.requestAnimationFrame(flush);
+        fresh.write(data);
+        for (const reply of fresh.takeReplies()) current.send(reply);
+        if (frame === null) frame = window.requestAnimationFrame(draw);
       },
       onEnded: (end) => {
         if (frame !== null) window.cancelAnimationFrame(frame);
-        flush();
+        draw();
         setStatus({ phase: "ended", end });
       },
       onError: (message) => setNotice(message),

@@ -11,6 +11,11 @@ export interface TerminalHandle {
  * sends what is typed or pasted as a terminal would (`onInput`). Works out how many columns and
  * rows fit and reports them (`onResize`) when mounted and whenever its size changes.
  * `version` changes whenever the screen did.
+ *
+ * Drawing is incremental: the lines are drawn in blocks (`Screen.blocks`), each memoized by its
+ * version, and each line memoized by its `rev`, so a redraw costs one comparison per block plus the
+ * lines that changed, not the whole scrollback. The caller batches output into at most one
+ * redraw per animation frame (see ShellPanel).
  */
 export function Terminal({
   screen,
@@ -105,8 +110,8 @@ export function Terminal({
     if (text) send(pasteInput(text, screen.bracketedPaste));
   };
 
-  const view = screen.view();
-  const showCursor = active && screen.cursorVisible;
+  const view = screen.blocks();
+  const cursorLine = active && screen.cursorVisible ? view.cursorLine : null;
   return (
     <div
       ref={box}
@@ -124,13 +129,52 @@ export function Terminal({
       <span ref={probe} className="terminal-probe" aria-hidden="true">
         MMMMMMMMMM
       </span>
-      {view.lines.map((line, index) => {
-        const cursor = showCursor && index === view.cursorIndex ? view.cursorCol : null;
-        return <TerminalLine key={line.id} line={line} rev={line.rev} cursor={cursor} />;
+      {view.blocks.map((block) => {
+        const hasCursor = cursorLine !== null && cursorLine >= block.start && cursorLine < block.start + block.count;
+        return (
+          <TerminalBlock
+            key={block.key}
+            screen={screen}
+            start={block.start}
+            count={block.count}
+            version={block.version}
+            cursorLine={hasCursor ? cursorLine : null}
+            cursorCol={hasCursor ? view.cursorCol : null}
+          />
+        );
       })}
     </div>
   );
 }
+
+/**
+ * A block of lines; drawn again only when its version or the cursor in it changes. The browser
+ * skips laying out and painting the blocks out of view (content-visibility), so long scrollback
+ * costs nothing while output goes on; until laid out, a block is as high as its lines
+ * (1.3em each, as .terminal-line in styles.css). Its text stays selectable and searchable.
+ */
+const TerminalBlock = memo(function TerminalBlock({
+  screen,
+  start,
+  count,
+  cursorLine,
+  cursorCol,
+}: {
+  screen: Screen;
+  start: number;
+  count: number;
+  version: number;
+  cursorLine: number | null;
+  cursorCol: number | null;
+}) {
+  return (
+    <div className="terminal-block" style={{ contentVisibility: "auto", containIntrinsicSize: `auto ${count * 1.3}em` }}>
+      {screen.linesAt(start, count).map((line, index) => (
+        <TerminalLine key={line.id} line={line} rev={line.rev} cursor={start + index === cursorLine ? cursorCol : null} />
+      ))}
+    </div>
+  );
+});
 
 const TerminalLine = memo(function TerminalLine({ line, cursor }: { line: Line; rev: number; cursor: number | null }) {
   return (

@@ -1,6 +1,18 @@
 import { describe, expect, it } from "vitest";
 
-import { BOLD, INVERSE, MAX_SCROLLBACK, Screen, chunkInput, gridSize, keyInput, lineRuns, pasteInput } from "./terminal";
+import {
+  BLOCK_LINES,
+  BOLD,
+  INVERSE,
+  type Line,
+  MAX_SCROLLBACK,
+  Screen,
+  chunkInput,
+  gridSize,
+  keyInput,
+  lineRuns,
+  pasteInput,
+} from "./terminal";
 
 function shown(...frames: string[]): string {
   const screen = new Screen(80, 24);
@@ -179,6 +191,189 @@ describe("terminal screen", () => {
     expect(gridSize(800, 480, 8, 20)).toEqual({ cols: 100, rows: 24 });
     expect(gridSize(81, 39, 8, 20)).toEqual({ cols: 20, rows: 5 });
     expect(gridSize(800, 480, 0, 0)).toEqual({ cols: 80, rows: 24 });
+  });
+});
+
+/** Each line shown, by id: its version and what it shows. */
+function lineStates(screen: Screen): Map<number, { rev: number; content: string }> {
+  return new Map(screen.view().lines.map((line) => [line.id, { rev: line.rev, content: lineContent(line) }]));
+}
+
+function lineContent(line: Line): string {
+  return JSON.stringify([line.chars, line.attrs]);
+}
+
+/** Each block shown, by key: its version and the lines it holds (ids, versions and contents). */
+function blockStates(screen: Screen): Map<string, { version: number; content: string }> {
+  return new Map(
+    screen.blocks().blocks.map((block) => {
+      const lines = screen.linesAt(block.start, block.count).map((line) => [line.id, line.rev, lineContent(line)]);
+      return [block.key, { version: block.version, content: JSON.stringify([block.start, lines]) }];
+    }),
+  );
+}
+
+/** The ids of the lines whose version changed, or that are new. */
+function changedLines(before: Map<number, { rev: number }>, after: Map<number, { rev: number }>): number[] {
+  return [...after].filter(([id, state]) => before.get(id)?.rev !== state.rev).map(([id]) => id);
+}
+
+function changedBlocks(before: Map<string, { version: number }>, after: Map<string, { version: number }>): string[] {
+  return [...after].filter(([key, state]) => before.get(key)?.version !== state.version).map(([key]) => key);
+}
+
+describe("terminal screen, drawn incrementally", () => {
+  it("changes the version of only the line written", () => {
+    const screen = new Screen(40, 10);
+    screen.write("one\r\ntwo\r\nthree\r\n$ ");
+    const before = lineStates(screen);
+    const [one, two, three, prompt] = screen.view().lines;
+    screen.write("ls");
+    const after = lineStates(screen);
+    expect(changedLines(before, after)).toEqual([prompt!.id]);
+    // an edit in the middle of the screen (cursor up, overwrite) touches that line only
+    screen.write("\x1b[2;1HTWO\x1b[4;5H");
+    expect(changedLines(after, lineStates(screen))).toEqual([two!.id]);
+    expect([one, three].map((line) => line!.rev)).toEqual([after.get(one!.id)!.rev, after.get(three!.id)!.rev]);
+    // moving the cursor, or an erase that finds no line, changes no line
+    const moved = lineStates(screen);
+    screen.write("\x1b[H\x1b[3C\x1b[B");
+    expect(changedLines(moved, lineStates(screen))).toEqual([]);
+  });
+
+  it("keeps the versions of lines scrolled off into the scrollback", () => {
+    const screen = new Screen(20, 5);
+    for (let i = 0; i < 30; i++) screen.write(`line ${i}\r\n`);
+    const scrollback = screen.view().lines.slice(0, screen.top);
+    const before = new Map(scrollback.map((line) => [line.id, line.rev]));
+    for (let i = 30; i < 60; i++) screen.write(`line ${i}\r\n`);
+    for (const line of scrollback) expect(line.rev).toBe(before.get(line.id));
+    expect(screen.view().lines.slice(0, scrollback.length)).toEqual(scrollback);
+    // and their blocks keep their keys and versions: only the blocks at the end changed
+    const blocks = blockStates(screen);
+    screen.write("more\r\n");
+    const changed = changedBlocks(blocks, blockStates(screen));
+    expect(changed).toEqual([screen.blocks().blocks.at(-1)!.key]);
+  });
+
+  it("marks the lines of the screen changed on clear, and keeps the scrollback's", () => {
+    const screen = new Screen(20, 5);
+    for (let i = 0; i < 8; i++) screen.write(`line ${i}\r\n`);
+    screen.write("$ ");
+    const scrollback = screen.view().lines.slice(0, screen.top);
+    const before = lineStates(screen);
+    screen.write("\x1b[H\x1b[2J$ ");
+    const after = lineStates(screen);
+    const shown = screen.view().lines;
+    // every line of the screen is new or changed; those of the scrollback are untouched
+    for (const line of shown.slice(screen.top)) expect(before.get(line.id)?.rev).not.toBe(line.rev);
+    expect(shown.slice(0, screen.top)).toEqual(scrollback);
+    expect(changedLines(before, after).length).toBe(1); // the new prompt line (the others are blank, not yet made)
+    expect(screen.text()).toBe(`${scrollback.map((l) => l.chars.join("")).join("\n")}\n$`);
+    // clearing the scrollback too (clear's E3) leaves only the screen
+    screen.write("\x1b[3J");
+    expect(screen.top).toBe(0);
+    expect(screen.text()).toBe("$");
+  });
+
+  it("keeps block keys and versions while old lines leave the scrollback", () => {
+    const screen = new Screen(20, 5);
+    for (let i = 0; i < MAX_SCROLLBACK + 150; i++) screen.write(`line ${i}\r\n`);
+    const before = screen.blocks().blocks;
+    // enough lines for the scrollback to be trimmed (in a batch)
+    for (let i = 0; i < 300; i++) screen.write(`more ${i}\r\n`);
+    const after = screen.blocks().blocks;
+    expect(after[0]!.start).toBeGreaterThan(before[0]!.start); // old lines left
+    const kept = after.filter((block) => before.some((b) => b.key === block.key));
+    expect(kept.length).toBeGreaterThan(10);
+    // the blocks still shown, whole, that no line was written to are unchanged
+    const last = before.at(-1)!;
+    for (const block of kept.slice(1)) {
+      const old = before.find((b) => b.key === block.key)!;
+      if (old.key === last.key) continue;
+      expect(block).toEqual(old);
+    }
+    // the blocks cover the lines shown, in order, in runs of at most BLOCK_LINES
+    const lines = after.flatMap((block) => screen.linesAt(block.start, block.count));
+    expect(lines).toEqual(screen.view().lines);
+    expect(after.every((block) => block.count >= 1 && block.count <= BLOCK_LINES)).toBe(true);
+    after.slice(1).forEach((block, i) => expect(block.start).toBe(after[i]!.start + after[i]!.count));
+    expect(new Set(after.map((block) => block.key)).size).toBe(after.length);
+  });
+
+  it("gives the alternate screen blocks of its own and the shell's back after", () => {
+    const screen = new Screen(20, 5);
+    for (let i = 0; i < 100; i++) screen.write(`line ${i}\r\n`);
+    const main = screen.blocks().blocks.map((block) => block.key);
+    screen.write("\x1b[?1049h\x1b[H\x1b[2Jpage");
+    const alternate = screen.blocks();
+    expect(alternate.blocks.map((block) => block.key).some((key) => main.includes(key))).toBe(false);
+    expect(alternate.blocks.flatMap((b) => screen.linesAt(b.start, b.count))).toEqual(screen.view().lines);
+    expect(alternate.cursorLine).toBe(alternate.blocks[0]!.start);
+    screen.write("\x1b[?1049l");
+    const back = screen.blocks().blocks;
+    const keys = alternate.blocks.map((block) => block.key);
+    expect(back.map((block) => block.key).some((key) => main.includes(key) || keys.includes(key))).toBe(false);
+    expect(back.flatMap((b) => screen.linesAt(b.start, b.count))).toEqual(screen.view().lines);
+    expect(screen.lineTexts().slice(0, 3)).toEqual(["line 0", "line 1", "line 2"]);
+  });
+
+  it("changes the version of a block whenever what it shows changes", () => {
+    // Random output of all kinds; after each write, a block that kept its key and version must
+    // show the same lines with the same content, and a line that kept its version the same content.
+    let seed = 12345;
+    const random = (n: number) => {
+      seed = (seed * 1103515245 + 12345) % 2 ** 31;
+      return seed % n;
+    };
+    const pieces = [
+      () => `text ${random(1000)}`,
+      () => "x".repeat(random(50)),
+      () => "\r\n",
+      () => "\r\n\r\n\r\n",
+      () => "\r",
+      () => "\b\b",
+      () => `\x1b[${random(6) + 1}A`,
+      () => `\x1b[${random(6) + 1}B`,
+      () => `\x1b[${random(8) + 1};${random(30) + 1}H`,
+      () => `\x1b[${random(4)}J`,
+      () => `\x1b[${random(3)}K`,
+      () => `\x1b[${random(5) + 1}X`,
+      () => `\x1b[${random(5) + 1}P`,
+      () => `\x1b[${random(5) + 1}@`,
+      () => `\x1b[${random(3) + 1}L`,
+      () => `\x1b[${random(3) + 1}M`,
+      () => `\x1b[${random(3) + 1}S`,
+      () => `\x1b[${random(3) + 1}T`,
+      () => `\x1b[${random(3) + 1};${random(4) + 5}r`,
+      () => "\x1b[r",
+      () => "\x1bM",
+      () => "\x1bD",
+      () => `\x1b[3${random(8)}m`,
+      () => "\x1b[0m",
+      () => (random(4) === 0 ? "\x1b[?1049h" : "\x1b[?1049l"),
+      () => (random(20) === 0 ? "\x1bc" : ""),
+      () => Array.from({ length: 100 + random(400) }, (_, i) => `${i}\r\n`).join(""),
+    ];
+    const screen = new Screen(30, 8);
+    let blocks = blockStates(screen);
+    let lines = lineStates(screen);
+    for (let step = 0; step < 3000; step++) {
+      if (random(50) === 0) screen.resize(20 + random(30), 4 + random(10));
+      else screen.write(pieces[random(pieces.length)]!());
+      const nextBlocks = blockStates(screen);
+      const nextLines = lineStates(screen);
+      for (const [key, state] of nextBlocks) {
+        const old = blocks.get(key);
+        if (old && old.version === state.version) expect(state.content, `block ${key} at step ${step}`).toBe(old.content);
+      }
+      for (const [id, state] of nextLines) {
+        const old = lines.get(id);
+        if (old && old.rev === state.rev) expect(state.content, `line ${id} at step ${step}`).toBe(old.content);
+      }
+      blocks = nextBlocks;
+      lines = nextLines;
+    }
   });
 });
 

@@ -10,11 +10,17 @@
 // sequence it does not know is dropped whole, never shown as text. The parser keeps its state
 // between writes, so a sequence split across two output frames works. Wide characters take one
 // cell, and nothing is reflowed when the size changes.
+//
+// Drawing is incremental: every change stamps the line it touched (`Line.rev`) and the block of
+// lines it is in (`blocks()`) with a new number, so a view redraws only the blocks and lines whose
+// stamp moved since it last drew them, however long the scrollback.
 
 export const DEFAULT_COLS = 80;
 export const DEFAULT_ROWS = 24;
 /** Lines kept above the screen. */
 export const MAX_SCROLLBACK = 2000;
+/** Lines in a block of the view (see `Screen.blocks`). */
+export const BLOCK_LINES = 64;
 
 // A cell's attributes, packed in one number: bits 0-4 the foreground (0: default, 1 + n: colour
 // n of the 16 basic ones), then bold, underline and inverse.
@@ -31,8 +37,22 @@ export interface Line {
   readonly id: number;
   chars: string[];
   attrs: number[];
-  /** Changes whenever the line does. */
+  /** Changes whenever the line does (a stamp from a counter of the screen: it only grows). */
   rev: number;
+}
+
+/**
+ * A run of lines shown, at most BLOCK_LINES of them, for drawing: `key` and the lines it covers stay
+ * the same while they are shown, and `version` changes whenever any of them, or which lines they
+ * are, does. Positions count lines from the first one the screen ever had, so they do not move
+ * when old lines leave the scrollback.
+ */
+export interface LineBlock {
+  readonly key: string;
+  /** The position of its first line shown (for `linesAt`). */
+  readonly start: number;
+  readonly count: number;
+  readonly version: number;
 }
 
 type ParserState = "ground" | "escape" | "csi" | "string" | "string-escape" | "skip-one";
@@ -48,6 +68,8 @@ interface SavedScreen {
   top: number;
   row: number;
   col: number;
+  base: number;
+  blockVersions: Map<number, number>;
 }
 
 export class Screen {
@@ -76,6 +98,14 @@ export class Screen {
   private saved: Cursor | null = null;
   private main: SavedScreen | null = null; // set while the alternate screen is shown
   private replies: string[] = [];
+  /** The position of `lines[0]`: how many lines left the front of `lines` so far. */
+  private base = 0;
+  /** The stamp of the last change to each block (by block number: position / BLOCK_LINES). */
+  private blockVersions = new Map<number, number>();
+  /** The counter the stamps come from. */
+  private changes = 0;
+  /** Changes when `lines` becomes other lines altogether (alternate screen, reset): new block keys. */
+  private generation = 0;
 
   constructor(cols = DEFAULT_COLS, rows = DEFAULT_ROWS) {
     this.cols = clamp(Math.floor(cols), 2, 1000);
@@ -108,6 +138,34 @@ export class Screen {
       cursorIndex: this.row - first,
       cursorCol: Math.min(this.col, this.cols - 1),
     };
+  }
+
+  /**
+   * The lines `view` shows, in blocks of at most BLOCK_LINES, and where the cursor is: the
+   * position of its line and its column. Cheap: one entry per block, not per line.
+   */
+  blocks(): { blocks: LineBlock[]; cursorLine: number; cursorCol: number } {
+    this.lineAt(this.row);
+    const blocks: LineBlock[] = [];
+    const end = this.base + this.lines.length;
+    for (let start = this.base + (this.main ? this.top : 0); start < end; ) {
+      const number = Math.floor(start / BLOCK_LINES);
+      const stop = Math.min(end, (number + 1) * BLOCK_LINES);
+      blocks.push({
+        key: `${this.generation}:${number}`,
+        start,
+        count: stop - start,
+        version: this.blockVersions.get(number) ?? 0,
+      });
+      start = stop;
+    }
+    return { blocks, cursorLine: this.base + this.row, cursorCol: Math.min(this.col, this.cols - 1) };
+  }
+
+  /** The lines at `count` positions from `start` (see `blocks`). */
+  linesAt(start: number, count: number): Line[] {
+    const first = Math.max(0, start - this.base);
+    return this.lines.slice(first, Math.max(first, start - this.base + count));
   }
 
   /** The text of every line shown, trailing blanks removed; for tests and copying. */
@@ -430,12 +488,47 @@ export class Screen {
   // -- the screen -------------------------------------------------------------------------
 
   private newLine(): Line {
-    return { id: this.nextId++, chars: [], attrs: [], rev: 0 };
+    return { id: this.nextId++, chars: [], attrs: [], rev: this.changes };
   }
 
   private lineAt(row: number): Line {
-    while (this.lines.length <= row) this.lines.push(this.newLine());
+    const length = this.lines.length;
+    if (length <= row) {
+      while (this.lines.length <= row) this.lines.push(this.newLine());
+      this.moved(length, row);
+    }
     return this.lines[row] as Line;
+  }
+
+  /** What line `row` (an index into `lines`) shows changed: stamps it and its block. */
+  private touch(row: number): void {
+    const line = this.lines[row];
+    if (!line) return;
+    line.rev = ++this.changes;
+    this.blockVersions.set(Math.floor((this.base + row) / BLOCK_LINES), line.rev);
+  }
+
+  /** Lines came, went or moved at indices `from` to `to`: stamps the blocks there (not the lines). */
+  private moved(from: number, to: number): void {
+    if (to < from) return;
+    const stamp = ++this.changes;
+    const last = Math.floor((this.base + to) / BLOCK_LINES);
+    for (let block = Math.floor((this.base + from) / BLOCK_LINES); block <= last; block++) {
+      this.blockVersions.set(block, stamp);
+    }
+  }
+
+  /** Removes the first `n` lines (old scrollback). */
+  private dropFront(n: number): void {
+    if (n <= 0) return;
+    const firstBlock = Math.floor(this.base / BLOCK_LINES);
+    this.lines.splice(0, n);
+    this.base += n;
+    this.top -= n;
+    this.row -= n;
+    for (let block = firstBlock; block < Math.floor(this.base / BLOCK_LINES); block++) this.blockVersions.delete(block);
+    // the block the first line left is in may have lost some of its lines
+    this.blockVersions.set(Math.floor(this.base / BLOCK_LINES), ++this.changes);
   }
 
   private print(ch: string): void {
@@ -450,7 +543,7 @@ export class Screen {
     }
     line.chars[this.col] = ch;
     line.attrs[this.col] = this.attr;
-    line.rev++;
+    this.touch(this.row);
     this.col++;
   }
 
@@ -480,25 +573,24 @@ export class Screen {
     const keep = this.main ? 0 : MAX_SCROLLBACK;
     const slack = this.main ? 0 : 200; // trimmed in batches
     if (this.top <= keep + slack) return;
-    const drop = this.top - keep;
-    this.lines.splice(0, drop);
-    this.top -= drop;
-    this.row -= drop;
+    this.dropFront(this.top - keep);
   }
 
   private eraseDisplay(mode: number): void {
+    const length = this.lines.length;
     if (mode === 0) {
       this.lines.splice(this.row + 1);
+      this.moved(this.row + 1, length - 1);
       this.eraseLine(0);
     } else if (mode === 1) {
       for (let r = this.top; r < this.row && r < this.lines.length; r++) this.lines[r] = this.newLine();
+      this.moved(this.top, Math.min(this.row, length) - 1);
       this.eraseLine(1);
     } else if (mode === 2) {
       this.lines.splice(this.top);
+      this.moved(this.top, length - 1);
     } else if (mode === 3) {
-      this.lines.splice(0, this.top);
-      this.row -= this.top;
-      this.top = 0;
+      this.dropFront(this.top);
     }
   }
 
@@ -518,7 +610,7 @@ export class Screen {
       line.chars = [];
       line.attrs = [];
     }
-    line.rev++;
+    this.touch(this.row);
   }
 
   private eraseChars(n: number): void {
@@ -529,7 +621,7 @@ export class Screen {
       line.chars[c] = " ";
       line.attrs[c] = 0;
     }
-    line.rev++;
+    this.touch(this.row);
   }
 
   private deleteChars(n: number): void {
@@ -537,7 +629,7 @@ export class Screen {
     if (!line) return;
     line.chars.splice(this.col, n);
     line.attrs.splice(this.col, n);
-    line.rev++;
+    this.touch(this.row);
   }
 
   private insertChars(n: number): void {
@@ -548,7 +640,7 @@ export class Screen {
     line.attrs.splice(this.col, 0, ...Array<number>(blanks).fill(0));
     line.chars.length = Math.min(line.chars.length, this.cols);
     line.attrs.length = line.chars.length;
-    line.rev++;
+    this.touch(this.row);
   }
 
   /** Removes `n` lines at `from` and adds as many blank ones at the bottom of the scrolling region. */
@@ -559,6 +651,7 @@ export class Screen {
     this.lineAt(bottom);
     this.lines.splice(from, count);
     this.lines.splice(bottom - count + 1, 0, ...this.blankLines(count));
+    this.moved(from, bottom);
   }
 
   /** Adds `n` blank lines at `at`, pushing the lines below down and off the scrolling region. */
@@ -569,6 +662,7 @@ export class Screen {
     this.lineAt(bottom);
     this.lines.splice(at, 0, ...this.blankLines(count));
     this.lines.splice(bottom + 1, count);
+    this.moved(at, bottom);
   }
 
   private blankLines(n: number): Line[] {
@@ -611,26 +705,46 @@ export class Screen {
   private enterAlternate(saveCursor: boolean): void {
     if (this.main) return;
     if (saveCursor) this.saveCursor();
-    this.main = { lines: this.lines, top: this.top, row: this.row, col: this.col };
+    this.main = {
+      lines: this.lines,
+      top: this.top,
+      row: this.row,
+      col: this.col,
+      base: this.base,
+      blockVersions: this.blockVersions,
+    };
     const row = this.row - this.top;
     this.lines = [];
     this.top = 0;
     this.row = row;
+    this.base = 0;
+    this.blockVersions = new Map();
+    this.generation++; // other lines altogether: new block keys
   }
 
   private leaveAlternate(restoreCursor: boolean): void {
     if (!this.main) return;
-    ({ lines: this.lines, top: this.top, row: this.row, col: this.col } = this.main);
+    ({
+      lines: this.lines,
+      top: this.top,
+      row: this.row,
+      col: this.col,
+      base: this.base,
+      blockVersions: this.blockVersions,
+    } = this.main);
     this.main = null;
+    this.generation++; // new block keys: all of it is drawn again
     // the window may have changed size meanwhile
     this.top = Math.max(this.top, this.row - this.rows + 1);
     if (restoreCursor) this.restoreCursor();
-    this.lines.forEach((line) => line.rev++);
   }
 
   private reset(): void {
     if (this.main) this.leaveAlternate(false);
     this.lines = [];
+    this.base = 0;
+    this.blockVersions = new Map();
+    this.generation++;
     this.top = 0;
     this.row = 0;
     this.col = 0;
