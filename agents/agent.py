@@ -105,14 +105,18 @@ from agents.versions import drain_reasons
 log = logging.getLogger("agents")
 
 # What waits for the portal while disconnected: at most this many messages and about this
-# many bytes of log text; beyond that the oldest messages are dropped (and counted).
+# many bytes of log text; beyond that the oldest messages are dropped (and counted), shell
+# messages excepted (see OUTBOX_SHELL_CHARS).
 OUTBOX_LIMIT = 20_000
 OUTBOX_LOG_BYTES = 64 * 1024 * 1024
 LOST_LOGS_READ_TIMEOUT_S = 60.0
 WELCOME_TIMEOUT_S = 30.0
 REMEMBERED_REQUESTS = 1000
-# Shell output waiting in the outbox; beyond it, shells wait (held up by their terminals).
+# Shell output waiting in the outbox, in characters and in shell messages; beyond either,
+# shells wait (held up by their terminals). The outbox never drops a shell message, so these
+# bounds, well below OUTBOX_LIMIT, are what keeps shell messages from filling it.
 OUTBOX_SHELL_CHARS = 1024 * 1024
+OUTBOX_SHELL_MESSAGES = 1000
 CHECKPOINTABLE_STATES = (AttemptState.RUNNING, AttemptState.SUSPENDED, AttemptState.CHECKPOINTING)
 
 
@@ -163,9 +167,13 @@ class Agent:
         self.outbox: deque[AgentToPortal] = deque()
         self.outbox_log_bytes = 0
         self.outbox_shell_chars = 0
+        self.outbox_shell_messages = 0
         self.outbox_dropped = 0
         self.outbox_ready = asyncio.Event()
-        self.connected = False
+        # Set when shells waiting for room in the outbox should look again: the sender sent
+        # shell messages, or the connection is gone.
+        self.shell_room = asyncio.Event()
+        self._connected = False
         self.started_at = time.monotonic()
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self.telemetry_interval_s = config.telemetry_interval_s
@@ -193,6 +201,18 @@ class Agent:
         self.scanning: set[str] = set()
         self.sessions = 0  # completed handshakes, for tests and logs
         self.shells = ShellSessions(runtime, self.send, self._why_no_shell, self._room_for_shell_output)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @connected.setter
+    def connected(self, value: bool) -> None:
+        """Losing the connection wakes the shells waiting for room in the outbox, whichever
+        path lost it: their sessions end with it, so they must not wait for a sender that is gone."""
+        self._connected = value
+        if not value:
+            self.shell_room.set()
 
     # ------------------------------------------------------------------ main loop
 
@@ -350,20 +370,40 @@ class Agent:
                     self._spawn(self.apply_desired(self.last_desired))
 
     def send(self, message: AgentToPortal) -> None:
-        if isinstance(message, ShellOutput | ShellExit) and not self.connected:
+        is_shell = isinstance(message, ShellOutput | ShellExit)
+        if is_shell and not self.connected:
             return  # no portal could place it: shell sessions end with their connection
         self.outbox.append(message)
         if isinstance(message, LogChunk):
             self.outbox_log_bytes += len(message.text)
         elif isinstance(message, ShellOutput):
             self.outbox_shell_chars += len(message.data)
+        if is_shell:
+            self.outbox_shell_messages += 1
         while len(self.outbox) > OUTBOX_LIMIT or self.outbox_log_bytes > OUTBOX_LOG_BYTES:
-            dropped = self._pop_outbox()
+            dropped = self._drop_oldest_but_shell()
+            if dropped is None:
+                break  # shell messages only: they are bounded by waiting (_room_for_shell_output)
             self.outbox_dropped += 1
             if isinstance(dropped, LogChunk):
                 end = dropped.seq + dropped.text.count("\n")
                 self._note_lost_lines(dropped.attempt_id, dropped.stream, dropped.seq, end)
         self.outbox_ready.set()
+
+    def _drop_oldest_but_shell(self) -> AgentToPortal | None:
+        """Remove the oldest message that is not a shell message: a dropped shell_output would
+        corrupt a terminal's stream and a dropped shell_exit would leave a session that never
+        ends, while a dropped log chunk is read again later (lost lines). Only the shell messages
+        ahead of it are looked at, and OUTBOX_SHELL_MESSAGES keeps them few."""
+        if self.outbox_shell_messages == len(self.outbox):
+            return None
+        for index, message in enumerate(self.outbox):
+            if not isinstance(message, ShellOutput | ShellExit):
+                del self.outbox[index]
+                if isinstance(message, LogChunk):
+                    self.outbox_log_bytes -= len(message.text)
+                return message
+        return None
 
     def _note_lost_lines(self, attempt_id: str, stream: LogStream, first: int, end: int) -> None:
         """Lines `first` to `end - 1` of a stream did not reach the portal; one range per stream
@@ -376,8 +416,12 @@ class Agent:
         message = self.outbox.popleft()
         if isinstance(message, LogChunk):
             self.outbox_log_bytes -= len(message.text)
-        elif isinstance(message, ShellOutput):
-            self.outbox_shell_chars -= len(message.data)
+        elif isinstance(message, ShellOutput | ShellExit):
+            if isinstance(message, ShellOutput):
+                self.outbox_shell_chars -= len(message.data)
+            self.outbox_shell_messages -= 1
+            if not self._shell_outbox_full():
+                self.shell_room.set()
         return message
 
     def _drop_shell_messages(self) -> None:
@@ -387,10 +431,21 @@ class Agent:
             message for message in self.outbox if not isinstance(message, ShellOutput | ShellExit)
         )
         self.outbox_shell_chars = 0
+        self.outbox_shell_messages = 0
+        self.shell_room.set()
+
+    def _shell_outbox_full(self) -> bool:
+        return (
+            self.outbox_shell_chars > OUTBOX_SHELL_CHARS or self.outbox_shell_messages > OUTBOX_SHELL_MESSAGES
+        )
 
     async def _room_for_shell_output(self) -> None:
-        while self.connected and self.outbox_shell_chars > OUTBOX_SHELL_CHARS:
-            await asyncio.sleep(0.01)
+        """Return once the outbox has room for shell output, or the connection is gone. The
+        event is cleared before each wait, so a shell sleeps until the sender (or a disconnect)
+        sets it, and looks again then: another shell may have taken the room first."""
+        while self.connected and self._shell_outbox_full():
+            self.shell_room.clear()
+            await self.shell_room.wait()
 
     def _why_no_shell(self, attempt_id: str) -> str | None:
         """Shells open only in attempts that run and that the agent is not busy with."""

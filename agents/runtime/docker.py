@@ -39,7 +39,7 @@ from agents.runtime import (
     UnknownAttemptError,
 )
 from agents.runtime.policy import HostPolicy, LaunchPlan, PolicyError, image_problems, prepare
-from agents.runtime.shell import READ_BYTES, SHELL_TERM, ShellProcess, hang_up_session
+from agents.runtime.shell import READ_BYTES, SHELL_TERM, ShellEnded, ShellProcess, close_shell
 
 log = logging.getLogger("agents")
 LABEL_MANAGED = "gpuportal.managed"
@@ -339,6 +339,7 @@ class ExecShell:
         self._room = threading.Semaphore(SHELL_PENDING_READS)
         self._hung_up = threading.Event()
         self._ended = False
+        self._end_seen: ShellEnded | None = None  # once the engine reported the exec ended
         self._closing: asyncio.Future[int | None] | None = None
         threading.Thread(
             target=self._receive,
@@ -406,17 +407,12 @@ class ExecShell:
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
         try:
-            session_id = (await _engine(self.api.exec_inspect, self.exec_id)).get("Pid") or 0
-            if session_id > 0:
-                await hang_up_session(session_id, self._exec_ended, self._in_container)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + SHELL_EXIT_WAIT_S
-            while (inspected := await _engine(self.api.exec_inspect, self.exec_id))["Running"]:
-                if loop.time() > deadline:
-                    log.warning("shell %s still runs after its hangup", self.exec_id[:12])
-                    return None
-                await asyncio.sleep(POLL_S)
-            return inspected.get("ExitCode")
+            session_id = (await self._inspect()).get("Pid") or 0
+            ended = await close_shell(session_id, self._exit_status, self._in_container, SHELL_EXIT_WAIT_S)
+            if ended is None:
+                log.warning("shell %s still runs after its hangup", self.exec_id[:12])
+                return None
+            return ended.exit_code
         except RuntimeFailure as error:  # the container is gone, and the shell with it
             log.debug("shell %s: %s", self.exec_id[:12], error)
             return None
@@ -432,8 +428,18 @@ class ExecShell:
         with contextlib.suppress(OSError):
             self.connection.close()
 
-    async def _exec_ended(self) -> bool:
-        return not (await _engine(self.api.exec_inspect, self.exec_id))["Running"]
+    async def _inspect(self) -> dict[str, Any]:
+        """Ask the engine about the exec, and keep its end once it reports one: a later
+        question could learn nothing more, so none is asked."""
+        inspected = await _engine(self.api.exec_inspect, self.exec_id)
+        if not inspected["Running"]:
+            self._end_seen = ShellEnded(inspected.get("ExitCode"))
+        return inspected
+
+    async def _exit_status(self) -> ShellEnded | None:
+        if self._end_seen is None:
+            await self._inspect()
+        return self._end_seen
 
     def _in_container(self, pid: int) -> bool:
         try:

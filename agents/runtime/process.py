@@ -42,7 +42,14 @@ from agents.runtime import (
     UnknownAttemptError,
 )
 from agents.runtime.policy import HostPolicy, PolicyError, prepare
-from agents.runtime.shell import READ_BYTES, SHELL_TERM, ShellProcess, hang_up_session, stat_fields
+from agents.runtime.shell import (
+    READ_BYTES,
+    SHELL_TERM,
+    ShellEnded,
+    ShellProcess,
+    close_shell,
+    stat_fields,
+)
 from agents.runtime.wrapper import exit_code_of, write_exit_code
 
 WRAPPER = Path(__file__).with_name("wrapper.py")
@@ -294,7 +301,7 @@ class PtyShell:
         self.master = master
         self._exited = asyncio.ensure_future(process.wait())
         self._hung_up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._closing: asyncio.Future[int] | None = None
+        self._closing: asyncio.Future[int | None] | None = None
         self._output_deadline: float | None = None  # set once the shell exited
 
     @classmethod
@@ -362,23 +369,22 @@ class PtyShell:
         if not self._hung_up.done():
             set_terminal_size(self.master, cols, rows)
 
-    async def close(self) -> int:
+    async def close(self) -> int | None:
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._hang_up())
         return await asyncio.shield(self._closing)
 
-    async def _hang_up(self) -> int:
+    async def _hang_up(self) -> int | None:
         loop = asyncio.get_running_loop()
         self._hung_up.set_result(None)  # from here on the master is closed (it runs once)
         loop.remove_reader(self.master)
         loop.remove_writer(self.master)
         os.close(self.master)  # the kernel hangs up the terminal: SIGHUP to the shell
+        ended = await close_shell(self.pid, self._exit_status)  # no bound: a killed child ends
+        return None if ended is None else ended.exit_code
 
-        async def shell_ended() -> bool:
-            return self._exited.done()
-
-        await hang_up_session(self.pid, shell_ended)
-        return exit_code_of(await self._exited)
+    async def _exit_status(self) -> ShellEnded | None:
+        return ShellEnded(exit_code_of(self._exited.result())) if self._exited.done() else None
 
     async def _wait_readable(self, timeout: float | None) -> bool:
         """Wait until the master has output, the shell exited or is being closed; True when there

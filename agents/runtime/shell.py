@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -56,6 +57,23 @@ def stat_fields(pid: int) -> list[str] | None:
         return None
     # The command name (field 2) may contain spaces and parentheses; split after the last ')'.
     return text[text.rindex(")") + 2 :].split()
+
+
+@dataclass(frozen=True)
+class ShellEnded:
+    """How a shell ended, as its runtime reports it."""
+
+    exit_code: int | None  # 128+N when signal N ended it; None when the runtime cannot tell
+
+
+def session_leader_runs(session_id: int) -> bool:
+    """Whether the process that leads the session still runs, as the host's /proc shows it (a
+    zombie does not)."""
+    try:
+        fields = stat_fields(session_id)
+    except OSError:  # unreadable while it ended
+        return False
+    return fields is not None and fields[0] not in ("Z", "X") and int(fields[3]) == session_id
 
 
 def session_members(session_id: int, belongs: Callable[[int], bool] | None = None) -> list[int]:
@@ -106,6 +124,41 @@ async def hang_up_session(
     deadline = loop.time() + HANGUP_GRACE_S
     while loop.time() < deadline:
         if await ended() and not await asyncio.to_thread(session_members, session_id, belongs):
-            break
+            return  # an empty session stays empty: a last look could only find a reused id
         await asyncio.sleep(POLL_S)
     await asyncio.to_thread(signal_session, session_id, (signal.SIGKILL,), belongs)
+
+
+async def close_shell(
+    session_id: int,
+    exit_status: Callable[[], Awaitable[ShellEnded | None]],
+    belongs: Callable[[int], bool] | None = None,
+    exit_wait_s: float | None = None,
+) -> ShellEnded | None:
+    """The close path of both runtimes' shells: hang up the session the shell leads
+    (:func:`hang_up_session`; a session id of 0, unknown, hangs up nothing), then wait for the
+    shell's end and return it; None when it did not come within ``exit_wait_s`` of the hangup
+    (None: wait as long as it takes, for a runtime whose killed shells surely end).
+
+    ``exit_status`` returns None while the shell runs. It may cost a request to an engine, so
+    during the hangup it is asked only once the session's leader is gone from the host's /proc,
+    and the answer that showed the end is returned instead of being asked for again.
+    """
+    ended: ShellEnded | None = None
+
+    async def shell_ended() -> bool:
+        nonlocal ended
+        if session_leader_runs(session_id):
+            return False
+        ended = await exit_status()
+        return ended is not None
+
+    if session_id > 0:
+        await hang_up_session(session_id, shell_ended, belongs)
+    loop = asyncio.get_running_loop()
+    deadline = None if exit_wait_s is None else loop.time() + exit_wait_s
+    while ended is None and (ended := await exit_status()) is None:
+        if deadline is not None and loop.time() > deadline:
+            return None
+        await asyncio.sleep(POLL_S)
+    return ended

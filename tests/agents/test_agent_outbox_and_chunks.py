@@ -3,8 +3,10 @@ portal is away."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +14,7 @@ from agents import agent as agent_module
 from agents.agent import Agent
 from agents.config import AgentConfig
 from agents.devices.simulated import SimulatedBackend, load_description
-from agents.protocol import Heartbeat, LogChunk
+from agents.protocol import Heartbeat, LogChunk, ShellExit, ShellOutput, decode_from_agent
 from agents.runtime import MAX_CHUNK_CHARS, MAX_LOG_LINE, LineNumbering, LogLine, chunk_lines
 from agents.runtime.policy import HostPolicy
 from agents.runtime.process import ProcessRuntime
@@ -112,3 +114,152 @@ def test_the_outbox_drops_the_oldest_messages_beyond_its_budget(
         agent.send(Heartbeat(uptime_s=1))
     assert len(agent.outbox) == 50 and agent.outbox_dropped == 40
     assert agent.outbox_log_bytes == 0
+
+
+def make_agent(tmp_path: Path) -> Agent:
+    config = AgentConfig(portal_url="ws://127.0.0.1:9/ws/agent/", token="t", state_dir=tmp_path)
+    return Agent(
+        config, SimulatedBackend(load_description("dgx-a100"), "n"), ProcessRuntime(tmp_path, HostPolicy())
+    )
+
+
+def shell_messages(agent: Agent) -> list[ShellOutput | ShellExit]:
+    return [message for message in agent.outbox if isinstance(message, ShellOutput | ShellExit)]
+
+
+def test_the_outbox_trim_drops_the_oldest_other_messages_never_shell_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dropped shell message would corrupt a terminal's output or leave a session that never
+    hears its exit; logs can be read again, so they go instead (and are noted as lost)."""
+    monkeypatch.setattr(agent_module, "OUTBOX_LIMIT", 10)
+    monkeypatch.setattr(agent_module, "OUTBOX_LOG_BYTES", 300)
+    agent = make_agent(tmp_path)
+    agent.connected = True
+    sent_to_shells = [ShellOutput(session="s1", seq=seq, data=f"out{seq}") for seq in range(3)]
+    sent_to_shells.append(ShellExit(session="s1", exit_code=0, reason="the shell exited"))
+    for message in sent_to_shells[:2]:
+        agent.send(message)
+    for seq in range(3):
+        agent.send(LogChunk(attempt_id="a", stream="stdout", seq=seq, text="z" * 99 + "\n"))
+    for message in sent_to_shells[2:]:
+        agent.send(message)
+    # Over the log budget: the oldest chunk goes, though two shell messages are older.
+    agent.send(LogChunk(attempt_id="a", stream="stdout", seq=3, text="z" * 99 + "\n"))
+    assert shell_messages(agent) == sent_to_shells
+    assert [message.seq for message in agent.outbox if isinstance(message, LogChunk)] == [1, 2, 3]
+    assert agent.lost_logs == {("a", "stdout"): (0, 1)} and agent.outbox_dropped == 1
+    # Over the message limit: heartbeats and chunks go, oldest first; the shell messages stay.
+    for _ in range(10):
+        agent.send(Heartbeat(uptime_s=1))
+    assert len(agent.outbox) == 10 and shell_messages(agent) == sent_to_shells
+    assert [type(message) for message in list(agent.outbox)[4:]] == [Heartbeat] * 6
+    assert agent.lost_logs == {("a", "stdout"): (0, 4)} and agent.outbox_log_bytes == 0
+    assert agent.outbox_shell_messages == 4 and agent.outbox_shell_chars == len("out0out1out2")
+
+
+def test_an_outbox_of_shell_messages_only_is_left_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing else to drop: the trim ends (shell output is bounded by waiting instead)."""
+    monkeypatch.setattr(agent_module, "OUTBOX_LIMIT", 3)
+    agent = make_agent(tmp_path)
+    agent.connected = True
+    exits = [ShellExit(session=f"s{number}", reason="closed") for number in range(5)]
+    for message in exits:
+        agent.send(message)
+    assert list(agent.outbox) == exits and agent.outbox_dropped == 0
+    agent.send(Heartbeat(uptime_s=1))  # the only message that may go
+    assert list(agent.outbox) == exits and agent.outbox_dropped == 1
+
+
+class CountedSleeps:
+    """asyncio.sleep, counting the calls of everything but the test itself."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.real = asyncio.sleep
+        self.calls = 0
+        monkeypatch.setattr(asyncio, "sleep", self.counted)
+
+    async def counted(self, delay: float, result: Any = None) -> Any:
+        self.calls += 1
+        return await self.real(delay, result)
+
+    async def turns(self, count: int = 3) -> None:
+        """Let the event loop run a few rounds, without counting them."""
+        for _ in range(count):
+            await self.real(0)
+
+
+@pytest.mark.asyncio
+async def test_shell_output_waits_for_the_sender_without_polling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent_module, "OUTBOX_SHELL_CHARS", 10)
+    agent = make_agent(tmp_path)
+    agent.connected = True
+    agent.send(ShellOutput(session="s1", seq=0, data="x" * 11))
+    agent.send(Heartbeat(uptime_s=1))
+    sleeps = CountedSleeps(monkeypatch)
+    waiting = [asyncio.create_task(agent._room_for_shell_output()) for _ in range(2)]
+    await sleeps.real(0.1)
+    assert not any(task.done() for task in waiting)
+    assert sleeps.calls == 0  # they wait for the sender, they do not poll
+
+    connection = GatedConnection()
+    sender = asyncio.create_task(agent._sender(connection))
+    await sleeps.turns()
+    assert not any(task.done() for task in waiting)  # the shell output is being sent, not yet sent
+    connection.gate.set()
+    await sleeps.turns()
+    assert all(task.done() for task in waiting)  # woken as soon as it went
+    assert [type(message) for message in connection.sent] == [ShellOutput, Heartbeat]
+    sender.cancel()
+    await asyncio.gather(sender, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+async def test_shells_stop_waiting_for_room_when_the_connection_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent_module, "OUTBOX_SHELL_CHARS", 10)
+    agent = make_agent(tmp_path)
+    agent.connected = True
+    agent.send(ShellOutput(session="s1", seq=0, data="x" * 11))
+    sleeps = CountedSleeps(monkeypatch)
+    waiting = asyncio.create_task(agent._room_for_shell_output())
+    await sleeps.real(0.05)
+    assert not waiting.done()
+    agent.connected = False  # what the end of a connection does first
+    await sleeps.turns()
+    assert waiting.done() and sleeps.calls == 0
+
+
+@pytest.mark.asyncio
+async def test_shell_output_waits_while_the_outbox_holds_many_shell_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However short the messages, so that shell messages alone never fill the outbox."""
+    monkeypatch.setattr(agent_module, "OUTBOX_SHELL_MESSAGES", 3)
+    agent = make_agent(tmp_path)
+    agent.connected = True
+    for seq in range(4):
+        agent.send(ShellOutput(session="s1", seq=seq, data="x"))
+    waiting = asyncio.create_task(agent._room_for_shell_output())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    agent._pop_outbox()  # what the sender does once the oldest went
+    await asyncio.wait_for(waiting, 1)
+    assert agent.outbox_shell_messages == 3
+
+
+class GatedConnection:
+    """A connection whose sends wait until the gate opens."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.sent: list[Any] = []
+
+    async def send(self, text: str) -> None:
+        await self.gate.wait()
+        self.sent.append(decode_from_agent(text))

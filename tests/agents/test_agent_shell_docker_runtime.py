@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -137,6 +138,45 @@ async def test_a_shell_that_ignores_the_hangup_is_killed(engine, runtime: Docker
     await read_until(shell, b"ready")
     assert await closed(shell) == 137  # SIGKILL
     assert engine.api.exec_inspect(shell.exec_id)["Running"] is False
+
+
+class CountedInspections:
+    """The engine's API, counting the exec inspections (each one a request to the engine)."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.inspections = 0
+
+    def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        self.inspections += 1
+        return self.api.exec_inspect(exec_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+
+@pytest.mark.asyncio
+async def test_closing_a_shell_that_exited_asks_the_engine_once(runtime: DockerRuntime) -> None:
+    await running(runtime, "dk-asked")
+    shell = await runtime.open_shell("dk-asked", ["/bin/sh"], 80, 24)
+    await shell.write(b"exit 4\r")
+    await read_until(shell, None)
+    await eventually(lambda: not shell.api.exec_inspect(shell.exec_id)["Running"])
+    shell.api = counted = CountedInspections(shell.api)
+    assert await closed(shell) == 4
+    assert counted.inspections == 1  # its pid and its exit code in one answer
+
+
+@pytest.mark.asyncio
+async def test_the_engine_is_not_polled_while_a_shell_has_its_hangup_grace(runtime: DockerRuntime) -> None:
+    """The host's /proc tells whether the shell's process still runs; the engine is asked for
+    the exit code once that process is gone."""
+    await running(runtime, "dk-polled")
+    shell = await runtime.open_shell("dk-polled", ["sh", "-c", "trap '' HUP; " + LOOP], 80, 24)
+    await read_until(shell, b"ready")
+    shell.api = counted = CountedInspections(shell.api)
+    assert await closed(shell) == 137  # SIGKILL, after the grace
+    assert counted.inspections <= 4  # its pid, then its exit code (the engine may lag a little)
 
 
 @pytest.mark.asyncio
