@@ -196,6 +196,11 @@ class DesiredAttempt(_Model):
     run_state: Literal["running", "suspended"] = "running"
     checkpoint_and_stop: bool = False
     resume_from: ResumeFrom | None = None
+    # Which replica of the job's attempt this is, of how many, and the node of each (in replica
+    # order): what a distributed job needs to find its rank and its peers.
+    replica: int = Field(ge=0, default=0)
+    replicas: int = Field(ge=1, default=1)
+    replica_nodes: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] = []
 
 
 # ---------------------------------------------------------------------------

@@ -122,6 +122,9 @@ def agent_env(attempt: DesiredAttempt, checkpoint_dir_seen_by_job: str | None) -
         "GPUPORTAL_CHECKPOINT_DIR": checkpoint_dir_seen_by_job or "",
         "GPUPORTAL_RESUME": "1" if attempt.resume else "0",
         "GPUPORTAL_CHECKPOINT_SIGNAL": attempt.checkpoint_signal,
+        "GPUPORTAL_REPLICA": str(attempt.replica),
+        "GPUPORTAL_REPLICAS": str(attempt.replicas),
+        "GPUPORTAL_REPLICA_NODES": ",".join(attempt.replica_nodes),
         # An empty list hides every GPU; an image's own NVIDIA_VISIBLE_DEVICES=all (CUDA base
         # images set it) must not widen the allocation, so the agent always sets it.
         "CUDA_VISIBLE_DEVICES": uuids,

@@ -64,7 +64,9 @@ def replica_resources(job: Job, attempt: JobAttempt) -> Resources:
     return Resources(cpus=cpu_milli / 1000, memory_mib=memory_mib)
 
 
-def desired_attempt(attempt: JobAttempt, replica: int, allocations: list[Allocation]) -> DesiredAttempt:
+def desired_attempt(
+    attempt: JobAttempt, replica: int, allocations: list[Allocation], replica_nodes: list[str]
+) -> DesiredAttempt:
     job = attempt.job
     spec: dict[str, Any] = job.spec
     checkpoint = spec.get("checkpoint") or {}
@@ -88,6 +90,9 @@ def desired_attempt(attempt: JobAttempt, replica: int, allocations: list[Allocat
         # Preemption of a checkpointable job, level-triggered: it survives a lost request.
         checkpoint_and_stop=job.state == JobState.CHECKPOINTING and bool(checkpoint.get("enabled")),
         resume_from=resume_from(job, attempt.resume_from),
+        replica=replica,
+        replicas=attempt.replicas,
+        replica_nodes=replica_nodes,
     )
 
 
@@ -106,10 +111,21 @@ def desired_set_for(node: Node) -> DesiredSet:
     for allocation in allocations:
         grouped[(allocation.attempt_id, allocation.replica)].append(allocation)
         attempts[allocation.attempt_id] = allocation.attempt
+    nodes = replica_nodes(list(attempts))
     return DesiredSet(
         revision=revision,
         attempts=[
-            desired_attempt(attempts[attempt_id], replica, group)
+            desired_attempt(attempts[attempt_id], replica, group, nodes[attempt_id])
             for (attempt_id, replica), group in grouped.items()
         ],
     )
+
+
+def replica_nodes(attempt_ids: list[int]) -> dict[int, list[str]]:
+    """The node of each replica of each attempt, in replica order, in one query: a replica on
+    this node needs to know where its peers on other nodes run."""
+    placed: dict[int, dict[int, str]] = defaultdict(dict)
+    live = Allocation.objects.filter(attempt_id__in=attempt_ids, released_at__isnull=True)
+    for attempt_id, replica, node_name in live.values_list("attempt_id", "replica", "node__name"):
+        placed[attempt_id][replica] = node_name
+    return {attempt: [node for _, node in sorted(placed[attempt].items())] for attempt in attempt_ids}

@@ -57,6 +57,9 @@ async def test_the_command_gets_its_allocation_and_not_the_agent_environment(
         gpus=[GpuRef(uuid="GPU-a", index=2), GpuRef(uuid="GPU-b", index=3)],
         checkpoint_dir=str(tmp_path / "ckpt" / "job-1"),
         resume=True,
+        replica=1,
+        replicas=3,
+        replica_nodes=["node-a", "node-b", "node-c"],
     )
     await runtime.start(attempt)
     assert await runtime.wait("att-1") == 0
@@ -67,6 +70,8 @@ async def test_the_command_gets_its_allocation_and_not_the_agent_environment(
     assert env["GPUPORTAL_ATTEMPT_ID"] == "att-1"
     assert env["GPUPORTAL_CHECKPOINT_DIR"] == str(tmp_path / "ckpt" / "job-1")
     assert env["GPUPORTAL_RESUME"] == "1"
+    assert (env["GPUPORTAL_REPLICA"], env["GPUPORTAL_REPLICAS"]) == ("1", "3")
+    assert env["GPUPORTAL_REPLICA_NODES"] == "node-a,node-b,node-c"
     assert env["EPOCHS"] == "3"
     assert "AGENT_SECRET" not in env
     assert (tmp_path / "ckpt" / "job-1").is_dir()

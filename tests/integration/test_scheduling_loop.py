@@ -17,6 +17,14 @@ from tests.integration.invariants import assert_invariants
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 SLEEP = "import time\nprint('started', flush=True)\ntime.sleep({seconds})\n"
+WHO_AM_I = (
+    "import os, time\n"
+    "nodes = os.environ['GPUPORTAL_REPLICA_NODES']\n"
+    "replica = int(os.environ['GPUPORTAL_REPLICA'])\n"
+    "print(f\"replica={replica} of {os.environ['GPUPORTAL_REPLICAS']} on {nodes.split(',')[replica]}, "
+    'peers {nodes}", flush=True)\n'
+    "time.sleep(1)\n"
+)
 EXIT_WITH = "import sys\nprint('exiting', flush=True)\nsys.exit({code})\n"
 # Ignores the checkpoint signal, so a checkpoint request can only end by the grace period.
 STUBBORN = (
@@ -71,7 +79,7 @@ def test_a_gang_starts_whole_or_not_at_all(api, a100_agents) -> None:  # type: i
     alice = api("alice")
     small = submit(alice, "small", SLEEP.format(seconds=4))
     wait_for(lambda: state(small) == "running", 60, "the small job to run")
-    gang = submit(alice, "gang", SLEEP.format(seconds=1), flavor="l-A100", replicas=2)
+    gang = submit(alice, "gang", WHO_AM_I, flavor="l-A100", replicas=2)
     wait_for(lambda: Job.objects.get(pk=gang).pending_reason not in ("", "new"), 30, "a reason for the gang")
     assert state(gang) == "pending"
     assert not Allocation.objects.filter(attempt__job_id=gang).exists()  # no partial hold
@@ -83,6 +91,14 @@ def test_a_gang_starts_whole_or_not_at_all(api, a100_agents) -> None:  # type: i
     assert_invariants()
     wait_for(lambda: state(gang) == "succeeded", 60, "the gang to finish")
     assert_invariants()
+    # Each replica knows its rank, the gang's size and where its peers run, in replica order.
+    placed = dict(Allocation.objects.filter(attempt__job_id=gang).values_list("replica", "node__name"))
+    peers = f"{placed[0]},{placed[1]}"
+    lines = [line["text"] for line in alice.get(f"/api/v1/jobs/{gang}/logs/").json()["results"]]
+    assert sorted(line for line in lines if line.startswith("replica=")) == [
+        f"replica=0 of 2 on {placed[0]}, peers {peers}",
+        f"replica=1 of 2 on {placed[1]}, peers {peers}",
+    ]
 
 
 def test_retries_with_backoff_then_a_permanent_failure(api, a100_agents) -> None:  # type: ignore[no-untyped-def]
