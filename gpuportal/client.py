@@ -462,7 +462,8 @@ class PortalClient:
         self, since: date | str | None = None, until: date | str | None = None, group: str = "vc"
     ) -> UsageReport:
         """Allocated GPU-hours, utilization-weighted GPU-hours and energy of the jobs you may
-        see, per ``job``, ``vc``, ``tenant`` or ``user``, largest first. ``since`` and ``until``
+        see within the period (time outside it is not counted), per ``job``, ``vc``, ``tenant`` or
+        ``user``, largest first. ``since`` and ``until``
         are dates (midnight UTC), datetimes or ISO text; the portal's default is the last 30 days."""
         return UsageReport.model_validate(
             self.request("GET", "/usage/", params=usage_params(since, until, group))

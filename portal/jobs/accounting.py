@@ -1,9 +1,16 @@
 """Who used what: allocated GPU-hours, GPU-hours weighted by utilization, and energy.
 
 Allocated time comes from allocations (held from placement to release). Utilization and energy
-come from the attempt's telemetry: utilization and power are integrated over the time between a
-GPU's consecutive samples; energy is the difference of the GPU's energy counter where NVML has
+come from the attempt's telemetry: each sample's utilization and power stand for the time since
+the GPU's previous sample, and energy is the increase of the GPU's energy counter where NVML has
 one, else the integral of power.
+
+A report for a period [since, until) counts only what happened in it: each allocation's overlap
+with the period, and each sample's interval clipped to the period; the counter's increase over
+an interval is shared out in proportion to the part inside (the counter read at `since` and
+`until` by linear interpolation). So a long job is charged to each month for that month's part,
+and consecutive periods add up to the whole, with nothing counted twice or lost at a boundary.
+Without a period, the whole life counts.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
+from django.db.models import DateTimeField, Exists, OuterRef, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 HOUR = 3600.0
@@ -39,31 +48,72 @@ class Usage:
         }
 
 
-def attempt_usage(attempt_ids: Iterable[int], now: datetime | None = None) -> dict[int, Usage]:
-    """Usage per attempt, in two queries whatever the number of attempts and samples."""
+# Each allocation's time, clipped to the period. GREATEST and LEAST ignore a NULL bound, so
+# without a period this is the whole allocation, up to now when it is not released.
+ALLOCATED_SQL = """
+SELECT attempt_id, SUM(EXTRACT(EPOCH FROM held_until - held_from))
+FROM (
+    SELECT attempt_id,
+           GREATEST(created_at, %(since)s::timestamptz) AS held_from,
+           LEAST(COALESCE(released_at, %(now)s::timestamptz), %(until)s::timestamptz) AS held_until
+    FROM jobs_allocation
+    WHERE attempt_id = ANY(%(ids)s)
+) AS allocations
+WHERE held_until > held_from
+GROUP BY attempt_id
+"""
+
+# Each sample stands for the interval since its GPU's previous sample (LAG over all of the
+# attempt's samples, so the first sample in the period still knows when the previous one was);
+# `dt` is the part of that interval inside the period, `full_dt` the whole of it. The first
+# sample after `until` contributes its interval's part before `until`. A GPU's first sample
+# starts no interval, and as GREATEST ignores NULLs it is left out explicitly; so is a counter
+# difference with a missing end, so that a GPU without a counter sums to NULL, not 0.
+TELEMETRY_SQL = """
+SELECT attempt_id,
+       SUM(utilization_pct / 100.0 * dt),
+       SUM(power_w * dt),
+       SUM(GREATEST(energy_j - previous_energy_j, 0) * dt / NULLIF(full_dt, 0))
+           FILTER (WHERE energy_j IS NOT NULL AND previous_energy_j IS NOT NULL)
+FROM (
+    SELECT attempt_id, gpu_uuid, utilization_pct, power_w, energy_j, previous_energy_j,
+           EXTRACT(EPOCH FROM time - previous_time) AS full_dt,
+           EXTRACT(EPOCH FROM LEAST(time, %(until)s::timestamptz)
+                              - GREATEST(previous_time, %(since)s::timestamptz)) AS dt
+    FROM (
+        SELECT attempt_id, gpu_uuid, time, utilization_pct, power_w, energy_j,
+               LAG(time) OVER gpu AS previous_time, LAG(energy_j) OVER gpu AS previous_energy_j
+        FROM jobs_telemetrysample
+        WHERE attempt_id = ANY(%(ids)s)
+        WINDOW gpu AS (PARTITION BY attempt_id, gpu_uuid ORDER BY time)
+    ) AS samples
+) AS intervals
+WHERE full_dt IS NOT NULL AND dt > 0
+GROUP BY attempt_id, gpu_uuid
+"""
+
+
+def attempt_usage(
+    attempt_ids: Iterable[int],
+    now: datetime | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> dict[int, Usage]:
+    """Usage per attempt within [since, until) (the whole life without them), in two queries
+    whatever the number of attempts and samples, so that a report over many jobs stays cheap.
+
+    A counter that went down (the GPU was reset) counts nothing for that interval rather than a
+    negative energy. A GPU without counter readings falls back on its power readings."""
     ids = list(attempt_ids)
     usage: dict[int, Usage] = defaultdict(Usage)
     if not ids:
         return usage
-    now = now or timezone.now()
+    params = {"ids": ids, "now": now or timezone.now(), "since": since, "until": until}
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT attempt_id, SUM(EXTRACT(EPOCH FROM COALESCE(released_at, %s) - created_at)) "
-            "FROM jobs_allocation WHERE attempt_id = ANY(%s) GROUP BY attempt_id",
-            [now, ids],
-        )
+        cursor.execute(ALLOCATED_SQL, params)
         for attempt_id, seconds in cursor.fetchall():
             usage[attempt_id].allocated_gpu_s = float(seconds or 0)
-        cursor.execute(
-            "SELECT attempt_id, SUM(utilization_pct / 100.0 * dt), SUM(power_w * dt), "
-            "MAX(energy_j) - MIN(energy_j) "
-            "FROM (SELECT attempt_id, gpu_uuid, utilization_pct, power_w, energy_j, "
-            "EXTRACT(EPOCH FROM time - LAG(time) OVER (PARTITION BY attempt_id, gpu_uuid ORDER BY time)) "
-            "AS dt "
-            "FROM jobs_telemetrysample WHERE attempt_id = ANY(%s)) AS samples "
-            "GROUP BY attempt_id, gpu_uuid",
-            [ids],
-        )
+        cursor.execute(TELEMETRY_SQL, params)
         for attempt_id, used, power_energy, counter_energy in cursor.fetchall():
             usage[attempt_id].used_gpu_s += float(used or 0)
             usage[attempt_id].energy_j += float(
@@ -72,26 +122,53 @@ def attempt_usage(attempt_ids: Iterable[int], now: datetime | None = None) -> di
     return usage
 
 
-def job_usage(job_ids: Iterable[int], now: datetime | None = None) -> dict[int, Usage]:
+def job_usage(
+    job_ids: Iterable[int],
+    now: datetime | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> dict[int, Usage]:
+    """Usage per job, its attempts summed: a requeued job is charged for every run."""
     from portal.jobs.models import JobAttempt
 
     attempts = dict(JobAttempt.objects.filter(job_id__in=list(job_ids)).values_list("pk", "job_id"))
     per_job: dict[int, Usage] = defaultdict(Usage)
-    for attempt_id, usage in attempt_usage(attempts, now).items():
+    for attempt_id, usage in attempt_usage(attempts, now, since, until).items():
         per_job[attempts[attempt_id]].add(usage)
     return per_job
+
+
+def with_usage_between(jobs: Any, since: datetime, until: datetime, now: datetime) -> Any:
+    """The `jobs` that held a GPU during [since, until), whenever their attempts were created:
+    a job that started before the period and ran through it is charged to it too."""
+    from portal.jobs.models import Allocation
+
+    if since >= until:
+        return jobs.none()
+    overlapping = (
+        Allocation.objects.filter(attempt__job=OuterRef("pk"), created_at__lt=until)
+        .annotate(held_until=Coalesce("released_at", Value(now, output_field=DateTimeField())))
+        .filter(held_until__gt=since)
+    )
+    return jobs.filter(Exists(overlapping))
 
 
 GROUPS = {"job": "pk", "vc": "virtual_cluster__name", "tenant": "tenant__name", "user": "owner__username"}
 
 
-def usage_report(jobs: Any, group: str) -> list[dict[str, Any]]:
-    """Usage of `jobs` (a queryset the caller has already limited to what it may see), summed per
-    job, VC, tenant or user, largest first."""
+def usage_report(
+    jobs: Any,
+    group: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    now: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Usage of `jobs` (a queryset the caller has already limited to what it may see) within
+    [since, until), summed per job, VC, tenant or user, largest first."""
     keys = dict(jobs.values_list("pk", GROUPS[group]))
     totals: dict[Any, Usage] = defaultdict(Usage)
     counts: dict[Any, int] = defaultdict(int)
-    for job_id, usage in job_usage(keys).items():
+    for job_id, usage in job_usage(keys, now, since, until).items():
         totals[keys[job_id]].add(usage)
     for key in keys.values():
         counts[key] += 1

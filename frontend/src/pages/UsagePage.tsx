@@ -69,7 +69,7 @@ export function UsagePage() {
         </div>
         <p className="hint" style={{ gridColumn: "1 / -1" }}>
           {data
-            ? `Jobs that had an attempt start between ${formatTime(data.since)} and ${formatTime(data.until)}, each with all of its GPU time.`
+            ? `The jobs that held GPUs between ${formatTime(data.since)} and ${formatTime(data.until)}, each for its GPU time in that period only.`
             : "Without dates: the last 30 days."}{" "}
           Used GPU-hours weigh each hour by the GPU's measured utilization.
         </p>

@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.jobs import services
-from portal.jobs.accounting import GROUPS, Usage, usage_report
+from portal.jobs.accounting import GROUPS, Usage, usage_report, with_usage_between
 from portal.jobs.api.serializers import (
     BulkSubmitResultSerializer,
     BulkSubmitSerializer,
@@ -220,7 +220,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
 class UsageView(APIView):
     """Accounting for a period: allocated GPU-hours, GPU-hours weighted by utilization, and
-    energy, per job, VC, tenant or user, over the jobs you may see. `?format=csv` for a file."""
+    energy, per job, VC, tenant or user, over the jobs you may see. `?format=csv` for a file.
+
+    Only usage inside [since, until) counts, so that monthly chargebacks add up: a job that ran
+    across the period's start or end is listed and charged for its part inside it."""
 
     renderer_classes = [JSONRenderer, CSVRenderer]
 
@@ -240,12 +243,8 @@ class UsageView(APIView):
         group = request.query_params.get("group", "vc")
         if group not in GROUPS:
             raise ValidationError({"group": [f"One of: {', '.join(sorted(GROUPS))}."]})
-        jobs = (
-            Job.objects.for_user(request.user)
-            .filter(attempts__created_at__gte=since, attempts__created_at__lt=until)
-            .distinct()
-        )
-        rows = usage_report(jobs, group)
+        jobs = with_usage_between(Job.objects.for_user(request.user), since, until, now)
+        rows = usage_report(jobs, group, since, until, now)
         if request.accepted_renderer.format == "csv":
             response = Response({"columns": [group, "jobs", *Usage().as_dict()], "results": rows})
             response["Content-Disposition"] = (
