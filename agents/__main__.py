@@ -57,7 +57,15 @@ def build_runtime(config: AgentConfig) -> Runtime:
     client = docker.DockerClient(base_url=config.docker_host) if config.docker_host else docker.from_env()
     # Simulated GPUs have made-up uuids that no NVIDIA runtime could hand out.
     request_gpus = config.request_gpus and not config.simulate
-    return DockerRuntime(client, policy, network_mode=config.network_mode, request_gpus=request_gpus)
+    return DockerRuntime(
+        client,
+        policy,
+        network_mode=config.network_mode,
+        request_gpus=request_gpus,
+        pull_policy=config.pull_policy,
+        pull_timeout_s=config.pull_timeout_s,
+        registry_auth=config.registry_auth,
+    )
 
 
 async def main_async(config: AgentConfig) -> None:
@@ -75,6 +83,10 @@ async def main_async(config: AgentConfig) -> None:
         toolkit_version=detect_toolkit_version() if config.runtime == "docker" else None,
         check_toolkit=real_gpus_in_containers,
     )
+    from agents.runtime.docker import DockerRuntime
+
+    if isinstance(runtime, DockerRuntime):
+        runtime.progress = agent.report_starting  # how far an image pull got, in the attempt's status
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

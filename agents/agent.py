@@ -525,8 +525,8 @@ class Agent:
             return  # the checkpoint flow decides the outcome (checkpointed or not) itself
         exit_code, reason, message = None, None, ""
         if observed is None:
-            if record.state == AttemptState.STARTING and record.attempt_id in self.starting:
-                return  # the runtime has not created it yet
+            if record.attempt_id in self.starting:
+                return  # the runtime has not created it yet; the start settles it (even if stopped)
             state, reason, message = (
                 AttemptState.VANISHED,
                 ExitReason.VANISHED,
@@ -692,7 +692,10 @@ class Agent:
             )
             for action in actions:
                 if isinstance(action, Start):
-                    await self.start_attempt(action.attempt)
+                    # In the background: an image pull may take minutes, and the sets that come
+                    # meanwhile (one that cancels this attempt, say) must not wait for it.
+                    self.record_start(action.attempt)
+                    self._spawn(self.start_attempt(action.attempt))
                 elif isinstance(action, Checkpoint):
                     if self.claim_checkpoint(action.attempt_id) is None:
                         self._spawn(self._checkpoint_quietly(action.attempt_id))
@@ -701,7 +704,8 @@ class Agent:
                         self._suspend_or_resume(action.attempt_id, isinstance(action, Suspend))
                     )
                 elif isinstance(action, Watch):
-                    self.ensure_log_pump(action.attempt_id)
+                    if action.attempt_id not in self.starting:  # no output before its start ends
+                        self.ensure_log_pump(action.attempt_id)
                 elif isinstance(action, Report):
                     record = self.store.get(action.attempt_id)
                     if record is not None:
@@ -710,13 +714,17 @@ class Agent:
                     await self.remove_attempt(action.attempt_id)
             await self.refresh()
 
-    async def start_attempt(self, attempt: DesiredAttempt) -> None:
+    def record_start(self, attempt: DesiredAttempt) -> None:
+        """Synchronous, so that the record exists before any other reconcile looks for it."""
         record = AttemptRecord(
             attempt_id=attempt.attempt_id, job_id=attempt.job_id, spec=attempt, state=AttemptState.STARTING
         )
         self.store.put(record)
         self.send(self._status(record))
         self.starting.add(attempt.attempt_id)
+
+    async def start_attempt(self, attempt: DesiredAttempt) -> None:
+        """Start an attempt that record_start recorded."""
         try:
             await self._prepare_resume(attempt)
             if attempt.checkpoint_dir is not None:
@@ -724,12 +732,24 @@ class Agent:
             await self.runtime.start(attempt)
         except (PolicyError, RuntimeFailure, ManifestError) as error:
             log.warning("attempt %s did not start: %s", attempt.attempt_id, error)
-            self._set_state(record, AttemptState.EXITED, reason=ExitReason.START_FAILED, message=str(error))
+            # Progress reports and a stop may have changed the record meanwhile; a stop that came
+            # while it was starting (a cancel during an image pull) makes it stopped, not failed.
+            record = self.store.get(attempt.attempt_id)
+            if record is not None and not record.state.is_terminal:
+                reason = record.stop_reason or ExitReason.START_FAILED
+                self._set_state(record, AttemptState.EXITED, reason=reason, message=str(error))
             return
         finally:
             self.starting.discard(attempt.attempt_id)
         self.ensure_log_pump(attempt.attempt_id)
         await self.refresh()
+
+    def report_starting(self, attempt_id: str, message: str) -> None:
+        """What a runtime says about a start that takes a while (an image pull), sent as the
+        starting attempt's status message: same state, a new generation, so the portal keeps it."""
+        record = self.store.get(attempt_id)
+        if record is not None and record.state == AttemptState.STARTING and record.message != message:
+            self._set_state(record, AttemptState.STARTING, message=message)
 
     async def _prepare_resume(self, attempt: DesiredAttempt) -> None:
         """A resuming attempt starts only from the committed checkpoint, checked against its

@@ -15,6 +15,13 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from agents.enroll import read_stored_token
+from agents.runtime.docker import (
+    DEFAULT_PULL_TIMEOUT_S,
+    PULL_POLICIES,
+    PullPolicy,
+    RegistryAuth,
+    read_registry_auth,
+)
 from agents.runtime.policy import VolumeRoot
 from agents.versions import MinimumVersions
 
@@ -36,6 +43,10 @@ class AgentConfig:
     volume_roots: tuple[VolumeRoot, ...] = ()
     checkpoint_roots: tuple[Path, ...] = ()
     allowed_registries: tuple[str, ...] = ()
+    pull_policy: PullPolicy = "missing"
+    pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S
+    # Read from --registry-auth at start; kept out of the repr, so a logged config holds no secret.
+    registry_auth: dict[str, RegistryAuth] = field(default_factory=dict, repr=False)
     docker_host: str | None = None
     network_mode: str = "none"
     request_gpus: bool = True
@@ -110,6 +121,27 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         metavar="HOST[:PORT]",
         help="image registry containers may come from (docker.io for Docker Hub); repeatable; default any",
     )
+    parser.add_argument(
+        "--pull",
+        choices=PULL_POLICIES,
+        default="missing",
+        help="when to pull a job's image before its container is created: missing (only when the "
+        "engine does not have it), always, or never",
+    )
+    parser.add_argument(
+        "--pull-timeout",
+        type=float,
+        default=DEFAULT_PULL_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"an image pull that takes longer fails its attempts (default {DEFAULT_PULL_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--registry-auth",
+        type=Path,
+        metavar="FILE",
+        help='registry credentials, a Docker config.json-style file: {"auths": {"HOST": {"auth": '
+        'base64("user:password")}}} or username and password fields; read once at start',
+    )
     parser.add_argument("--docker-host", help="Docker endpoint (default: DOCKER_HOST or the local socket)")
     parser.add_argument("--network-mode", default="none", help="network of job containers (never host)")
     parser.add_argument(
@@ -130,6 +162,14 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         parser.error("intervals must be at least 1 second")
     if args.network_mode == "host" or args.network_mode.startswith("container:"):
         parser.error("job containers never share the host's or another container's network")
+    if not args.pull_timeout > 0:
+        parser.error("--pull-timeout must be a positive number of seconds")
+    registry_auth = {}
+    if args.registry_auth is not None:
+        try:
+            registry_auth = read_registry_auth(args.registry_auth)
+        except ValueError as error:
+            parser.error(str(error))
     state_dir = args.state_dir.resolve()
     token, enroll_token = "", ""
     if args.token_file is not None:
@@ -152,6 +192,9 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         volume_roots=tuple(VolumeRoot.parse(text) for text in args.volume_root),
         checkpoint_roots=tuple(args.checkpoint_root) or (state_dir / "checkpoints",),
         allowed_registries=tuple(args.allowed_registry),
+        pull_policy=args.pull,
+        pull_timeout_s=args.pull_timeout,
+        registry_auth=registry_auth,
         docker_host=args.docker_host,
         network_mode=args.network_mode,
         request_gpus=not args.no_gpu_request,

@@ -7,25 +7,37 @@ allows, and sees exactly the GPUs allocated to it (an NVIDIA device request by u
 Container labels carry the job and attempt ids: they are how a restarted agent finds
 its containers again.
 
-The Docker SDK is synchronous; every call runs in a worker thread. Log streams use
-their own daemon threads, because they live as long as the container.
+Before it creates a container, the runtime pulls the image when its pull policy says so
+(``missing``: only when the engine does not have it; ``always``; ``never``). Attempts that need
+the same image at once share one pull, and each hears how far it got (``progress``). A pull has
+a time limit, and it ends when the last attempt waiting for it is stopped or gives up.
+
+The Docker SDK is synchronous; every call runs in a worker thread. Log streams and pulls use
+their own daemon threads, because they may last far longer than a worker thread should be held.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import json
 import logging
 import math
 import re
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import docker
 import docker.errors
+import docker.utils
 from docker.types import DeviceRequest
 from docker.types import Mount as DockerMount
 
@@ -38,7 +50,14 @@ from agents.runtime import (
     RuntimeFailure,
     UnknownAttemptError,
 )
-from agents.runtime.policy import HostPolicy, LaunchPlan, PolicyError, image_problems, prepare
+from agents.runtime.policy import (
+    HostPolicy,
+    LaunchPlan,
+    PolicyError,
+    image_problems,
+    image_registry,
+    prepare,
+)
 from agents.runtime.shell import READ_BYTES, SHELL_TERM, ShellEnded, ShellProcess, close_shell
 
 log = logging.getLogger("agents")
@@ -52,6 +71,17 @@ POLL_S = 0.1
 SHELL_PENDING_READS = 4
 SHELL_EXIT_WAIT_S = 5.0
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+
+PullPolicy = Literal["missing", "always", "never"]
+PULL_POLICIES: tuple[PullPolicy, ...] = ("missing", "always", "never")
+DEFAULT_PULL_TIMEOUT_S = 30 * 60.0
+PULL_PROGRESS_INTERVAL_S = 1.0  # the portal hears about a pull at most about this often
+MIB = 1024 * 1024
+# Docker Hub's other names, as they appear in a Docker config.json.
+_DOCKER_HUB_HOSTS = ("index.docker.io", "registry-1.docker.io", "registry.hub.docker.com")
+
+# (attempt id, message): how far a start that takes a while got, e.g. "pulling IMAGE: 3 of 9 MiB".
+ProgressCallback = Callable[[str, str], None]
 
 # What an ordinary training job may need, and nothing that reaches beyond its container:
 # no NET_RAW, MKNOD, SYS_CHROOT, SETFCAP, SETPCAP or AUDIT_WRITE from Docker's default set.
@@ -138,6 +168,217 @@ def container_config(
     return config
 
 
+class ImagePullError(RuntimeFailure):
+    """The attempt's image is not on this node and could not be pulled."""
+
+
+@dataclass(frozen=True)
+class RegistryAuth:
+    """Credentials for one registry. The password never shows in a repr, so never in a log."""
+
+    username: str
+    password: str = field(repr=False)
+
+
+def registry_host(server: str) -> str:
+    """The host (and port) a Docker config.json key names, as image references name it: keys may
+    be URLs (``https://index.docker.io/v1/``), and Docker Hub has several names."""
+    host = (urlsplit(server if "://" in server else f"//{server}").netloc or server).lower()
+    return "docker.io" if host in _DOCKER_HUB_HOSTS else host
+
+
+def read_registry_auth(path: Path) -> dict[str, RegistryAuth]:
+    """Registry credentials by host, from a Docker config.json-style file: ``{"auths": {host:
+    {"auth": base64("user:password")}}}``, or ``username`` and ``password`` fields instead of
+    ``auth``. Raises ValueError with a message that names the file and host, never a secret."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot read registry credentials from {path}: {error}") from None
+    auths = document.get("auths") if isinstance(document, dict) else None
+    if not isinstance(auths, dict):
+        raise ValueError(f'{path} has no "auths" object')
+    credentials = {}
+    for server, entry in auths.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"the entry for {server} in {path} is not an object")
+        if entry.get("auth"):
+            try:
+                decoded = base64.b64decode(str(entry["auth"]), validate=True).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                decoded = ""
+            username, colon, password = decoded.partition(":")
+            if not (username and colon):
+                raise ValueError(f'the "auth" of {server} in {path} is not base64 of user:password')
+        elif isinstance(entry.get("username"), str) and isinstance(entry.get("password"), str):
+            username, password = entry["username"], entry["password"]
+        else:
+            # Entries left by `docker login` with a credential helper hold nothing the agent can use.
+            raise ValueError(f'the entry for {server} in {path} has neither "auth" nor username and password')
+        credentials[registry_host(server)] = RegistryAuth(username, password)
+    return credentials
+
+
+def pull_reference(image: str) -> tuple[str, str]:
+    """(repository, tag or digest) of an image reference; the tag is ``latest`` when it has none."""
+    repository, tag = docker.utils.parse_repository_tag(image)
+    return repository, tag or "latest"
+
+
+def canonical_image(image: str) -> str:
+    """The reference as the engine stores it, and as pulls are shared: ``busybox`` is ``busybox:latest``."""
+    repository, tag = pull_reference(image)
+    return f"{repository}@{tag}" if tag.startswith("sha256:") else f"{repository}:{tag}"
+
+
+class PullProgress:
+    """How many bytes of the image's layers were downloaded, from the engine's progress events
+    (one per layer and step; layers the engine already has never report a size)."""
+
+    def __init__(self, reference: str) -> None:
+        self.reference = reference
+        self.layers: dict[str, tuple[int, int]] = {}  # layer id -> (bytes done, bytes in all)
+
+    def feed(self, event: dict[str, Any]) -> None:
+        layer, status = event.get("id"), event.get("status", "")
+        detail = event.get("progressDetail") or {}
+        if layer is None:
+            return
+        if status == "Downloading" and detail.get("total"):
+            self.layers[layer] = (int(detail.get("current", 0)), int(detail["total"]))
+        elif status in ("Download complete", "Pull complete") and layer in self.layers:
+            total = self.layers[layer][1]
+            self.layers[layer] = (total, total)
+
+    def message(self) -> str:
+        if not self.layers:
+            return f"pulling {self.reference}"
+        done = sum(done for done, _ in self.layers.values())
+        total = sum(total for _, total in self.layers.values())
+        return f"pulling {self.reference}: {done // MIB:,} of {math.ceil(total / MIB):,} MiB"
+
+
+class _PullStream:
+    """One engine pull, read in a daemon thread of its own: the engine's progress stream is a
+    blocking HTTP response that lives as long as the pull (minutes, for a large image).
+
+    ``abort`` shuts the response's socket down. The engine ends a pull whose client went away,
+    and the reading thread wakes up. Before the engine's first answer there is no socket yet:
+    the thread then closes the stream as soon as the answer comes.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        reference: str,
+        auth: RegistryAuth | None,
+        report: Callable[[str], None],
+    ) -> None:
+        self.api = api
+        self.reference = reference
+        self.auth = auth
+        self.report = report
+        self.progress = PullProgress(reference)
+        self._lock = threading.Lock()
+        self._response: Any = None
+        self._aborted = False
+        self._ended = False
+
+    def run(self, loop: asyncio.AbstractEventLoop, finished: asyncio.Future[None]) -> None:
+        """The thread: settles ``finished`` with None or an ImagePullError, whatever happens."""
+        error: ImagePullError | None = None
+        try:
+            self._read()
+        except ImagePullError as failure:
+            error = failure
+        except Exception as failure:  # the waiting start must always hear the end
+            error = ImagePullError(f"cannot pull {self.reference}: {failure}")
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(_settle, finished, error)
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._aborted or self._ended:
+                return
+            self._aborted = True
+            response = self._response
+        if response is not None:
+            _shut_down(response)
+
+    def _read(self) -> None:
+        repository, tag = pull_reference(self.reference)
+        auth_config = None
+        if self.auth is not None:
+            auth_config = {"username": self.auth.username, "password": self.auth.password}
+        try:
+            stream = self.api.pull(repository, tag, stream=True, decode=True, auth_config=auth_config)
+        except docker.errors.APIError as error:
+            raise ImagePullError(f"cannot pull {self.reference}: {error.explanation or error}") from None
+        response = _response_of(stream)
+        with self._lock:
+            self._response = response
+            aborted = self._aborted
+        try:
+            if aborted:
+                return
+            last_report = time.monotonic()  # the start already said "pulling"
+            for event in stream:
+                if "error" in event:
+                    raise ImagePullError(f"cannot pull {self.reference}: {event['error']}")
+                self.progress.feed(event)
+                if time.monotonic() - last_report >= PULL_PROGRESS_INTERVAL_S:
+                    last_report = time.monotonic()
+                    self.report(self.progress.message())
+        except ImagePullError:
+            raise
+        except Exception as error:
+            if self._aborted:
+                return  # abort() broke the read off; the waiting start knows why
+            message = f"cannot pull {self.reference}: the engine's answer broke off: {error}"
+            raise ImagePullError(message) from None
+        finally:
+            with self._lock:
+                self._ended = True
+            if response is not None:
+                with contextlib.suppress(Exception):
+                    response.close()
+
+
+def _response_of(stream: Any) -> Any:
+    """The HTTP response under docker-py's pull stream (a generator over ``response``): the one
+    handle that can end a pull from outside the thread that reads it."""
+    frame = getattr(stream, "gi_frame", None)
+    return frame.f_locals.get("response") if frame is not None else None
+
+
+def _shut_down(response: Any) -> None:
+    sock = getattr(getattr(response.raw, "connection", None), "sock", None)
+    with contextlib.suppress(OSError):
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+        else:
+            response.close()
+
+
+def _settle(future: asyncio.Future[None], error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+class _Pull:
+    """One pull of one image and the attempts waiting for it."""
+
+    def __init__(self, reference: str) -> None:
+        self.reference = reference
+        self.waiters: set[str] = set()
+        self.message = f"pulling {reference}"
+        self.task: asyncio.Task[None] | None = None
+
+
 class DockerRuntime:
     kind: Literal["docker"] = "docker"
 
@@ -148,16 +389,31 @@ class DockerRuntime:
         network_mode: str = "none",
         request_gpus: bool = True,
         user: str | None = None,
+        pull_policy: PullPolicy = "missing",
+        pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S,
+        registry_auth: Mapping[str, RegistryAuth] | None = None,
+        progress: ProgressCallback | None = None,
     ) -> None:
-        """``request_gpus=False`` is for engines without the NVIDIA runtime (tests, CI)."""
+        """``request_gpus=False`` is for engines without the NVIDIA runtime (tests, CI).
+        ``registry_auth`` maps registry hosts (as :func:`registry_host` names them) to credentials.
+        ``progress`` may also be set later: the agent that reports it is made after the runtime."""
         if network_mode in FORBIDDEN_NETWORK_MODES:
             raise ValueError(f"network mode {network_mode!r} is not allowed for job containers")
+        if pull_policy not in PULL_POLICIES:
+            raise ValueError(f"pull policy must be one of {', '.join(PULL_POLICIES)}, not {pull_policy!r}")
         self.client = client
         self.policy = policy
         self.network_mode = network_mode
         self.request_gpus = request_gpus
         self.user = user
+        self.pull_policy = pull_policy
+        self.pull_timeout_s = pull_timeout_s
+        self.registry_auth = {registry_host(host): auth for host, auth in (registry_auth or {}).items()}
+        self.progress = progress
         self._attempt_by_container: dict[str, str] = {}  # refreshed by list_attempts
+        self._pulls: dict[str, _Pull] = {}  # by canonical image reference
+        # Attempts inside start(); the future is set when a stop comes before the container exists.
+        self._starting: dict[str, asyncio.Future[None]] = {}
 
     async def info(self) -> RuntimeInfo:
         version = await asyncio.to_thread(self.client.version)
@@ -165,21 +421,122 @@ class DockerRuntime:
         return RuntimeInfo(kind="docker", version=version.get("Version"), runc_version=components.get("runc"))
 
     async def start(self, attempt: DesiredAttempt) -> None:
+        """Check, pull (per the pull policy), create, start. A stop that comes while the image is
+        pulled ends the start with RuntimeFailure, and no container is made."""
         problems = image_problems(attempt.image, self.policy.allowed_registries)
         if problems:
             raise PolicyError("; ".join(problems))
         plan = prepare(attempt, self.policy, checkpoint_target=CHECKPOINT_TARGET)
         config = container_config(plan, self.network_mode, self.request_gpus, user=self.user)
+        if attempt.attempt_id in self._starting:
+            raise RuntimeFailure(f"attempt {attempt.attempt_id} is already starting")
+        stopped = asyncio.get_running_loop().create_future()
+        self._starting[attempt.attempt_id] = stopped
         try:
-            container = await _engine(self.client.containers.create, **config)
-        except RuntimeFailure as error:
-            raise RuntimeFailure(f"cannot create the container: {error}") from error
+            await self._ensure_image(attempt.attempt_id, attempt.image, stopped)
+            if stopped.done():
+                raise RuntimeFailure("stopped before its container was created")
+            try:
+                container = await _engine(self.client.containers.create, **config)
+            except RuntimeFailure as error:
+                raise RuntimeFailure(f"cannot create the container: {error}") from error
+            if stopped.done():
+                with contextlib.suppress(RuntimeFailure):
+                    await _engine(container.remove, force=True)
+                raise RuntimeFailure("stopped before its container started")
+            try:
+                await _engine(container.start)
+            except RuntimeFailure as error:
+                with contextlib.suppress(RuntimeFailure):
+                    await _engine(container.remove, force=True)
+                raise RuntimeFailure(f"cannot start the container: {error}") from error
+        finally:
+            del self._starting[attempt.attempt_id]
+
+    async def _ensure_image(self, attempt_id: str, image: str, stopped: asyncio.Future[None]) -> None:
+        """Make sure the engine has the image, as the pull policy says; raises ImagePullError.
+
+        An attempt joins the pull of its image that is under way, if any. Whoever leaves a pull
+        (stopped, or its start cancelled) does not end it for the others; the last one does.
+        """
+        reference = canonical_image(image)
+        if self.pull_policy != "always" and await self._has_image(reference):
+            return
+        if self.pull_policy == "never":
+            raise ImagePullError(f"image {reference} is not on this node, and its pull policy is never")
+        if stopped.done():
+            raise RuntimeFailure(f"stopped before pulling {reference}")
+        pull = self._pulls.get(reference)
+        if pull is None:
+            pull = self._pulls[reference] = _Pull(reference)
+            pull.task = asyncio.create_task(self._pull(pull))
+            pull.task.add_done_callback(lambda task: self._pull_ended(pull, task))
+        assert pull.task is not None
+        pull.waiters.add(attempt_id)
+        self._report(attempt_id, pull.message)
         try:
-            await _engine(container.start)
-        except RuntimeFailure as error:
-            with contextlib.suppress(RuntimeFailure):
-                await _engine(container.remove, force=True)
-            raise RuntimeFailure(f"cannot start the container: {error}") from error
+            await asyncio.wait([pull.task, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            pull.waiters.discard(attempt_id)
+            if not pull.waiters and not pull.task.done():
+                log.info("nobody waits for the pull of %s any more; ending it", reference)
+                self._pulls.pop(reference, None)  # a later start pulls afresh
+                pull.task.cancel()
+        if stopped.done():
+            raise RuntimeFailure(f"stopped while pulling {reference}")
+        pull.task.result()
+
+    async def _has_image(self, reference: str) -> bool:
+        try:
+            await asyncio.to_thread(self.client.api.inspect_image, reference)
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as error:
+            raise RuntimeFailure(f"cannot look up image {reference}: {error.explanation or error}") from error
+        return True
+
+    async def _pull(self, pull: _Pull) -> None:
+        """Run one pull, within the pull time limit; cancelling this task ends the pull."""
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+        auth = self.registry_auth.get(image_registry(pull.reference).lower())
+
+        def report(message: str) -> None:  # in the pull's thread
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._progress_of, pull, message)
+
+        stream = _PullStream(self.client.api, pull.reference, auth, report)
+        log.info("pulling %s%s", pull.reference, " with credentials" if auth is not None else "")
+        threading.Thread(
+            target=stream.run, args=(loop, finished), name=f"pull-{pull.reference}", daemon=True
+        ).start()
+        began = loop.time()
+        try:
+            async with asyncio.timeout(self.pull_timeout_s):
+                await finished
+        except TimeoutError:
+            raise ImagePullError(
+                f"pulling {pull.reference} did not finish within {self.pull_timeout_s:g} s (pull timeout)"
+            ) from None
+        finally:
+            stream.abort()  # does nothing once the pull ended on its own
+        log.info("pulled %s in %.1f s", pull.reference, loop.time() - began)
+
+    def _pull_ended(self, pull: _Pull, task: asyncio.Task[None]) -> None:
+        if self._pulls.get(pull.reference) is pull:
+            del self._pulls[pull.reference]
+        if not task.cancelled():
+            task.exception()  # the waiters report a failure; this only marks it as seen
+
+    def _progress_of(self, pull: _Pull, message: str) -> None:
+        pull.message = message
+        for attempt_id in sorted(pull.waiters):
+            self._report(attempt_id, message)
+
+    def _report(self, attempt_id: str, message: str) -> None:
+        log.debug("attempt %s: %s", attempt_id, message)
+        if self.progress is not None:
+            self.progress(attempt_id, message)
 
     async def list_attempts(self) -> list[ObservedAttempt]:
         containers = await self._list({"label": f"{LABEL_MANAGED}=true"})
@@ -223,8 +580,22 @@ class DockerRuntime:
         raise RuntimeFailure(f"attempt {attempt_id} did not become {state}")
 
     async def stop(self, attempt_id: str, grace_s: float) -> int | None:
-        """Docker's stop: the stop signal (SIGTERM), SIGKILL after the grace period."""
-        container = await self._container(attempt_id)
+        """Docker's stop: the stop signal (SIGTERM), SIGKILL after the grace period.
+
+        An attempt still in start() is told to give up first, and its start is waited for: one
+        that waits for its image leaves the pull at once and makes no container (no exit code);
+        one whose container got started meanwhile is stopped as usual."""
+        stopped = self._starting.get(attempt_id)
+        if stopped is not None:
+            _settle(stopped, None)  # the start gives up at its next step, a pull it waits for at once
+            while attempt_id in self._starting:
+                await asyncio.sleep(POLL_S / 5)
+        try:
+            container = await self._container(attempt_id)
+        except UnknownAttemptError:
+            if stopped is not None:
+                return None  # not created yet, and now it never will be
+            raise
         if container.status == "paused":
             await _engine(container.unpause)  # a frozen container cannot handle SIGTERM
         if _observe(container.attrs).state.is_live:
