@@ -177,6 +177,17 @@ def gpus_of(job: Job) -> str:
     return f"{job.total_gpus} {job.gpu_model}".strip()
 
 
+def after_text(job: Job) -> str:
+    """What the jobs of `after` must have done for this one to start, after their list: a
+    portal newer than this client may know types it does not, which are shown as named."""
+    one = len(job.after) == 1
+    return {
+        "ok": "succeeded",
+        "any": "ended",
+        "notok": "ended, if it did not succeed" if one else "ended, if one did not succeed",
+    }.get(job.after_type, f"(after_type {job.after_type})")
+
+
 def index_ranges(indices: Sequence[int]) -> str:
     """[0, 1, 2, 3, 6] -> '0-3,6': a whole node reads as 0-7 instead of eight numbers."""
     parts: list[str] = []
@@ -447,7 +458,7 @@ def cmd_status(ctx: Context) -> int:
     )
     info.add_row("Submitted", f"{clock(job.submitted_at)} ({relative(job.submitted_at)})")
     if job.after:
-        info.add_row("Starts after", ", ".join(f"job {dep}" for dep in job.after) + " succeeded")
+        info.add_row("Starts after", ", ".join(f"job {dep}" for dep in job.after) + " " + after_text(job))
     if job.state == "pending":
         info.add_row("Why pending", escape(f"{job.pending_reason}: {job.pending_message}".strip(": ")))
         if job.queue_position is not None:
@@ -743,8 +754,7 @@ def cmd_usage(ctx: Context) -> int:
     table = listing((report.group.upper(), *figures), rows, numbers=figures)
     ctx.out.print(table)
     ctx.err.print(
-        f"[dim]Jobs that had an attempt start from {period}. "
-        "USED: GPU-hours weighted by the GPUs' measured utilization.[/]"
+        f"[dim]GPU time from {period} only. USED: GPU-hours weighted by the GPUs' measured utilization.[/]"
     )
     return OK
 

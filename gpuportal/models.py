@@ -83,7 +83,8 @@ class Job(_Resource):
     pending_message: str = ""
     estimated_start_at: datetime | None = None
     queue_position: int | None = None
-    after: list[int] = []  # jobs that must succeed first
+    after: list[int] = []  # jobs it waits for
+    after_type: str = "ok"  # how: ok (they succeeded), any (they ended), notok (one did not succeed)
     on_hold: bool = False  # held: it does not start until released
     topped_at: datetime | None = None  # moved to the front of its owner's jobs (gpuportal top)
     whatif_hints: list[WhatIfHint] = []

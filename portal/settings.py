@@ -194,6 +194,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobStateEnum": "portal.jobs.choices.JobState",
         "AttemptStateEnum": "portal.jobs.choices.AttemptState",
+        "DependencyTypeEnum": "portal.jobs.choices.DependencyType",
         "NodeStateEnum": "portal.cluster.choices.NodeState",
     },
 }

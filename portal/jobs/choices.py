@@ -84,6 +84,15 @@ def can_transition(from_state: str, to_state: str) -> bool:
     return to_state in ALLOWED_TRANSITIONS.get(from_state, frozenset())
 
 
+class DependencyType(models.TextChoices):
+    """How the jobs of a spec's `after` let it start, named as Slurm's dependency types (afterok,
+    afterany, afternotok) without the prefix, so that Slurm users recognise them."""
+
+    OK = "ok", "once they all succeeded"
+    ANY = "any", "once they all ended"
+    NOTOK = "notok", "once they all ended, if one did not succeed"
+
+
 class AttemptState(models.TextChoices):
     STARTING = "starting", "Starting"
     RUNNING = "running", "Running"
@@ -107,7 +116,8 @@ PENDING_REQUEUED = "requeued"
 # right after the jobs that waited for their victims, ahead of the rest of the queue.
 PENDING_MOVED = "moved"
 PENDING_BACKOFF = "backoff"
-# Waits for the jobs of its spec's `after` to succeed; the scheduler does not see it until then.
+# Waits for the jobs of its spec's `after` (to succeed, or to end: its `after_type`); the
+# scheduler does not see it until then.
 PENDING_DEPENDENCY = "dependency"
 # Held by its owner or a tenant admin (Slurm's `scontrol hold`) until released.
 PENDING_HELD = "held"

@@ -16,7 +16,7 @@ from django.db.models import Q
 from portal.accounts.choices import Role
 from portal.accounts.models import Tenant
 from portal.cluster.models import Gpu, Node, PriorityClass, VirtualCluster
-from portal.jobs.choices import AttemptState, JobState
+from portal.jobs.choices import AttemptState, DependencyType, JobState
 from portal.lib.encryption import EncryptedJSONField
 
 if TYPE_CHECKING:
@@ -79,7 +79,16 @@ class Job(models.Model):
         models.BigIntegerField(),
         default=list,
         blank=True,
-        help_text="Jobs that must succeed before this one may start (the spec's `after`).",
+        help_text="Jobs this one waits for (the spec's `after`); how, says after_type.",
+    )
+    after_type = models.CharField(
+        max_length=8,
+        choices=DependencyType.choices,
+        default=DependencyType.OK,
+        help_text=(
+            "When the jobs of `after` let it start: ok once they all succeeded, any once they all "
+            "ended, notok once they all ended if one did not succeed."
+        ),
     )
     notify_on = ArrayField(
         models.CharField(max_length=16),

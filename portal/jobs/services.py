@@ -31,6 +31,7 @@ from portal.jobs.choices import (
     PENDING_REQUEUED,
     TERMINAL_STATES,
     AttemptState,
+    DependencyType,
     JobState,
     can_transition,
 )
@@ -339,12 +340,14 @@ def pending_job(user: Any, spec: dict[str, Any], checked: dict[Any, Any] | None 
         job_id = admission.job_id
     pc = spec["priority"]
     after = sorted(set(spec.get("after", [])))
-    if after and ("after", *after) not in checked:  # a job array names them once
-        check_dependencies(user, after)
-        checked[("after", *after)] = True
+    after_type = spec.get("after_type", DependencyType.OK)
+    if after and ("after", after_type, *after) not in checked:  # a job array names them once
+        check_dependencies(user, after, after_type)
+        checked[("after", after_type, *after)] = True
     return Job(
         pk=job_id,
         after=after,
+        after_type=after_type,
         notify_on=spec.get("notify", []),
         tenant=vc.tenant,
         virtual_cluster=vc,
@@ -372,31 +375,100 @@ ENDED_WITHOUT_SUCCESS = {
 }
 
 
-def check_dependencies(user: Any, job_ids: Sequence[int]) -> None:
-    """Raises JobRejected unless every job of a spec's `after` is one the user may see and none
-    has ended without succeeding (then the job could never start). A job of another tenant
-    reads as one that does not exist."""
+def jobs_text(job_ids: Sequence[int], limit: int = 5) -> str:
+    """'job 12', 'jobs 12 and 13', 'jobs 1, 2, 3, 4, 5 and 7 more': short enough for a reason
+    even when a spec names its 64 jobs."""
+    if len(job_ids) == 1:
+        return f"job {job_ids[0]}"
+    shown = [str(job_id) for job_id in job_ids[:limit]]
+    if len(job_ids) > limit:
+        return f"jobs {', '.join(shown)} and {len(job_ids) - limit} more"
+    return f"jobs {', '.join(shown[:-1])} and {shown[-1]}"
+
+
+def check_dependencies(user: Any, job_ids: Sequence[int], after_type: str = DependencyType.OK) -> None:
+    """Raises JobRejected unless every job of a spec's `after` is one the user may see and the
+    job could still start: for `ok` none has ended without succeeding, for `notok` not all of
+    them have succeeded. A job of another tenant reads as one that does not exist."""
     states = dict(Job.objects.for_user(user).filter(pk__in=job_ids).values_list("pk", "state"))
     for job_id in job_ids:
         state = states.get(job_id)
         if state is None:
             raise JobRejected("after", f"No job {job_id}.")
-        if state in TERMINAL_STATES and state != JobState.SUCCEEDED:
+        if after_type == DependencyType.OK and state in TERMINAL_STATES and state != JobState.SUCCEEDED:
             ended = ENDED_WITHOUT_SUCCESS[state]
             raise JobRejected("after", f"Job {job_id} {ended}, so this job could never start.")
+    if after_type == DependencyType.NOTOK and all(state == JobState.SUCCEEDED for state in states.values()):
+        done = jobs_text(job_ids).capitalize() + (" all" if len(job_ids) > 1 else "")
+        raise JobRejected("after", f"{done} succeeded, so this job (after_type notok) could never start.")
+
+
+@dataclass(frozen=True)
+class DependencyVerdict:
+    """Where a pending job with `after` stands: it can never start (`cancel_reason`), it waits
+    for `open_deps`, or (neither) it may start."""
+
+    cancel_reason: str = ""
+    open_deps: tuple[int, ...] = ()
+
+
+def dependency_verdict(after_type: str, after: Sequence[int], states: Mapping[int, str]) -> DependencyVerdict:
+    """What the states of a job's `after` jobs mean for it, by its after_type. A job that is
+    gone counts as cancelled. `ok` gives up at the first job that ended otherwise (nothing can
+    make it start then); `any` and `notok` wait until every job ended, so that a cleanup does
+    not start while one of them still runs."""
+    ended = {dep: states.get(dep, JobState.CANCELLED) for dep in after}
+    if after_type == DependencyType.OK:
+        for dep, state in ended.items():
+            if state in TERMINAL_STATES and state != JobState.SUCCEEDED:
+                return DependencyVerdict(
+                    cancel_reason=f"job {dep}, which it depends on, {ENDED_WITHOUT_SUCCESS[state]}"
+                )
+        return DependencyVerdict(open_deps=tuple(dep for dep in after if ended[dep] != JobState.SUCCEEDED))
+    open_deps = tuple(dep for dep in after if ended[dep] not in TERMINAL_STATES)
+    if open_deps or after_type == DependencyType.ANY:
+        return DependencyVerdict(open_deps=open_deps)
+    if all(state == JobState.SUCCEEDED for state in ended.values()):
+        every = " all" if len(after) > 1 else ""
+        return DependencyVerdict(
+            cancel_reason=f"{jobs_text(after)}, which it depends on,{every} succeeded "
+            "(after_type notok: it was to start only if one did not)"
+        )
+    return DependencyVerdict()
+
+
+def dependency_message(
+    after_type: str, after: Sequence[int], open_deps: Sequence[int], states: Mapping[int, str]
+) -> str:
+    """The pending message of a job waiting for `open_deps`: which jobs, where each stands,
+    and what it waits for them to do."""
+    listed = ", ".join(f"job {dep} ({states[dep]})" for dep in open_deps[:5])
+    more = f" and {len(open_deps) - 5} more" if len(open_deps) > 5 else ""
+    if after_type == DependencyType.OK:
+        return f"Waiting for {listed}{more} to succeed."
+    if after_type == DependencyType.ANY:
+        return f"Waiting for {listed}{more} to end."
+    not_ok = [dep for dep in after if states.get(dep, JobState.CANCELLED) in ENDED_WITHOUT_SUCCESS]
+    if not_ok:
+        ended = ENDED_WITHOUT_SUCCESS[states.get(not_ok[0], JobState.CANCELLED)]
+        return f"Waiting for {listed}{more} to end; job {not_ok[0]} {ended}, so it starts then."
+    return (
+        f"Waiting for {listed}{more} to end; it starts only if a job it depends on fails, "
+        "is cancelled or times out."
+    )
 
 
 def settle_dependencies() -> set[int]:
-    """Pending jobs whose `after` jobs have not all succeeded: those that can still start wait,
-    with reason `dependency` naming what they wait for; those with one that ended otherwise are
-    cancelled. Returns the ids of the waiting ones, which the scheduler does not see. Runs in
-    the scheduling cycle's transaction, once per cycle (no savepoint of its own)."""
+    """Pending jobs whose `after` jobs do not yet let them start (by their after_type): those
+    that can still start wait, with reason `dependency` naming what they wait for; those that
+    never can are cancelled. Returns the ids of the waiting ones, which the scheduler does not
+    see. Runs in the scheduling cycle's transaction, once per cycle (no savepoint of its own)."""
     # Every cycle: only what is read here (not the spec, nor the secrets, which would be
     # decrypted for each waiting job each time).
     waiting = list(
         Job.objects.filter(state=JobState.PENDING)
         .exclude(after=[])
-        .only("state", "version", "after", "on_hold", "pending_message", "tenant_id")
+        .only("state", "version", "after", "after_type", "on_hold", "pending_message", "tenant_id")
     )
     if not waiting:
         return set()
@@ -410,13 +482,11 @@ def settle_dependencies() -> set[int]:
         for job in waiting:
             if job.pk in cancelled:
                 continue
-            for dep in job.after:
-                state = states.get(dep, JobState.CANCELLED)  # a job gone is as good as cancelled
-                if state in TERMINAL_STATES and state != JobState.SUCCEEDED:
-                    cancelled[job.pk] = f"job {dep}, which it depends on, {ENDED_WITHOUT_SUCCESS[state]}"
-                    states[job.pk] = JobState.CANCELLED
-                    changed = True
-                    break
+            reason = dependency_verdict(job.after_type, job.after, states).cancel_reason
+            if reason:
+                cancelled[job.pk] = reason
+                states[job.pk] = JobState.CANCELLED
+                changed = True
     held: set[int] = set()
     for job in waiting:
         if job.pk in cancelled:
@@ -429,15 +499,13 @@ def settle_dependencies() -> set[int]:
                 **ended_pending_fields(f"DEPENDENCY: {reason}"),
             )
             continue
-        open_deps = [dep for dep in job.after if states.get(dep) != JobState.SUCCEEDED]
+        open_deps = dependency_verdict(job.after_type, job.after, states).open_deps
         if not open_deps:
             continue
         held.add(job.pk)
         if job.on_hold:
             continue  # its reason says it is held; that comes first
-        listed = ", ".join(f"job {dep} ({states[dep]})" for dep in open_deps[:5])
-        more = f" and {len(open_deps) - 5} more" if len(open_deps) > 5 else ""
-        message = f"Waiting for {listed}{more} to succeed."
+        message = dependency_message(job.after_type, job.after, open_deps, states)
         if job.pending_message != message:
             Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(
                 pending_reason=PENDING_DEPENDENCY,

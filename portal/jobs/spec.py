@@ -24,6 +24,7 @@ from agents.runtime.policy import image_problems
 from portal.accounts.choices import Role
 from portal.accounts.models import Membership, Tenant
 from portal.cluster.models import Flavor, PriorityClass, VirtualCluster
+from portal.jobs.choices import DependencyType
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -248,9 +249,20 @@ class JobSpecSerializer(StrictSerializer):
         max_length=MAX_DEPENDENCIES,
         default=list,
         help_text=(
-            "Ids of jobs that must succeed first (Slurm's afterok): the job waits, with reason "
-            "`dependency`, until they all have, and is cancelled if one of them ends otherwise. "
-            "Jobs you may see only."
+            "Ids of jobs to wait for, with reason `dependency`; by default (after_type ok, Slurm's "
+            "afterok) until they all succeeded, and the job is cancelled if one of them ends "
+            "otherwise. Jobs you may see only."
+        ),
+    )
+    after_type = serializers.ChoiceField(
+        choices=DependencyType.choices,
+        required=False,
+        error_messages={"invalid_choice": "'{input}' is not a dependency type: give ok, any or notok."},
+        help_text=(
+            "When the jobs of `after` let this one start (Slurm's afterok, afterany, afternotok): "
+            "ok (the default) once they all succeeded; any once they all ended, however; notok "
+            "once they all ended if one failed, was cancelled or timed out, and if they all "
+            "succeeded the job is cancelled."
         ),
     )
     notify = serializers.ListField(
@@ -416,6 +428,9 @@ class JobSpecSerializer(StrictSerializer):
                 "Only a job of more than one GPU per replica can spread; this one has "
                 f"{gpus_per_replica} per replica."
             )
+        if "after_type" in attrs and not attrs.get("after"):
+            # Most likely the jobs were forgotten: a type alone would wait for nothing.
+            errors["after_type"] = "No jobs to wait for: list them in after, or leave after_type out."
         both = sorted(set(attrs.get("env", {})) & set(attrs.get("secret_env", {})))
         if both:
             errors["secret_env"] = f"{', '.join(both)} also in env: give each variable once."

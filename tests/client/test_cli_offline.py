@@ -24,7 +24,7 @@ from gpuportal.client import (
     Unreachable,
     flatten_errors,
 )
-from gpuportal.models import JobDetail, LogLine
+from gpuportal.models import Job, JobDetail, LogLine
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -290,3 +290,15 @@ def test_gpu_indices_read_as_ranges() -> None:
     assert cli.index_ranges(list(range(8))) == "0-7"
     assert cli.index_ranges([5]) == "5"
     assert cli.index_ranges([]) == ""
+
+
+def test_starts_after_says_what_the_jobs_it_waits_for_must_do() -> None:
+    def job(after: list[int], **extra: Any) -> Job:
+        return Job(id=9, name="j", vc="v", owner="o", state="pending", after=after, **extra)
+
+    assert cli.after_text(job([4])) == "succeeded"  # a portal that sends no after_type
+    assert cli.after_text(job([4, 5], after_type="ok")) == "succeeded"
+    assert cli.after_text(job([4, 5], after_type="any")) == "ended"
+    assert cli.after_text(job([4], after_type="notok")) == "ended, if it did not succeed"
+    assert cli.after_text(job([4, 5], after_type="notok")) == "ended, if one did not succeed"
+    assert cli.after_text(job([4], after_type="later")) == "(after_type later)"

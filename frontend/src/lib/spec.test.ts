@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { applyHint, emptyForm, errorsFor, formToSpec, parseSpecYaml, specToForm, specToYaml, unplacedErrors } from "./spec";
+import { afterText, applyHint, emptyForm, errorsFor, formToSpec, parseSpecYaml, specToForm, specToYaml, unplacedErrors } from "./spec";
 
 describe("form and spec", () => {
   it("leaves defaults out of the spec", () => {
@@ -30,9 +30,11 @@ describe("form and spec", () => {
       timeLimit: "36h",
       timeSliceable: true,
       after: "41, 42",
+      afterType: "notok",
       notify: ["failed", "running"],
     };
     expect(formToSpec(form).after).toEqual([41, 42]);
+    expect(formToSpec(form).after_type).toBe("notok");
     expect(formToSpec(form).notify).toEqual(["running", "failed"]); // in the form's order
     const yaml = specToYaml(formToSpec(form));
     const parsed = parseSpecYaml(yaml);
@@ -52,6 +54,28 @@ describe("form and spec", () => {
     const { form, extra } = specToForm(parsed.spec);
     expect(extra).toEqual({ resources: { gpus: 2 }, bogus: 1 });
     expect(formToSpec(form, extra)).toMatchObject({ resources: { gpus: 2 }, bogus: 1 });
+  });
+
+  it("leaves the default after_type out and keeps one it does not know", () => {
+    expect(formToSpec({ ...emptyForm(), after: "41" })).not.toHaveProperty("after_type");
+    const parsed = parseSpecYaml("name: x\nvc: v\ncommand: c\nafter: [41]\nafter_type: sometimes\n");
+    expect(parsed.ok).toBe(true);
+    if (!parsed.ok) return;
+    const { form, extra } = specToForm(parsed.spec);
+    expect(form.afterType).toBe("sometimes");
+    expect(formToSpec(form, extra).after_type).toBe("sometimes");
+  });
+
+  it("says what the jobs of after must do", () => {
+    expect(afterText(undefined, 2)).toBe("succeeded");
+    expect(afterText("ok", 2)).toBe("succeeded");
+    expect(afterText("any", 2)).toBe("ended");
+    expect(afterText("notok", 1)).toBe("ended, if it did not succeed");
+    expect(afterText("notok", 2)).toBe("ended, if one did not succeed");
+  });
+
+  it("places an after_type error under its field", () => {
+    expect(unplacedErrors({ after_type: ["No jobs to wait for."] })).toEqual([]);
   });
 
   it("sends numbers that are not numbers as typed", () => {

@@ -35,8 +35,10 @@ export interface SpecForm {
   timeSliceable: boolean;
   /** States to be mailed about (the spec's `notify`), in the API's names. */
   notify: string[];
-  /** Ids of jobs that must succeed first, comma- or space-separated. */
+  /** Ids of jobs to wait for, comma- or space-separated. */
   after: string;
+  /** When they let the job start (the spec's `after_type`): ok, any or notok. */
+  afterType: string;
 }
 
 export type SpecObject = Record<string, unknown>;
@@ -56,8 +58,25 @@ export const FORM_KEYS = [
   "time_limit",
   "time_sliceable",
   "after",
+  "after_type",
   "notify",
 ];
+
+/** The spec's `after_type` values, with what each means, in the order the form offers them. */
+export const AFTER_TYPES: [string, string][] = [
+  ["ok", "all succeeded (else it is cancelled)"],
+  ["any", "all ended, however"],
+  ["notok", "all ended, one of them without success (else it is cancelled)"],
+];
+
+/** What a job's `after` jobs must have done for it to start, said after their list ("#41, #42
+ * succeeded"); a type this page does not know is shown as named. */
+export function afterText(afterType: string | undefined, count: number): string {
+  if (afterType === undefined || afterType === "ok") return "succeeded";
+  if (afterType === "any") return "ended";
+  if (afterType === "notok") return count === 1 ? "ended, if it did not succeed" : "ended, if one did not succeed";
+  return `(after_type ${afterType})`;
+}
 
 /** The states a spec's `notify` may name, in the order the form offers them. */
 export const NOTIFY_STATES = ["running", "succeeded", "failed", "cancelled", "timed-out", "preempted"];
@@ -83,6 +102,7 @@ export function emptyForm(): SpecForm {
     timeLimit: "",
     timeSliceable: false,
     after: "",
+    afterType: "ok",
     notify: [],
   };
 }
@@ -134,6 +154,8 @@ export function formToSpec(form: SpecForm, extra: SpecObject = {}): SpecObject {
   if (form.timeSliceable) spec.time_sliceable = true;
   const after = form.after.split(/[\s,]+/).filter(Boolean).map(numberOrText);
   if (after.length) spec.after = after;
+  // ok is the default; a type without jobs is still sent, for the API to say what is missing.
+  if (form.afterType !== "ok") spec.after_type = form.afterType;
   if (form.notify.length) {
     // In the form's order; a state it does not offer (typed in YAML) is kept for the API to refuse.
     spec.notify = [...NOTIFY_STATES.filter((s) => form.notify.includes(s)), ...form.notify.filter((s) => !NOTIFY_STATES.includes(s))];
@@ -191,6 +213,7 @@ export function specToForm(spec: SpecObject): { form: SpecForm; extra: SpecObjec
   if (spec.time_limit !== undefined && spec.time_limit !== null) form.timeLimit = text(spec.time_limit);
   form.timeSliceable = spec.time_sliceable === true;
   if (Array.isArray(spec.after)) form.after = spec.after.map(text).join(", ");
+  if (spec.after_type !== undefined) form.afterType = text(spec.after_type);
   if (Array.isArray(spec.notify)) form.notify = spec.notify.map(text);
   return { form, extra };
 }

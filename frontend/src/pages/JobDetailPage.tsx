@@ -10,6 +10,7 @@ import { LogView, useLogLines } from "../components/LogView";
 import { ShellPanel } from "../components/ShellPanel";
 import { type Sample, TelemetryCharts, toSample } from "../components/TelemetryCharts";
 import { elapsedSeconds, formatDuration, formatRelative, formatTime } from "../lib/format";
+import { afterText } from "../lib/spec";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
@@ -402,7 +403,7 @@ function JobSummary({ job, onChanged }: { job: JobDetail; onChanged: () => void 
             <Link href={`/jobs/${id}`}>#{id}</Link>
           </span>
         ))}{" "}
-        succeeded
+        {afterText(job.after_type, job.after.length)}
       </>,
     ]);
   }

@@ -5,6 +5,7 @@ import type { ClusterNode, Flavor, JobDetail, PriorityClass, VirtualCluster, Wha
 import { ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { replicasThatFitNow } from "../lib/cluster";
 import {
+  AFTER_TYPES,
   NOTIFY_STATES,
   type SpecForm,
   type SpecObject,
@@ -367,20 +368,32 @@ function SpecFields({ form, update, choices, errors, tenants }: FieldsProps) {
             aria-describedby={describedBy("f-time-limit", errors("time_limit"), true)}
           />
         </Field>
-        <Field
-          id="f-after"
-          label="Start after jobs"
-          errors={errors("after")}
-          hint="Ids of jobs that must succeed first, e.g. 41, 42. If one does not, this job is cancelled."
-        >
-          <input
-            id="f-after"
-            value={form.after}
-            placeholder="41, 42"
-            onChange={(e) => update({ after: e.target.value })}
-            aria-describedby={describedBy("f-after", errors("after"), true)}
-          />
-        </Field>
+        <div className="field-row">
+          <Field id="f-after" label="Start after jobs" errors={errors("after")} hint="Ids of jobs to wait for, e.g. 41, 42.">
+            <input
+              id="f-after"
+              value={form.after}
+              placeholder="41, 42"
+              onChange={(e) => update({ after: e.target.value })}
+              aria-describedby={describedBy("f-after", errors("after"), true)}
+            />
+          </Field>
+          <Field id="f-after-type" label="Once they have" errors={errors("after_type")}>
+            <select
+              id="f-after-type"
+              value={form.afterType}
+              onChange={(e) => update({ afterType: e.target.value })}
+              aria-describedby={describedBy("f-after-type", errors("after_type"))}
+            >
+              {!AFTER_TYPES.some(([value]) => value === form.afterType) && <option value={form.afterType}>{form.afterType}</option>}
+              {AFTER_TYPES.map(([value, meaning]) => (
+                <option key={value} value={value}>
+                  {meaning}
+                </option>
+              ))}
+            </select>
+          </Field>
+        </div>
         <div className="field-row">
           <Field id="f-retries" label="Retries" errors={errors("retries")}>
             <input id="f-retries" inputMode="numeric" value={form.retryLimit} onChange={(e) => update({ retryLimit: e.target.value })} />

@@ -95,6 +95,7 @@ class JobSerializer(serializers.ModelSerializer):
             "on_hold",
             "topped_at",
             "after",
+            "after_type",
             "whatif_hints",
             "retries_left",
             "exit_code",
