@@ -26,7 +26,7 @@ from rich.table import Table
 
 from gpuportal import __version__, config
 from gpuportal.client import MAX_ARRAY_JOBS, AuthError, BadRequest, NotFound, PortalClient, PortalError
-from gpuportal.models import Job, JobDetail, JobEvent, LogLine, Quota, VirtualCluster
+from gpuportal.models import Attempt, DryRun, Job, JobDetail, JobEvent, LogLine, Quota, VirtualCluster
 from gpuportal.shell import run_shell
 
 OK = 0
@@ -39,7 +39,7 @@ CONFLICT = 6
 INTERRUPTED = 130
 
 EXIT_CODES = {
-    OK: "success (for submit --follow and logs -f: the job succeeded)",
+    OK: "success (submit --follow and logs -f: the job succeeded; submit --dry-run: the spec is accepted)",
     JOB_FAILED: (
         "the job failed, was cancelled or timed out (submit --follow, logs -f); shell: refused or cut off"
     ),
@@ -302,6 +302,8 @@ def cmd_submit(ctx: Context) -> int:
     if args.follow and args.output == "json":
         raise UsageError("-o json prints the submitted job and ends; leave out --follow")
     try:
+        if args.dry_run:
+            return report_dry_run(ctx, ctx.client().dry_run(text))
         if args.array is not None:
             return report_array(ctx, ctx.client().submit_job_array(text, args.array))
         job = ctx.client().submit_job(text)
@@ -322,6 +324,37 @@ def cmd_submit(ctx: Context) -> int:
     if not args.follow:
         return OK
     return follow(ctx, job.id)
+
+
+def report_dry_run(ctx: Context, verdict: DryRun) -> int:
+    """The portal's verdict on stdout, as the answer asked for: one line, then a line per hint
+    (not with -q). Accepted is a success whether the job would start now or wait."""
+    if ctx.args.output == "json":
+        print_json(ctx, verdict.model_dump(mode="json"))
+        return OK
+    ctx.out.print(escape(verdict_line(verdict)))
+    if not ctx.args.quiet:
+        for hint in verdict.hints:
+            ctx.out.print(escape(f"  would help: {hint.message}"))
+    return OK
+
+
+def verdict_line(verdict: DryRun, now: datetime | None = None) -> str:
+    """'would start now on a100-node-1:0,1', or 'would wait: REASON, MESSAGE; position N;
+    estimated start 14:05 (in 2h10m)', the words `submit --follow` uses for a waiting job."""
+    if verdict.would_start_now:
+        line = f"would start now on {verdict.placement}"
+        if verdict.borrowed_gpus:
+            borrowed = counted(verdict.borrowed_gpus, "GPU")
+            line += f" ({borrowed} borrowed beyond its VC's guarantee: preemptible)"
+        return line
+    line = f"would wait: {verdict.reason}, {verdict.message.rstrip('.')}"
+    if verdict.queue_position is not None:
+        line += f"; position {verdict.queue_position}"
+    start = verdict.estimated_start
+    if start is None:
+        return line + "; no estimated start"
+    return line + f"; estimated start {wall_time(start, now)} ({relative(start, now)})"
 
 
 def report_array(ctx: Context, job_ids: list[int]) -> int:
@@ -353,7 +386,8 @@ def follow(ctx: Context, job_id: int, *, attempt: int | None = None) -> int:
                 report_event(ctx, job_id, item)
             else:
                 report_waiting(ctx, last, item)
-                spinner.update(f"job {job_id}: {item.state}")
+                progress = start_progress(item)
+                spinner.update(f"job {job_id}: {item.state}" + (f" — {escape(progress)}" if progress else ""))
                 last = item
     assert last is not None
     return finish(ctx, last)
@@ -390,6 +424,32 @@ def report_waiting(ctx: Context, before: JobDetail | None, job: JobDetail) -> No
     if job.estimated_start_at:
         detail += f"; estimated start {relative(job.estimated_start_at)}"
     ctx.err.print(f"[dim]{datetime.now().strftime('%H:%M:%S')}[/]   {escape(detail)}")
+
+
+def start_progress(job: JobDetail) -> str:
+    """What the current attempt's starting replicas say (an image pull's progress), for the
+    spinner of a follow: it changes about once a second, too often for lines of its own."""
+    attempt = job.latest_attempt
+    if attempt is None or job.ended:
+        return ""
+    saying = [r for r in attempt.replicas_status if r.state == "starting" and r.message]
+    if not saying:
+        return ""
+    first = saying[0]
+    more = f" (and {len(saying) - 1} more)" if len(saying) > 1 else ""
+    return f"replica {first.replica} on {first.node}: {first.message}{more}"
+
+
+def replicas_worth_showing(job: JobDetail) -> Attempt | None:
+    """The current attempt, while one of its replicas is not running yet or when one has
+    something to say (a start's progress, why it could not start); replicas that all run
+    quietly need no table."""
+    attempt = job.latest_attempt
+    if attempt is None:
+        return None
+    replicas = attempt.replicas_status
+    waiting = not job.ended and any(r.state in (None, "starting") for r in replicas)
+    return attempt if waiting or any(r.message for r in replicas) else None
 
 
 def finish(ctx: Context, job: JobDetail) -> int:
@@ -478,6 +538,22 @@ def cmd_status(ctx: Context) -> int:
             "Exit", escape(f"{job.exit_code if job.exit_code is not None else '-'} {job.end_reason}")
         )
     ctx.out.print(info)
+    if (current := replicas_worth_showing(job)) is not None:
+        title = f"Replicas of attempt {current.number}"
+        table = Table(title=title, title_justify="left", box=None, header_style="bold")
+        for column in ("#", "NODE", "STATE", "EXIT"):
+            table.add_column(column, no_wrap=True)
+        table.add_column("MESSAGE", overflow="fold")
+        for replica in current.replicas_status:
+            table.add_row(
+                str(replica.replica),
+                escape(replica.node or "-"),
+                styled_state(replica.state) if replica.state else "[dim]not reported[/]",
+                "-" if replica.exit_code is None else str(replica.exit_code),
+                escape(replica.message),
+            )
+        ctx.out.print()
+        ctx.out.print(table)
     if job.attempts:
         attempts = Table(title="Attempts", title_justify="left", box=None, header_style="bold")
         # Times and states stay whole on a narrow terminal; a long placement or reason folds.
@@ -826,7 +902,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"submit N copies (1 to {MAX_ARRAY_JOBS}) as a job array, NAME-0 .. NAME-(N-1), each "
         "with its index in ARRAY_INDEX; prints their ids on one line",
     )
-    submit.add_argument("--quiet", "-q", action="store_true", help="print only the job id(s)")
+    one_or_many.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="submit nothing: say whether the portal would accept the spec, and whether the job would "
+        "start now or why it would wait, until when, and what would help",
+    )
+    submit.add_argument(
+        "--quiet", "-q", action="store_true", help="print only the job id(s); --dry-run: only the verdict"
+    )
     add_output(submit)
 
     listing = add("list", cmd_list, "list your jobs, newest first")

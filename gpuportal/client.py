@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from gpuportal.models import (
     TERMINAL_STATES,
     ApiToken,
+    DryRun,
     Flavor,
     Job,
     JobDetail,
@@ -295,16 +296,12 @@ class PortalClient:
 
     def submit_job(self, spec: str | dict[str, Any]) -> JobDetail:
         """Submit a job spec: YAML text exactly as the web form takes it, or a mapping."""
-        if isinstance(spec, str):
-            body = self.request(
-                "POST",
-                "/jobs/",
-                content=spec.encode(),
-                headers={"Content-Type": "application/yaml"},
-            )
-        else:
-            body = self.request("POST", "/jobs/", json=spec)
-        return JobDetail.model_validate(body)
+        return JobDetail.model_validate(self.request("POST", "/jobs/", **spec_body(spec)))
+
+    def dry_run(self, spec: str | dict[str, Any]) -> DryRun:
+        """Test a job spec as :meth:`submit_job` takes it, without submitting it: what the next
+        scheduling cycle would do with it. A spec the portal would refuse raises as there."""
+        return DryRun.model_validate(self.request("POST", "/jobs/dry-run/", **spec_body(spec)))
 
     def submit_job_array(self, spec: str | dict[str, Any], count: int) -> list[int]:
         """Submit ``count`` copies of one job spec as a job array, all or none: copy i is named
@@ -377,7 +374,8 @@ class PortalClient:
         """Yield log lines as they arrive, across attempts, until the job has ended.
 
         Also yields the job (a :class:`JobDetail`) whenever its state, attempt or pending
-        reason changes, and with ``events=True`` every new :class:`JobEvent` (polling the job
+        reason changes, or what its attempt's replicas report (a start's progress, such as an
+        image pull's), and with ``events=True`` every new :class:`JobEvent` (polling the job
         alone can miss a state that lasted less than one poll). Lines of an attempt are drained
         before moving on to the next attempt, and once more after the job ended, because the
         agent may deliver the last lines after the final status; the event that ended the job
@@ -410,8 +408,10 @@ class PortalClient:
                     if not page.get("next"):
                         break
             job = self.get_job(job_id)
-            latest = job.latest_attempt.number if job.latest_attempt else None
-            seen = (job.state, latest, job.pending_reason, job.pending_message)
+            current = job.latest_attempt
+            latest = current.number if current else None
+            replicas = [(r.state, r.message) for r in current.replicas_status] if current else []
+            seen = (job.state, latest, job.pending_reason, job.pending_message, replicas)
             if seen != last_seen:
                 last_seen = seen
                 yield job
@@ -480,6 +480,13 @@ class PortalClient:
         if response.status_code >= 400:
             self._decode(response)  # a refusal is JSON: raises with the portal's message
         return response.text
+
+
+def spec_body(spec: str | dict[str, Any]) -> dict[str, Any]:
+    """A job spec as a request body: YAML text as it is, a mapping as JSON."""
+    if isinstance(spec, str):
+        return {"content": spec.encode(), "headers": {"Content-Type": "application/yaml"}}
+    return {"json": spec}
 
 
 def parse_yaml_spec(text: str) -> dict[str, Any]:

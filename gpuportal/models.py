@@ -38,6 +38,16 @@ class Allocation(_Resource):
     released_at: datetime | None = None
 
 
+class ReplicaStatus(_Resource):
+    """One replica of an attempt as its node's agent last reported it."""
+
+    replica: int
+    node: str = ""
+    state: str | None = None  # the agent's (starting, running, exited, ...); None until reported
+    message: str = ""  # e.g. an image pull's progress while starting
+    exit_code: int | None = None
+
+
 class Attempt(_Resource):
     number: int
     state: str
@@ -48,6 +58,7 @@ class Attempt(_Resource):
     exit_code: int | None = None
     end_reason: str = ""
     allocations: list[Allocation] = []
+    replicas_status: list[ReplicaStatus] = []
 
 
 class WhatIfHint(_Resource):
@@ -62,6 +73,19 @@ class WhatIfHint(_Resource):
     time_limit_s: int | None = None
     starts_now: bool = False
     estimated_start_at: datetime | None = None
+
+
+class DryRun(_Resource):
+    """What the next scheduling cycle would do with a job spec submitted now (none was)."""
+
+    would_start_now: bool
+    reason: str | None = None  # the pending reason it would get; None when it would start
+    message: str = ""
+    estimated_start: datetime | None = None
+    queue_position: int | None = None
+    placement: str | None = None  # where it would start: "node:0,1" per replica, "; " apart
+    borrowed_gpus: int = 0
+    hints: list[WhatIfHint] = []
 
 
 class Job(_Resource):

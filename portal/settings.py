@@ -166,13 +166,15 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # Refused writes (403, 404) are audited and counted towards security alerts.
     "EXCEPTION_HANDLER": "portal.accounts.security.api_exception_handler",
-    # Sign-in (API and admin), the admin's second factor, token creation and submission are
-    # throttled per user (per address when anonymous).
+    # Sign-in (API and admin), the admin's second factor, token creation, submission and dry
+    # runs of it (each a whole scheduling cycle's work) are throttled per user (per address
+    # when anonymous).
     "DEFAULT_THROTTLE_RATES": {
         "sign-in": env_str("THROTTLE_SIGN_IN", "10/min"),
         "admin-mfa": env_str("THROTTLE_ADMIN_MFA", "5/min"),
         "tokens": env_str("THROTTLE_TOKENS", "30/min"),
         "submit": env_str("THROTTLE_SUBMIT", "600/min"),
+        "dry-run": env_str("THROTTLE_DRY_RUN", "30/min"),
     },
     "DEFAULT_PARSER_CLASSES": [
         "portal.lib.parsers.JSONParser",

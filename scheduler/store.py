@@ -127,33 +127,11 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
     running, pending = [], []
     held: set[tuple[str, int]] | None = None  # GPUs of running jobs, worked out when needed
     for job in jobs:
-        common: dict[str, Any] = {
-            "id": core.JobId(str(job.pk)),
-            "vc": core.VcName(job.virtual_cluster.name),
-            "user": core.UserName(job.owner.username),
-            "gpu_model": job.gpu_model,
-            "priority": job.priority,
-            "preemptible": job.preemptible,
-            "time_limit_s": float(job.time_limit_s),
-            "cpu_milli_per_replica": job.cpu_per_replica * 1000,
-            "memory_mib_per_replica": job.memory_gb_per_replica * 1024,
-            "submitted_at": job.submitted_at.timestamp(),
-            "time_sliceable": bool(job.spec.get("time_sliceable")),
-        }
         if job.state == JobState.PENDING:
-            pending.append(
-                core.PendingJob(
-                    replicas=job.replicas,
-                    gpus_per_replica=job.gpus_per_replica,
-                    spread_after_s=job.spec.get("spread_after"),
-                    # The last cycle preempted jobs for it, or a migration moved it.
-                    first_in_line=job.pending_reason == core.ReasonCode.WAITING_FOR_PREEMPTION,
-                    moved=job.pending_reason == PENDING_MOVED,
-                    topped_at=epoch(job.topped_at),
-                    **common,
-                )
-            )
-        elif job.state == JobState.SUSPENDED:
+            pending.append(queued_job(job))
+            continue
+        common = core_fields(job)
+        if job.state == JobState.SUSPENDED:
             pending.append(
                 core.PendingJob(
                     replicas=job.replicas,
@@ -214,6 +192,38 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
         finished=finished_service(),
     )
     return LoadedState(snapshot, {str(j.pk): j.version for j in jobs}, gpu_ids, node_ids)
+
+
+def core_fields(job: Job) -> dict[str, Any]:
+    """What the core reads of every job, waiting or holding GPUs."""
+    return {
+        "id": core.JobId(str(job.pk)),
+        "vc": core.VcName(job.virtual_cluster.name),
+        "user": core.UserName(job.owner.username),
+        "gpu_model": job.gpu_model,
+        "priority": job.priority,
+        "preemptible": job.preemptible,
+        "time_limit_s": float(job.time_limit_s),
+        "cpu_milli_per_replica": job.cpu_per_replica * 1000,
+        "memory_mib_per_replica": job.memory_gb_per_replica * 1024,
+        "submitted_at": job.submitted_at.timestamp(),
+        "time_sliceable": bool(job.spec.get("time_sliceable")),
+    }
+
+
+def queued_job(job: Job) -> core.PendingJob:
+    """A pending job as the core sees it. One place for it, so that a dry run's unsaved job
+    (scheduler.dry_run) enters the queue exactly as the stored job would."""
+    return core.PendingJob(
+        replicas=job.replicas,
+        gpus_per_replica=job.gpus_per_replica,
+        spread_after_s=job.spec.get("spread_after"),
+        # The last cycle preempted jobs for it, or a migration moved it.
+        first_in_line=job.pending_reason == core.ReasonCode.WAITING_FOR_PREEMPTION,
+        moved=job.pending_reason == PENDING_MOVED,
+        topped_at=epoch(job.topped_at),
+        **core_fields(job),
+    )
 
 
 def finished_service() -> core.FinishedService:

@@ -205,6 +205,7 @@ def live_stack(
         "THROTTLE_SIGN_IN": "10000/min",
         "THROTTLE_TOKENS": "10000/min",
         "THROTTLE_SUBMIT": "10000/min",
+        "THROTTLE_DRY_RUN": "10000/min",
         # The default profile plus time-slicing (6 s turns, so tests see them) and migration.
         "SCHEDULER_PROFILE": str(REPO / "tests" / "testdata" / "live-profile.json"),
         "SMTP_HOST": "127.0.0.1",

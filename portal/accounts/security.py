@@ -124,7 +124,8 @@ def security_counts() -> dict[str, int]:
 # ---------------------------------------------------------------------------
 # The API realm: DRF's exception handler, so every write refused with 403 or 404 is recorded,
 # on every route, present and future. The response is DRF's own, unchanged: the same 404 for
-# another tenant's object as for a missing one.
+# another tenant's object as for a missing one. A POST that changes nothing (a view or action
+# with `changes_nothing`, such as a dry run) is a read here: its refusals are not recorded.
 # ---------------------------------------------------------------------------
 
 REFUSED = (status.HTTP_403_FORBIDDEN, status.HTTP_404_NOT_FOUND)
@@ -138,6 +139,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
         or response.status_code not in REFUSED
         or request is None
         or request.method in SAFE_METHODS
+        or getattr(view, "changes_nothing", False)
         or not getattr(request.user, "is_authenticated", False)
     ):
         return response

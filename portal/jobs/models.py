@@ -184,8 +184,9 @@ class JobAttempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     end_reason = models.CharField(max_length=500, blank=True)
     # What the agents last reported per replica: {"0": {"state": "running", "generation": 3,
-    # "exit_code": null, "reason": null, "node": "a100-node-1"}}. Reports are accepted only
-    # when they supersede the stored one (agents.protocol.states), so late ones change nothing.
+    # "exit_code": null, "reason": null, "node": "a100-node-1", "message": ""}}. Reports are
+    # accepted only when they supersede the stored one (agents.protocol.states), so late ones
+    # change nothing.
     replica_states = models.JSONField(default=dict, blank=True)
     # The attempt's stored output, all replicas and streams together, counted as its lines are
     # stored, so that the cap (LOG_MAX_BYTES_PER_ATTEMPT) costs no sum over LogLine per chunk.

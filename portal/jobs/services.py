@@ -38,7 +38,7 @@ from portal.jobs.choices import (
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine
 from portal.jobs.spec import MAX_RETRY_BACKOFF_S, SECRET_MASK
 from portal.lib.db import insert_together
-from portal.live.publish import publish_job_change, publish_log_lines
+from portal.live.publish import publish_job_change, publish_log_lines, publish_replica_change
 from scheduler.core.cycle import DRAIN, VC_DRAIN
 from scheduler.core.plugins.defrag import Defragment
 
@@ -313,14 +313,17 @@ def stored_spec(spec: dict[str, Any]) -> dict[str, Any]:
 NEW_PENDING_MESSAGE = "Waiting for the next scheduling cycle."
 
 
-def pending_job(user: Any, spec: dict[str, Any], checked: dict[Any, Any] | None = None) -> Job:
+def pending_job(
+    user: Any, spec: dict[str, Any], checked: dict[Any, Any] | None = None, *, reserve_id: bool = True
+) -> Job:
     """The unsaved pending Job for a spec validated by JobSpecSerializer, after the domain rules
     every submission passes: the user may submit to the VC, and the job could ever fit.
 
     Raises PermissionDenied or JobRejected. `checked` remembers the job shapes already admitted
     (per VC), so a job array costs the rules' query once per shape, not once per job, and the
     user's pending jobs per VC as first counted (submit_jobs checks the VC's limit for the whole
-    array). A single job (no `checked`) comes with its id reserved.
+    array). A single job (no `checked`) comes with its id reserved, unless `reserve_id` is false:
+    a dry run (scheduler.dry_run) passes the same rules but must not take an id it never uses.
     """
     single = checked is None
     checked = {} if checked is None else checked
@@ -329,7 +332,7 @@ def pending_job(user: Any, spec: dict[str, Any], checked: dict[Any, Any] | None 
     shape = ("shape", vc.pk, spec["replicas"], *sorted(resources.items()))
     job_id = None
     if shape not in checked:
-        admission = read_admission(user, vc, resources["gpu_model"], reserve_job_id=single)
+        admission = read_admission(user, vc, resources["gpu_model"], reserve_job_id=single and reserve_id)
         if not user.is_staff and admission.role not in SUBMIT_ROLES:
             raise PermissionDenied(f"You may not submit jobs to VC {vc.name}.")
         check_job_can_ever_fit(vc.name, admission, resources, spec["replicas"])
@@ -458,11 +461,22 @@ def dependency_message(
     )
 
 
-def settle_dependencies() -> set[int]:
-    """Pending jobs whose `after` jobs do not yet let them start (by their after_type): those
-    that can still start wait, with reason `dependency` naming what they wait for; those that
-    never can are cancelled. Returns the ids of the waiting ones, which the scheduler does not
-    see. Runs in the scheduling cycle's transaction, once per cycle (no savepoint of its own)."""
+@dataclass
+class DependencyStanding:
+    """The pending jobs with `after`, the states of the jobs they name (those it will cancel
+    counted as cancelled already), and the ones that can never start, with why."""
+
+    waiting: list[Job]
+    states: dict[int, str]
+    cancelled: dict[int, str]
+
+    def open_deps(self, job: Job) -> tuple[int, ...]:
+        return dependency_verdict(job.after_type, job.after, self.states).open_deps
+
+
+def read_dependencies() -> DependencyStanding:
+    """Where the pending jobs with `after` stand, read only: settle_dependencies acts on it, and a
+    dry run needs the same answer without the cancellations and messages it writes."""
     # Every cycle: only what is read here (not the spec, nor the secrets, which would be
     # decrypted for each waiting job each time).
     waiting = list(
@@ -471,7 +485,7 @@ def settle_dependencies() -> set[int]:
         .only("state", "version", "after", "after_type", "on_hold", "pending_message", "tenant_id")
     )
     if not waiting:
-        return set()
+        return DependencyStanding([], {}, {})
     needed = {dep for job in waiting for dep in job.after}
     states = dict(Job.objects.filter(pk__in=needed).values_list("pk", "state"))
     # Cancel to a fixed point, so that a whole chain behind a failed job goes in one pass.
@@ -487,6 +501,24 @@ def settle_dependencies() -> set[int]:
                 cancelled[job.pk] = reason
                 states[job.pk] = JobState.CANCELLED
                 changed = True
+    return DependencyStanding(waiting, states, cancelled)
+
+
+def held_by_dependencies() -> set[int]:
+    """The pending jobs a cycle would keep from the scheduler for their `after` jobs, as
+    settle_dependencies would find them, without its writes: those it would cancel too, since
+    they are not in the queue either once it has."""
+    standing = read_dependencies()
+    return set(standing.cancelled) | {job.pk for job in standing.waiting if standing.open_deps(job)}
+
+
+def settle_dependencies() -> set[int]:
+    """Pending jobs whose `after` jobs do not yet let them start (by their after_type): those
+    that can still start wait, with reason `dependency` naming what they wait for; those that
+    never can are cancelled. Returns the ids of the waiting ones, which the scheduler does not
+    see. Runs in the scheduling cycle's transaction, once per cycle (no savepoint of its own)."""
+    standing = read_dependencies()
+    waiting, states, cancelled = standing.waiting, standing.states, standing.cancelled
     held: set[int] = set()
     for job in waiting:
         if job.pk in cancelled:
@@ -499,7 +531,7 @@ def settle_dependencies() -> set[int]:
                 **ended_pending_fields(f"DEPENDENCY: {reason}"),
             )
             continue
-        open_deps = dependency_verdict(job.after_type, job.after, states).open_deps
+        open_deps = standing.open_deps(job)
         if not open_deps:
             continue
         held.add(job.pk)
@@ -830,14 +862,18 @@ def record_attempt_status(node: Node, status: AttemptStatus) -> bool:
     """Folds one replica's status report into its attempt and, for the job's current attempt,
     moves the job: all replicas running -> running; all succeeded -> succeeded; one failed ->
     failed (the other replicas are stopped); one vanished -> lost, then pending while retries
-    remain. Returns False when the report was a duplicate or late."""
+    remain. Returns False when the report was a duplicate or late.
+
+    A report that changes what the job's viewers see of the replica (its state, message or exit
+    code) but does not move the job, such as an image pull's progress, is told to the job's page
+    on its own; one that changes nothing of that (a repeat with a new generation) is not."""
     attempt, replica = _replica_for(node, status.attempt_id)
     job, attempt = _lock_job_and_attempt(attempt)
     stored = attempt.replica_states.get(str(replica))
     old_state = AgentAttemptState(stored["state"]) if stored else None
     if not supersedes(status.state, status.generation, old_state, stored["generation"] if stored else -1):
         return False
-    attempt.replica_states[str(replica)] = {
+    reported = {
         "state": status.state.value,
         "generation": status.generation,
         "exit_code": status.exit_code,
@@ -845,11 +881,16 @@ def record_attempt_status(node: Node, status: AttemptStatus) -> bool:
         "node": node.name,
         "message": status.message[:500],
     }
+    attempt.replica_states[str(replica)] = reported
     JobAttempt.objects.filter(pk=attempt.pk).update(replica_states=attempt.replica_states)
+    changed = any((stored or {}).get(key) != reported[key] for key in ("state", "message", "exit_code"))
+    version = job.version
     current = job.current_attempt()
-    if current is None or current.pk != attempt.pk or job.state not in ACTIVE_STATES:
-        return True  # a report about an old attempt or an ended job changes no job state
-    _advance_job(job, attempt, node)
+    # A report about an old attempt or an ended job changes no job state.
+    if current is not None and current.pk == attempt.pk and job.state in ACTIVE_STATES:
+        _advance_job(job, attempt, node)
+    if changed and job.version == version:  # a move of the job tells its page itself
+        publish_replica_change(job)
     return True
 
 

@@ -1,13 +1,15 @@
-"""Database work outside requests, and writing several new rows in one statement for the few
-paths where statements are the cost."""
+"""Database work outside requests, writing several new rows in one statement for the few
+paths where statements are the cost, and reading in a transaction that cannot write."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from channels.consumer import get_handler_name
 from channels.db import DatabaseSyncToAsync
-from django.db import close_old_connections, connection, models, reset_queries
+from django.db import close_old_connections, connection, models, reset_queries, transaction
 
 
 def end_of_work() -> None:
@@ -76,3 +78,24 @@ def insert_together(*objs: models.Model) -> None:
             obj.pk = pk
             obj._state.adding = False
             obj._state.db = connection.alias
+
+
+@contextmanager
+def read_only_transaction() -> Iterator[None]:
+    """A transaction in which PostgreSQL refuses every write, always rolled back: for work that
+    must change nothing (a dry run of a submission), so that a write slipping in through shared
+    code is an error instead of a side effect. Started outside any other transaction it is also
+    REPEATABLE READ, so that its several reads see one moment, as the scheduling cycle's do
+    under its lock. Inside one (a test's) it is a savepoint, whose rollback ends the read-only
+    mode with it."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            if outermost:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            else:
+                cursor.execute("SET TRANSACTION READ ONLY")
+        try:
+            yield
+        finally:
+            transaction.set_rollback(True)

@@ -1,5 +1,6 @@
 """Rate limits for the endpoints worth guessing at or flooding: sign-in (API and admin), the
-admin's second factor, token creation and submission."""
+admin's second factor, token creation, submission, and its dry run (a whole scheduling cycle's
+work per request)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from rest_framework.throttling import ScopedRateThrottle
 
 
 class WriteThrottle(ScopedRateThrottle):
-    """Counts only requests that change something: reading a job list is never throttled.
+    """Counts only POSTs and other unsafe methods: reading a job list is never throttled, a dry
+    run (a POST that changes nothing but costs a cycle) is, in its own scope.
 
     Counts live in Django's cache, per web process; behind N replicas the limit is N times higher.
     """

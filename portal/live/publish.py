@@ -34,7 +34,21 @@ def user_group(user_id: int) -> str:
 
 def publish_job_change(job: Any) -> None:
     """Call inside the transaction that changed the job."""
-    payload = {
+    payload = job_payload(job)
+    groups = [job_group(job.pk), tenant_group(job.tenant_id), ALL_JOBS_GROUP]
+    transaction.on_commit(lambda: _send(groups, payload))
+
+
+def publish_replica_change(job: Any) -> None:
+    """A replica's reported state or message changed and the job did not move (an image pull's
+    progress, about once a second while it lasts): only the job's page shows replicas, so only
+    its topic hears, and no job list refetches for it. Call inside the transaction."""
+    payload = job_payload(job)
+    transaction.on_commit(lambda: _send([job_group(job.pk)], payload))
+
+
+def job_payload(job: Any) -> dict[str, Any]:
+    return {
         "kind": "job",
         "job": job.pk,
         "state": job.state,
@@ -42,8 +56,6 @@ def publish_job_change(job: Any) -> None:
         "pending_message": job.pending_message,
         "version": job.version,
     }
-    groups = [job_group(job.pk), tenant_group(job.tenant_id), ALL_JOBS_GROUP]
-    transaction.on_commit(lambda: _send(groups, payload))
 
 
 def publish_log_lines(job_id: int, attempt_number: int, lines: list[dict[str, Any]]) -> None:

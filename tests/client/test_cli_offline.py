@@ -24,7 +24,7 @@ from gpuportal.client import (
     Unreachable,
     flatten_errors,
 )
-from gpuportal.models import Job, JobDetail, LogLine
+from gpuportal.models import DryRun, Job, JobDetail, LogLine
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -302,3 +302,23 @@ def test_starts_after_says_what_the_jobs_it_waits_for_must_do() -> None:
     assert cli.after_text(job([4], after_type="notok")) == "ended, if it did not succeed"
     assert cli.after_text(job([4, 5], after_type="notok")) == "ended, if one did not succeed"
     assert cli.after_text(job([4], after_type="later")) == "(after_type later)"
+
+
+def test_a_dry_run_verdict_reads_as_one_line() -> None:
+    now = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)
+    starts = DryRun(would_start_now=True, placement="a100-node-1:0,1; a100-node-2:0,1", borrowed_gpus=2)
+    assert cli.verdict_line(starts, now) == (
+        "would start now on a100-node-1:0,1; a100-node-2:0,1 (2 GPUs borrowed beyond its VC's guarantee: "
+        "preemptible)"
+    )
+    later = now + timedelta(hours=2, minutes=10)
+    waits = DryRun(would_start_now=False, reason="vc-quota", message="VC v: 16 of 8", estimated_start=later)
+    assert cli.verdict_line(waits.model_copy(update={"queue_position": 3}), now) == (
+        "would wait: vc-quota, VC v: 16 of 8; position 3; "
+        f"estimated start {cli.wall_time(later, now)} (in 2h10m)"
+    )
+    message = "Waiting for job 4 (pending) to succeed."
+    blocked = DryRun(would_start_now=False, reason="dependency", message=message)
+    assert cli.verdict_line(blocked, now) == (
+        "would wait: dependency, Waiting for job 4 (pending) to succeed; no estimated start"
+    )

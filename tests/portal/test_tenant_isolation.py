@@ -23,6 +23,7 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
     ("get", "/api/v1/jobs/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("post", "/api/v1/jobs/", {"alice": 201, "bob": 201, "victor": 403, "carol": 400, None: 401}),
     ("post", "/api/v1/jobs/bulk/", {"alice": 201, "bob": 201, "victor": 403, "carol": 400, None: 401}),
+    ("post", "/api/v1/jobs/dry-run/", {"alice": 200, "bob": 200, "victor": 403, "carol": 400, None: 401}),
     ("get", "/api/v1/jobs/{job}/", {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401}),
     ("get", "/api/v1/jobs/{job}/events/", {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401}),
     ("get", "/api/v1/jobs/{job}/logs/", {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401}),
@@ -92,6 +93,7 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
 
 BODIES = {
     "/api/v1/jobs/": {"name": "x", "vc": "vision", "flavor": "s-A100", "command": "true"},
+    "/api/v1/jobs/dry-run/": {"name": "x", "vc": "vision", "flavor": "s-A100", "command": "true"},
     "/api/v1/jobs/bulk/": {
         "job": {"name": "x", "vc": "vision", "flavor": "s-A100", "command": "true"},
         "array": 2,

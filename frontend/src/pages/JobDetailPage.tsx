@@ -7,9 +7,11 @@ import { AttemptsTable } from "../components/AttemptsTable";
 import { ErrorBanner, PageHeader, Section, Spinner, StateBadge } from "../components/common";
 import { EventTimeline } from "../components/EventTimeline";
 import { LogView, useLogLines } from "../components/LogView";
+import { ReplicaStatusList } from "../components/ReplicaStatusList";
 import { ShellPanel } from "../components/ShellPanel";
 import { type Sample, TelemetryCharts, toSample } from "../components/TelemetryCharts";
 import { elapsedSeconds, formatDuration, formatRelative, formatTime } from "../lib/format";
+import { showReplicas } from "../lib/replicas";
 import { afterText } from "../lib/spec";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
@@ -67,6 +69,9 @@ export function JobDetailPage({ id }: { id: number }) {
   }
   const j = job.data;
   const allocations = j.attempts.find((a) => a.number === attempt)?.allocations ?? [];
+  // What the agents say of the current attempt's replicas: while it starts (an image pull can take
+  // minutes, its progress comes live) and whenever one has a message.
+  const current = j.attempts.find((a) => a.number === latest);
   // Only the job's owner may open a shell, and only in a running job. Once open, the panel stays
   // (with how the shell ended) when the job stops, until it is closed.
   const mayOpenShell = j.state === "running" && j.owner === me.username;
@@ -99,6 +104,11 @@ export function JobDetailPage({ id }: { id: number }) {
       </PageHeader>
       <ErrorBanner error={job.error} onRetry={job.reload} />
       {j.state === "pending" && <PendingCard job={j} onChanged={job.reload} />}
+      {current && showReplicas(current) && (
+        <Section title="Replicas">
+          <ReplicaStatusList replicas={current.replicas_status} />
+        </Section>
+      )}
       {shellOpen && (
         <div id="shell-section">
           <Section

@@ -1,7 +1,7 @@
-import { type FormEvent, type ReactNode, useState } from "react";
+import { type FormEvent, type ReactNode, useRef, useState } from "react";
 
-import { ApiError, type FieldErrors, api, fetchAll } from "../api/client";
-import type { ClusterNode, Flavor, JobDetail, PriorityClass, VirtualCluster, WhatIfHint } from "../api/types";
+import { ApiError, type FieldErrors, type RequestOptions, api, fetchAll } from "../api/client";
+import type { ClusterNode, DryRun, Flavor, JobDetail, PriorityClass, VirtualCluster, WhatIfHint } from "../api/types";
 import { ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { replicasThatFitNow } from "../lib/cluster";
 import {
@@ -19,6 +19,7 @@ import {
   unplacedErrors,
 } from "../lib/spec";
 import { useResource } from "../lib/useResource";
+import { hintBadge, verdictText } from "../lib/verdict";
 import { navigate, useLocation } from "../router";
 import { canSubmit, useSession } from "../session";
 
@@ -76,6 +77,12 @@ export function SubmitPage() {
   );
 }
 
+/** `spec` changed as a what-if hint proposes, within the time limit of the hint's flavor. */
+function withHint(spec: SpecObject, hint: WhatIfHint, flavors: Flavor[]): SpecObject {
+  const flavor = flavors.find((f) => f.name === hint.flavor);
+  return applyHint(spec, hint, flavor ? flavor.max_runtime_hours * 3600 : undefined);
+}
+
 function initialState(
   choices: Choices,
   cloneOf: JobDetail | null,
@@ -84,9 +91,7 @@ function initialState(
 ): { form: SpecForm; extra: SpecObject } {
   if (cloneOf?.spec && typeof cloneOf.spec === "object") {
     const spec = cloneOf.spec as SpecObject;
-    if (!hint) return specToForm(spec);
-    const flavor = choices.flavors.find((f) => f.name === hint.flavor);
-    return specToForm(applyHint(spec, hint, flavor ? flavor.max_runtime_hours * 3600 : undefined));
+    return specToForm(hint ? withHint(spec, hint, choices.flavors) : spec);
   }
   const form = emptyForm();
   form.vc = choices.vcs.find((vc) => tenants.includes(vc.tenant))?.name ?? choices.vcs[0]?.name ?? "";
@@ -105,17 +110,30 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
   const [errors, setErrors] = useState<FieldErrors>({});
   const [failure, setFailure] = useState<string | null>(null);
   const [busy, setBusy] = useState(false);
+  // The last check's verdict, for the spec as it was then: any change clears it, and a verdict
+  // that arrives after a change (counted in `edits`) is not shown.
+  const [verdict, setVerdict] = useState<DryRun | null>(null);
+  const [checking, setChecking] = useState(false);
+  const edits = useRef(0);
   const { form, extra } = state;
 
-  const update = (patch: Partial<SpecForm>) => {
-    const next = { form: { ...form, ...patch }, extra };
+  const edited = () => {
+    edits.current += 1;
+    setVerdict(null);
+  };
+
+  const replace = (next: { form: SpecForm; extra: SpecObject }) => {
     setState(next);
     setYamlText(specToYaml(formToSpec(next.form, next.extra)));
     setYamlError(null);
+    edited();
   };
+
+  const update = (patch: Partial<SpecForm>) => replace({ form: { ...form, ...patch }, extra });
 
   const editYaml = (source: string) => {
     setYamlText(source);
+    edited();
     const parsed = parseSpecYaml(source);
     if (parsed.ok) {
       setState(specToForm(parsed.spec));
@@ -125,25 +143,49 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
     }
   };
 
+  // The spec as the portal gets it, for a submission and for a check alike: the YAML as typed,
+  // or the form's.
+  const specRequest = (): RequestOptions =>
+    mode === "yaml"
+      ? { method: "POST", rawBody: yamlText, contentType: "application/yaml" }
+      : { method: "POST", body: formToSpec(form, extra) };
+
+  const refused = (err: unknown, words: string) => {
+    if (err instanceof ApiError && err.status === 400) {
+      setErrors(err.fields);
+      setFailure(`${words} See the messages below.`);
+    } else {
+      setFailure(err instanceof Error ? err.message : String(err));
+    }
+  };
+
   const submit = async (event: FormEvent) => {
     event.preventDefault();
     setBusy(true);
     setErrors({});
     setFailure(null);
     try {
-      const job =
-        mode === "yaml"
-          ? await api<JobDetail>("/api/v1/jobs/", { method: "POST", rawBody: yamlText, contentType: "application/yaml" })
-          : await api<JobDetail>("/api/v1/jobs/", { method: "POST", body: formToSpec(form, extra) });
+      const job = await api<JobDetail>("/api/v1/jobs/", specRequest());
       navigate(`/jobs/${job.id}`);
     } catch (err) {
-      if (err instanceof ApiError && err.status === 400) {
-        setErrors(err.fields);
-        setFailure("The portal did not accept the job. See the messages below.");
-      } else {
-        setFailure(err instanceof Error ? err.message : String(err));
-      }
+      refused(err, "The portal did not accept the job.");
       setBusy(false);
+    }
+  };
+
+  const check = async () => {
+    setChecking(true);
+    setErrors({});
+    setFailure(null);
+    setVerdict(null);
+    const asked = edits.current;
+    try {
+      const answer = await api<DryRun>("/api/v1/jobs/dry-run/", specRequest());
+      if (edits.current === asked) setVerdict(answer);
+    } catch (err) {
+      refused(err, "The portal would not accept the job.");
+    } finally {
+      setChecking(false);
     }
   };
 
@@ -201,9 +243,51 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
         <button type="submit" className="button primary" disabled={busy || (mode === "yaml" && yamlError !== null)}>
           {busy ? "Submitting…" : "Submit job"}
         </button>
+        <button type="button" className="button" onClick={check} disabled={busy || checking || (mode === "yaml" && yamlError !== null)}>
+          {checking ? "Checking…" : "Check"}
+        </button>
         {busy && <Spinner label="Submitting" />}
+        {checking && <Spinner label="Checking" />}
+        {!busy && !checking && !verdict && <span className="muted">Check: whether it would start now, without submitting it.</span>}
       </div>
+      {verdict && <VerdictCard verdict={verdict} onHint={(hint) => replace(specToForm(withHint(formToSpec(form, extra), hint, choices.flavors)))} />}
     </form>
+  );
+}
+
+/** The portal's dry run of the spec: where the job would start, or why it would wait, until
+ * when, and what would start it sooner (each applicable to the form). */
+function VerdictCard({ verdict, onHint }: { verdict: DryRun; onHint: (hint: WhatIfHint) => void }) {
+  const { headline, detail } = verdictText(verdict);
+  return (
+    <section className={verdict.would_start_now ? "card verdict starts" : "card verdict waits"} aria-labelledby="verdict-title">
+      <h2 id="verdict-title">If you submit it now</h2>
+      <div role="status">
+        <p className="verdict-headline">{headline}</p>
+        {detail && <p className="hint">{detail}</p>}
+      </div>
+      {verdict.reason && (
+        <p className="hint">
+          Reason <code>{verdict.reason}</code>; nothing was submitted.
+        </p>
+      )}
+      {verdict.hints.length > 0 && (
+        <>
+          <h3 id="verdict-hints-title">What would start it sooner</h3>
+          <ul className="whatif-hints" aria-labelledby="verdict-hints-title">
+            {verdict.hints.map((hint, index) => (
+              <li key={`${hint.kind}-${index}`}>
+                <span className={hint.starts_now ? "badge ok" : "badge"}>{hintBadge(hint)}</span>{" "}
+                <span className="whatif-message">{hint.message}</span>{" "}
+                <button type="button" className="button small" onClick={() => onHint(hint)}>
+                  Use this
+                </button>
+              </li>
+            ))}
+          </ul>
+        </>
+      )}
+    </section>
   );
 }
 

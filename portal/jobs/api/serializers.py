@@ -5,6 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agents.protocol import AttemptState as AgentAttemptState
 from portal.jobs.accounting import Usage, attempt_usage
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine, TelemetrySample
 from portal.jobs.spec import DurationField, JobSpecSerializer
@@ -21,8 +22,28 @@ class AllocationSerializer(serializers.ModelSerializer):
         fields = ["replica", "node", "gpu_index", "gpu_uuid", "created_at", "released_at"]
 
 
+class ReplicaStatusSerializer(serializers.Serializer):
+    """One replica of an attempt as its node's agent last reported it: how far a start got (an
+    image pull's progress) is seen nowhere else."""
+
+    replica = serializers.IntegerField()
+    node = serializers.CharField()
+    state = serializers.ChoiceField(
+        choices=[state.value for state in AgentAttemptState],
+        allow_null=True,
+        help_text="The agent's state of the replica; null until its agent reported it.",
+    )
+    message = serializers.CharField(
+        allow_blank=True,
+        help_text="What the agent said with it: a start's progress (`pulling IMAGE: 312 of 1,024 MiB`), "
+        "why it could not start or vanished; empty when there is nothing to say.",
+    )
+    exit_code = serializers.IntegerField(allow_null=True)
+
+
 class JobAttemptSerializer(serializers.ModelSerializer):
     allocations = AllocationSerializer(many=True)
+    replicas_status = serializers.SerializerMethodField()
 
     class Meta:
         model = JobAttempt
@@ -38,7 +59,27 @@ class JobAttemptSerializer(serializers.ModelSerializer):
             "end_reason",
             "log_truncated",
             "allocations",
+            "replicas_status",
         ]
+
+    @extend_schema_field(ReplicaStatusSerializer(many=True))
+    def get_replicas_status(self, attempt: JobAttempt) -> list[dict[str, Any]]:
+        # Every replica, reported or not, so that one whose agent is silent shows as such; its
+        # node then comes from the (prefetched) allocations.
+        nodes = {allocation.replica: allocation.node.name for allocation in attempt.allocations.all()}
+        replicas = []
+        for replica in range(attempt.replicas):
+            reported = attempt.replica_states.get(str(replica)) or {}
+            replicas.append(
+                {
+                    "replica": replica,
+                    "node": reported.get("node") or nodes.get(replica, ""),
+                    "state": reported.get("state"),
+                    "message": reported.get("message") or "",
+                    "exit_code": reported.get("exit_code"),
+                }
+            )
+        return replicas
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -248,3 +289,22 @@ class BulkSubmitSerializer(serializers.Serializer):
 class BulkSubmitResultSerializer(serializers.Serializer):
     count = serializers.IntegerField()
     ids = serializers.ListField(child=serializers.IntegerField(), help_text="In the order of the request.")
+
+
+class DryRunSerializer(serializers.Serializer):
+    """What the next scheduling cycle would do with a job spec submitted now (nothing stored)."""
+
+    would_start_now = serializers.BooleanField()
+    reason = serializers.CharField(
+        allow_null=True, help_text="The pending_reason it would get; null when it would start now."
+    )
+    message = serializers.CharField(help_text="Its pending message, or where it would start.")
+    estimated_start = serializers.DateTimeField(
+        allow_null=True, help_text="Now if it would start now; null when it cannot be estimated."
+    )
+    queue_position = serializers.IntegerField(allow_null=True)
+    placement = serializers.CharField(
+        allow_null=True, help_text="Where it would start: node:GPU indices per replica; null if it waits."
+    )
+    borrowed_gpus = serializers.IntegerField(help_text="Of its GPUs, those beyond its VC's guarantee.")
+    hints = WhatIfHintSerializer(many=True, help_text="Changes that would start it now or sooner.")

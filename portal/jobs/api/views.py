@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
@@ -25,6 +26,7 @@ from portal.jobs.accounting import GROUPS, Usage, usage_report, with_usage_betwe
 from portal.jobs.api.serializers import (
     BulkSubmitResultSerializer,
     BulkSubmitSerializer,
+    DryRunSerializer,
     JobDetailSerializer,
     JobEventSerializer,
     JobSerializer,
@@ -39,10 +41,23 @@ from portal.jobs.spec import JobSpecSerializer
 from portal.lib.query import whole_number
 from portal.lib.renderers import CSVRenderer
 from portal.lib.throttling import WriteThrottle
+from scheduler.dry_run import dry_run_submission
 
 # One serializer answers every submission, as a ListSerializer's child serves every item: building
 # a JobDetailSerializer builds its thirty-odd fields from the model, about a millisecond of CPU.
 SUBMITTED_JOB = JobDetailSerializer()
+
+
+@contextmanager
+def refusals_as_api_errors() -> Iterator[None]:
+    """The domain's refusals as the API's: a field to change (400) or not allowed (403). One place,
+    so that a dry run answers a spec exactly as a submission does."""
+    try:
+        yield
+    except services.JobRejected as exc:
+        raise ValidationError({exc.field: [exc.message]}) from exc
+    except services.PermissionDenied as exc:
+        raise DRFPermissionDenied(str(exc)) from exc
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -53,6 +68,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     throttle_scope = "submit"
     filter_backends = [DjangoFilterBackend, OrderingFilter]
     ordering_fields = ["queue_position", "submitted_at", "priority", "id"]
+    changes_nothing = False  # true for the dry run: see portal.accounts.security
 
     def get_queryset(self) -> Any:
         qs = Job.objects.for_user(self.request.user).select_related(
@@ -77,17 +93,31 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def create(self, request: Request) -> Response:
         spec = JobSpecSerializer(data=request.data, context={"request": request})
         spec.is_valid(raise_exception=True)
-        try:
+        with refusals_as_api_errors():
             job = services.submit_job(request.user, spec.validated_data)
-        except services.JobRejected as exc:
-            raise ValidationError({exc.field: [exc.message]}) from exc
-        except services.PermissionDenied as exc:
-            raise DRFPermissionDenied(str(exc)) from exc
         # The stored job is at hand with its tenant, VC, owner and class; a job this new has no
         # attempts or checkpoints. So the answer reads nothing from the database, and one that
         # goes away after the commit cannot turn a stored job into an error.
         job._prefetched_objects_cache = {"attempts": [], "checkpoints": []}
         return Response(SUBMITTED_JOB.to_representation(job), status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=JobSpecSerializer, responses={200: DryRunSerializer})
+    @action(
+        detail=False,
+        methods=["post"],
+        url_path="dry-run",
+        throttle_scope="dry-run",
+        changes_nothing=True,
+    )
+    def dry_run(self, request: Request) -> Response:
+        """Test a job spec without submitting it (Slurm's `sbatch --test-only`): the same answer
+        as a submission when it is refused, else whether it would start now, or why it would
+        wait, until when, and what would start it sooner. Nothing is stored."""
+        spec = JobSpecSerializer(data=request.data, context={"request": request})
+        spec.is_valid(raise_exception=True)
+        with refusals_as_api_errors():
+            verdict = dry_run_submission(request.user, spec.validated_data)
+        return Response(DryRunSerializer(verdict).data)
 
     @extend_schema(request=BulkSubmitSerializer, responses={201: BulkSubmitResultSerializer})
     @action(detail=False, methods=["post"])
@@ -138,12 +168,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
         def change(job: Job, user: Any) -> Job:
             body.is_valid(raise_exception=True)
-            try:
-                return services.change_time_limit(job, user, body.validated_data["time_limit"])
-            except services.JobRejected as exc:
-                raise ValidationError({exc.field: [exc.message]}) from exc
-            except services.PermissionDenied as exc:
-                raise DRFPermissionDenied(str(exc)) from exc
+            with refusals_as_api_errors():
+                changed = services.change_time_limit(job, user, body.validated_data["time_limit"])
+            return changed
 
         return self._change(request, "change the time limit of", change)
 
