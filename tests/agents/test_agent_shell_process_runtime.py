@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -108,6 +109,23 @@ async def test_close_hangs_up_a_shell_that_waits_for_nothing_from_its_terminal(
     assert loop.time() - started < HANGUP_GRACE_S
     assert session_members(shell.pid) == []
     assert await shell.read() == b""
+
+
+@pytest.mark.asyncio
+async def test_a_shell_does_not_inherit_what_the_agent_ignores(runtime: ProcessRuntime) -> None:
+    """An agent started under nohup ignores SIGHUP, and in the background SIGINT: its shells
+    must still hang up, and Ctrl-C still interrupt."""
+    ignored = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGHUP, signal.SIGINT)}
+    try:
+        await running(runtime)
+        shell = await runtime.open_shell("att-1", ["/bin/sh", "-c", "echo ready; sleep 600"], 80, 24)
+        await read_until(shell, b"ready")
+    finally:
+        for signum, handler in ignored.items():
+            signal.signal(signum, handler)
+    ignoring = (await asyncio.to_thread(Path(f"/proc/{shell.pid}/status").read_text)).split("SigIgn:")[1]
+    assert int(ignoring.split()[0], 16) & (1 << (signal.SIGHUP - 1) | 1 << (signal.SIGINT - 1)) == 0
+    assert await closed(shell) == 129  # SIGHUP, not SIGKILL after the grace
 
 
 @pytest.mark.asyncio
