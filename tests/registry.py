@@ -7,8 +7,9 @@ with gzipped layers. Engines treat registries on 127.0.0.0/8 as insecure, so pla
 and no traffic leaves loopback.
 
 What tests need besides serving: basic auth (``credentials``), a throttle for blobs
-(``bytes_per_second``, to make a pull slow enough to be cancelled), and records of what was
-asked (``requests``) and of blob transfers the client broke off (``aborted_blobs``).
+(``bytes_per_second``, to make a pull slow enough to be cancelled), a brief outage (``outage``:
+the next requests are answered with an error status, or their connection is reset), and records
+of what was asked (``requests``) and of blob transfers the client broke off (``aborted_blobs``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import hashlib
 import io
 import json
 import re
+import socket
+import struct
 import tarfile
 import threading
 import time
@@ -58,6 +61,9 @@ class Registry:
     def __init__(self, credentials: tuple[str, str] | None = None) -> None:
         self.credentials = credentials
         self.bytes_per_second: float | None = None  # None: blobs as fast as the client reads
+        # How the next requests fail, one entry each: an HTTP status, or None to reset the
+        # connection without an answer. Empty: every request is served.
+        self.outage: list[HTTPStatus | None] = []
         self.repositories: dict[str, Repository] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, in order
         self.aborted_blobs = 0
@@ -85,6 +91,11 @@ class Registry:
         with self.lock:
             paths = [path for _, path in self.requests if path.startswith(prefix)]
         return sum(1 for path in paths if reference is None or path == prefix + reference)
+
+    def pings(self) -> int:
+        """Requests for ``/v2/``: the engine begins each pull with one, so this counts pulls."""
+        with self.lock:
+            return sum(1 for _, path in self.requests if path == "/v2/")
 
     def blob_requests(self, name: str) -> int:
         with self.lock:
@@ -176,6 +187,15 @@ def _handler_for(registry: Registry) -> type[BaseHTTPRequestHandler]:
         def _serve(self, body: bool) -> None:
             with registry.lock:
                 registry.requests.append((self.command, self.path))
+                failing = bool(registry.outage)
+                failure = registry.outage.pop(0) if failing else None
+            if failing and failure is None:
+                self._reset()
+                return
+            if failure is not None:
+                code = "TOOMANYREQUESTS" if failure == HTTPStatus.TOO_MANY_REQUESTS else "UNAVAILABLE"
+                self._error(failure, code, "the registry is down for a moment", body)
+                return
             if not self._authorized():
                 self._error(HTTPStatus.UNAUTHORIZED, "UNAUTHORIZED", "authentication required", body)
                 return
@@ -198,6 +218,11 @@ def _handler_for(registry: Registry) -> type[BaseHTTPRequestHandler]:
                 self._reply(HTTPStatus.OK, "application/octet-stream", data, body, match["reference"])
             else:
                 self._error(HTTPStatus.NOT_FOUND, "BLOB_UNKNOWN", "blob unknown to registry", body)
+
+        def _reset(self) -> None:
+            """Close with a TCP reset, as a registry that went away mid-connection does."""
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
 
         def _authorized(self) -> bool:
             if registry.credentials is None:

@@ -9,8 +9,10 @@ its containers again.
 
 Before it creates a container, the runtime pulls the image when its pull policy says so
 (``missing``: only when the engine does not have it; ``always``; ``never``). Attempts that need
-the same image at once share one pull, and each hears how far it got (``progress``). A pull has
-a time limit, and it ends when the last attempt waiting for it is stopped or gives up.
+the same image at once share one pull, and each hears how far it got (``progress``). A pull that
+fails for a reason that may pass (the registry unreachable, or answering 5xx or 429) is tried
+again after a growing wait, because a failed start is final for the portal. A pull, with its
+tries, has a time limit, and it ends when the last attempt waiting for it is stopped or gives up.
 
 The Docker SDK is synchronous; every call runs in a worker thread. Log streams and pulls use
 their own daemon threads, because they may last far longer than a worker thread should be held.
@@ -76,6 +78,8 @@ PullPolicy = Literal["missing", "always", "never"]
 PULL_POLICIES: tuple[PullPolicy, ...] = ("missing", "always", "never")
 DEFAULT_PULL_TIMEOUT_S = 30 * 60.0
 PULL_PROGRESS_INTERVAL_S = 1.0  # the portal hears about a pull at most about this often
+PULL_RETRY_FIRST_S = 2.0  # the wait before the second try; it doubles for each try after
+PULL_RETRY_MAX_S = 60.0
 MIB = 1024 * 1024
 # Docker Hub's other names, as they appear in a Docker config.json.
 _DOCKER_HUB_HOSTS = ("index.docker.io", "registry-1.docker.io", "registry.hub.docker.com")
@@ -169,7 +173,64 @@ def container_config(
 
 
 class ImagePullError(RuntimeFailure):
-    """The attempt's image is not on this node and could not be pulled."""
+    """The attempt's image is not on this node and could not be pulled.
+
+    ``transient`` says why another try may succeed (``registry unreachable (connection
+    refused)``); None when it cannot (the tag does not exist, the credentials are wrong).
+    """
+
+    def __init__(self, message: str, transient: str | None = None) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+# Texts of the engine's pull errors that no retry can fix; they win over any transient sign.
+_PERMANENT_PULL_ERRORS = (
+    "manifest unknown",
+    "name unknown",
+    "not found",
+    "does not exist",
+    "unauthorized",
+    "denied",
+    "no basic auth credentials",
+    "invalid reference",
+)
+# (text in the engine's error, why the registry could not be reached)
+_UNREACHABLE_PULL_ERRORS = (
+    ("connection refused", "connection refused"),
+    ("connection reset", "connection reset"),
+    ("broken pipe", "connection reset"),
+    (": eof", "connection closed"),
+    ("unexpected eof", "connection closed"),
+    ("timeout", "timed out"),
+    ("deadline exceeded", "timed out"),
+)
+_UNEXPECTED_STATUS = re.compile(r"unexpected HTTP status: ((?:5\d\d|429)\b[^\n;]*)", re.IGNORECASE)
+
+
+def transient_pull_problem(error: str) -> str | None:
+    """Why a pull that failed with the engine's ``error`` may succeed when tried again, or None.
+
+    The engine reports every registry error as text (its HTTP status is 500 for all of them),
+    so the text is all there is to go by. Anything not known to pass is taken as permanent: a
+    job whose image cannot be had should fail at once, not after the whole pull time limit.
+    """
+    lowered = error.lower()
+    if any(text in lowered for text in _PERMANENT_PULL_ERRORS):
+        return None
+    status = _UNEXPECTED_STATUS.search(error)
+    if status is not None:
+        return f"registry answered {status[1].strip()}"
+    if "toomanyrequests" in lowered:  # Docker Hub's rate limit, as the registry's error code says it
+        return "registry answered 429 Too Many Requests"
+    for text, reason in _UNREACHABLE_PULL_ERRORS:
+        if text in lowered:
+            return f"registry unreachable ({reason})"
+    return None
+
+
+def _pull_failure(reference: str, error: str) -> ImagePullError:
+    return ImagePullError(f"cannot pull {reference}: {error}", transient_pull_problem(error))
 
 
 @dataclass(frozen=True)
@@ -313,7 +374,7 @@ class _PullStream:
         try:
             stream = self.api.pull(repository, tag, stream=True, decode=True, auth_config=auth_config)
         except docker.errors.APIError as error:
-            raise ImagePullError(f"cannot pull {self.reference}: {error.explanation or error}") from None
+            raise _pull_failure(self.reference, str(error.explanation or error)) from None
         response = _response_of(stream)
         with self._lock:
             self._response = response
@@ -324,7 +385,7 @@ class _PullStream:
             last_report = time.monotonic()  # the start already said "pulling"
             for event in stream:
                 if "error" in event:
-                    raise ImagePullError(f"cannot pull {self.reference}: {event['error']}")
+                    raise _pull_failure(self.reference, str(event["error"]))
                 self.progress.feed(event)
                 if time.monotonic() - last_report >= PULL_PROGRESS_INTERVAL_S:
                     last_report = time.monotonic()
@@ -496,31 +557,63 @@ class DockerRuntime:
         return True
 
     async def _pull(self, pull: _Pull) -> None:
-        """Run one pull, within the pull time limit; cancelling this task ends the pull."""
+        """Run one pull, within the pull time limit, and try it again while it fails for a
+        reason that may pass. Cancelling this task ends the pull, or the wait for its next try."""
+        loop = asyncio.get_running_loop()
+        auth = self.registry_auth.get(image_registry(pull.reference).lower())
+        log.info("pulling %s%s", pull.reference, " with credentials" if auth is not None else "")
+        began = loop.time()
+        deadline = began + self.pull_timeout_s
+        tries = 1
+        last_failure: ImagePullError | None = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                while (failure := await self._pull_once(pull, auth)) is not None:
+                    last_failure = failure
+                    delay = min(PULL_RETRY_FIRST_S * 2 ** (tries - 1), PULL_RETRY_MAX_S)
+                    if loop.time() + delay >= deadline:  # the time limit ends before the next try
+                        times = "once" if tries == 1 else f"{tries} times"
+                        raise ImagePullError(
+                            f"{failure} (tried {times} within the pull timeout of {self.pull_timeout_s:g} s)"
+                        )
+                    log.warning("%s; trying again in %g s", failure, delay)
+                    waiting = f"{failure.transient}, trying again in {delay:g} s"
+                    self._progress_of(pull, f"pulling {pull.reference}: {waiting}")
+                    await asyncio.sleep(delay)
+                    tries += 1
+                    self._progress_of(pull, f"pulling {pull.reference} (try {tries})")
+        except TimeoutError:
+            after = f", after {last_failure.transient}" if last_failure is not None else ""
+            raise ImagePullError(
+                f"pulling {pull.reference} did not finish within {self.pull_timeout_s:g} s "
+                f"(pull timeout){after}"
+            ) from None
+        log.info("pulled %s in %.1f s", pull.reference, loop.time() - began)
+
+    async def _pull_once(self, pull: _Pull, auth: RegistryAuth | None) -> ImagePullError | None:
+        """One try of the engine's pull, read in a thread of its own; cancelling ends it. Returns
+        a failure that another try may not meet (and raises any other), so only the loop in
+        :meth:`_pull` decides about trying again."""
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
-        auth = self.registry_auth.get(image_registry(pull.reference).lower())
 
         def report(message: str) -> None:  # in the pull's thread
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._progress_of, pull, message)
 
         stream = _PullStream(self.client.api, pull.reference, auth, report)
-        log.info("pulling %s%s", pull.reference, " with credentials" if auth is not None else "")
         threading.Thread(
             target=stream.run, args=(loop, finished), name=f"pull-{pull.reference}", daemon=True
         ).start()
-        began = loop.time()
         try:
-            async with asyncio.timeout(self.pull_timeout_s):
-                await finished
-        except TimeoutError:
-            raise ImagePullError(
-                f"pulling {pull.reference} did not finish within {self.pull_timeout_s:g} s (pull timeout)"
-            ) from None
+            await finished
+        except ImagePullError as failure:
+            if failure.transient is None:
+                raise
+            return failure
         finally:
             stream.abort()  # does nothing once the pull ended on its own
-        log.info("pulled %s in %.1f s", pull.reference, loop.time() - began)
+        return None
 
     def _pull_ended(self, pull: _Pull, task: asyncio.Task[None]) -> None:
         if self._pulls.get(pull.reference) is pull:

@@ -1,6 +1,6 @@
 """Image pulls before a container is created: the pull policy, progress in the attempt's status,
-registry credentials, clear failures, shared pulls, and the end of a pull by a stop, a cancel or
-the time limit.
+registry credentials, clear failures, shared pulls, more tries while the registry is briefly away,
+and the end of a pull by a stop, a cancel or the time limit.
 
 The engine tests use the private engine of tests/docker_engine.py and a read-only registry on
 127.0.0.1 (tests/registry.py). Each test builds an image with a random payload (so that no layer
@@ -21,6 +21,7 @@ import socket
 import tarfile
 import time
 from collections.abc import Iterator
+from http import HTTPStatus
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ from agents.runtime.docker import (
     canonical_image,
     read_registry_auth,
     registry_host,
+    transient_pull_problem,
 )
 from agents.runtime.policy import HostPolicy
 from tests.docker_engine import BUSYBOX, engine
@@ -48,6 +50,11 @@ __all__ = ["engine"]  # the module's fixture: one engine for all its tests
 MIB = 1024 * 1024
 PULLED_TEXT = "pulled from the registry"
 SLOW = 64 * 1024  # bytes per second: a pull of a few MiB then takes over a minute
+UNAVAILABLE = HTTPStatus.SERVICE_UNAVAILABLE
+# The engine asks /v2/, then HEAD and GET of the manifest; it passes over a 503 for the first
+# two by itself, so three of them fail one pull.
+FAILED_PULL = [UNAVAILABLE] * 3
+ANSWERED = "registry answered"
 
 
 # -- without an engine --------------------------------------------------------------------
@@ -103,6 +110,39 @@ def test_bad_registry_credentials_are_refused_without_showing_them(
     with pytest.raises(ValueError, match=problem) as raised:
         read_registry_auth(path)
     assert "secret" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [  # as the engine words them (see the engine tests below)
+        ("received unexpected HTTP status: 503 Service Unavailable", f"{ANSWERED} 503 Service Unavailable"),
+        ("received unexpected HTTP status: 502 Bad Gateway", f"{ANSWERED} 502 Bad Gateway"),
+        ("toomanyrequests: You have reached your pull rate limit.", f"{ANSWERED} 429 Too Many Requests"),
+        (
+            'Get "http://127.0.0.1:5000/v2/": dial tcp 127.0.0.1:5000: connect: connection refused',
+            "registry unreachable (connection refused)",
+        ),
+        ('Get "http://127.0.0.1:5000/v2/": EOF', "registry unreachable (connection closed)"),
+        ("unexpected EOF", "registry unreachable (connection closed)"),
+        (
+            "read tcp 10.0.0.2:4242->10.0.0.9:443: read: connection reset by peer",
+            "registry unreachable (connection reset)",
+        ),
+        (
+            'Get "https://r.example.org/v2/": net/http: TLS handshake timeout',
+            "registry unreachable (timed out)",
+        ),
+        ("manifest unknown", None),
+        ("manifest for r.example.org/ml/x:2 not found: manifest unknown: manifest unknown", None),
+        ("unauthorized: authentication required", None),
+        ("no basic auth credentials", None),
+        ("pull access denied for ml/x, repository does not exist or may require 'docker login'", None),
+        ("invalid reference format: repository name must be lowercase", None),
+        ("something the agent has never seen", None),
+    ],
+)
+def test_only_pull_errors_that_may_pass_are_tried_again(error: str, transient: str | None) -> None:
+    assert transient_pull_problem(error) == transient
 
 
 def test_the_pull_options(tmp_path: Path) -> None:
@@ -298,12 +338,19 @@ async def test_a_missing_tag_and_an_unreachable_registry_fail_the_start_clearly(
         await bounded(runtime.start(_attempt("pl-notag", missing_tag)))
     assert _no_container(engine, "pl-notag")
 
+    assert registry.pings() == 1  # not tried again
+
     with socket.socket() as unused:  # a port on loopback that nothing listens on
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     unreachable = f"127.0.0.1:{port}/ml/pulled:1"
-    with pytest.raises(ImagePullError, match=f"cannot pull {re.escape(unreachable)}: .*connection refused"):
-        await bounded(runtime.start(_attempt("pl-unreachable", unreachable)))
+    briefly = DockerRuntime(engine, policy, request_gpus=False, pull_timeout_s=3)
+    with pytest.raises(
+        ImagePullError,
+        match=f"cannot pull {re.escape(unreachable)}: .*connection refused .tried 2 times within the pull "
+        "timeout of 3 s.$",
+    ):
+        await bounded(briefly.start(_attempt("pl-unreachable", unreachable)))
     assert _no_container(engine, "pl-unreachable")
 
 
@@ -408,6 +455,81 @@ async def test_a_cancelled_start_leaves_no_pull_behind(
 
 
 @pytest.mark.asyncio
+async def test_a_registry_away_for_a_moment_is_tried_again_and_attempts_share_the_tries(
+    engine, registry: Registry, policy: HostPolicy
+) -> None:
+    image = serve_image(engine, registry)
+    registry.outage = [None, *FAILED_PULL]  # the first pull's connection is reset, the second gets 503
+    progress = Progress()
+    runtime = DockerRuntime(engine, policy, request_gpus=False, progress=progress)
+    attempts = [_attempt(f"pl-retry-{n}", image) for n in range(2)]
+    await bounded(asyncio.gather(*(runtime.start(attempt) for attempt in attempts)))
+    assert registry.pings() == 3  # three pulls in all, not three for each attempt
+    for attempt in attempts:
+        messages = progress.of(attempt.attempt_id)
+        retries = [m for m in messages if "trying again" in m]
+        assert len(retries) == 2, messages
+        assert re.fullmatch(
+            rf"pulling {re.escape(image)}: registry unreachable \(connection (closed|reset)\), "
+            "trying again in 2 s",
+            retries[0],
+        )
+        assert retries[1] == f"pulling {image}: {ANSWERED} 503 Service Unavailable, trying again in 4 s"
+        assert f"pulling {image} (try 3)" in messages
+        assert await bounded(runtime.wait(attempt.attempt_id)) == 0
+
+
+@pytest.mark.asyncio
+async def test_a_missing_tag_fails_at_once_even_after_a_retry(
+    engine, registry: Registry, policy: HostPolicy
+) -> None:
+    image = serve_image(engine, registry).replace(":1", ":no-such-tag")
+    registry.outage = list(FAILED_PULL)
+    progress = Progress()
+    runtime = DockerRuntime(engine, policy, request_gpus=False, progress=progress)
+    began = time.monotonic()
+    with pytest.raises(ImagePullError, match=f"cannot pull {re.escape(image)}: .*manifest unknown$"):
+        await bounded(runtime.start(_attempt("pl-retry-notag", image)))
+    assert time.monotonic() - began < 2 + 4  # the 404 was not waited on
+    assert registry.pings() == 2
+    assert [m for m in progress.of("pl-retry-notag") if "trying again" in m] == [
+        f"pulling {image}: registry answered 503 Service Unavailable, trying again in 2 s"
+    ]
+    assert _no_container(engine, "pl-retry-notag")
+
+
+@pytest.mark.asyncio
+async def test_the_time_limit_bounds_the_tries_and_the_waits_between_them(
+    engine, registry: Registry, policy: HostPolicy
+) -> None:
+    image = serve_image(engine, registry)
+    registry.outage = [UNAVAILABLE] * 1000
+    runtime = DockerRuntime(engine, policy, request_gpus=False, pull_timeout_s=5)
+    began = time.monotonic()
+    # Tries at 0 and 2 s; the next would come at 6 s, after the limit: no point waiting for it.
+    with pytest.raises(
+        ImagePullError,
+        match=f"cannot pull {re.escape(image)}: received unexpected HTTP status: 503 Service Unavailable "
+        r"\(tried 2 times within the pull timeout of 5 s\)$",
+    ):
+        await bounded(runtime.start(_attempt("pl-retry-limit", image)))
+    assert time.monotonic() - began < 5
+    assert registry.pings() == 2
+
+    registry.outage = list(FAILED_PULL)  # then a pull that is too slow: the limit counts the wait too
+    registry.bytes_per_second = SLOW
+    with pytest.raises(
+        ImagePullError,
+        match=f"pulling {re.escape(image)} did not finish within 5 s .pull timeout., after registry "
+        "answered 503 Service Unavailable$",
+    ):
+        await bounded(runtime.start(_attempt("pl-retry-slow", image)))
+    await eventually(lambda: registry.aborted_blobs == 1)
+    assert not _has_image(engine, image)
+    assert _no_container(engine, "pl-retry-limit") and _no_container(engine, "pl-retry-slow")
+
+
+@pytest.mark.asyncio
 async def test_the_agent_reports_pull_progress_and_runs_two_attempts_from_one_pull(
     engine, registry: Registry, policy: HostPolicy, tmp_path: Path
 ) -> None:
@@ -484,6 +606,36 @@ async def test_cancelling_an_attempt_during_a_slow_pull_ends_the_pull(
             assert final.message == f"stopped while pulling {image}"
             await wait_for(lambda: registry.aborted_blobs == 1)
             assert not _has_image(engine, image) and _no_container(engine, "pl-cancel")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+async def test_cancelling_an_attempt_while_it_waits_to_try_its_pull_again_ends_it_at_once(
+    engine, registry: Registry, policy: HostPolicy, tmp_path: Path
+) -> None:
+    image = serve_image(engine, registry)
+    registry.outage = [UNAVAILABLE] * 1000
+    runtime = DockerRuntime(engine, policy, request_gpus=False)
+    async with FakePortal() as portal:
+        agent = docker_agent(portal, runtime, tmp_path / "state")
+        runtime.progress = agent.report_starting
+        portal.desired = [_attempt("pl-retry-cancel", image)]
+        task = asyncio.create_task(agent.run())
+        try:
+            waiting = f"pulling {image}: registry answered 503 Service Unavailable, trying again in 2 s"
+            await wait_for(lambda: (s := portal.last_status("pl-retry-cancel")) and s.message == waiting, 60)
+            cancelled = time.monotonic()
+            await portal.set_desired([])  # the job was cancelled while the agent waited to try again
+            await wait_for(lambda: portal.last_status("pl-retry-cancel").state.is_terminal, 30)
+            assert time.monotonic() - cancelled < 1.5  # the wait had about 2 s to go
+            final = portal.last_status("pl-retry-cancel")
+            assert (final.state, final.reason) == (AttemptState.EXITED, ExitReason.STOPPED)
+            assert final.message == f"stopped while pulling {image}"
+            await asyncio.sleep(2.5)
+            assert registry.pings() == 1  # and it was never tried again
+            assert _no_container(engine, "pl-retry-cancel")
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
