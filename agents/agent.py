@@ -507,6 +507,9 @@ class Agent:
     async def refresh(self) -> None:
         """Fold what the runtime shows into the records; report every change once."""
         async with self.refresh_lock:
+            # A start that ends while the runtime is listed is missing from the listing, yet no
+            # longer starting: it counts as starting for this round, not as vanished.
+            starting_before = set(self.starting)
             observed = {item.attempt_id: item for item in await self.runtime.list_attempts()}
             records = {record.attempt_id: record for record in self.store.all()}
             for attempt_id, item in observed.items():
@@ -516,16 +519,18 @@ class Agent:
                     )
                     self.store.put(records[attempt_id])
             for record in records.values():
-                self._fold(record, observed.get(record.attempt_id))
+                self._fold(record, observed.get(record.attempt_id), starting_before)
 
-    def _fold(self, record: AttemptRecord, observed: ObservedAttempt | None) -> None:
+    def _fold(
+        self, record: AttemptRecord, observed: ObservedAttempt | None, starting_before: set[str] | None = None
+    ) -> None:
         if record.state.is_terminal:
             return
         if record.state == AttemptState.CHECKPOINTING and record.attempt_id in self.busy:
             return  # the checkpoint flow decides the outcome (checkpointed or not) itself
         exit_code, reason, message = None, None, ""
         if observed is None:
-            if record.attempt_id in self.starting:
+            if record.attempt_id in self.starting or record.attempt_id in (starting_before or ()):
                 return  # the runtime has not created it yet; the start settles it (even if stopped)
             state, reason, message = (
                 AttemptState.VANISHED,
@@ -727,6 +732,11 @@ class Agent:
         """Start an attempt that record_start recorded."""
         try:
             await self._prepare_resume(attempt)
+            record = self.store.get(attempt.attempt_id)
+            if record is None or record.state != AttemptState.STARTING:
+                # Stopped while its checkpoint was checked: the runtime has not heard of it yet,
+                # so the stop found nothing to stop, and starting it now would run a cancelled job.
+                raise RuntimeFailure("stopped before it started")
             if attempt.checkpoint_dir is not None:
                 self.markers[attempt.attempt_id] = marker_identity(Path(attempt.checkpoint_dir))
             await self.runtime.start(attempt)
@@ -741,7 +751,8 @@ class Agent:
             return
         finally:
             self.starting.discard(attempt.attempt_id)
-        self.ensure_log_pump(attempt.attempt_id)
+        if self.store.get(attempt.attempt_id) is not None:  # not removed while it started
+            self.ensure_log_pump(attempt.attempt_id)
         await self.refresh()
 
     def report_starting(self, attempt_id: str, message: str) -> None:

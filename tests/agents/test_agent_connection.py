@@ -24,6 +24,7 @@ from agents.protocol import (
     AttemptState,
     CheckpointDone,
     CheckpointRequest,
+    DesiredAttempt,
     ExitReason,
     GpuProcess,
     GpuRef,
@@ -538,3 +539,36 @@ async def test_checkpoint_and_stop_in_the_desired_set_preempts_without_a_request
             (done,) = portal.of_type(CheckpointDone)
             assert done.request_id is None and done.size_bytes == 1000
             assert not portal.of_type(RequestAck) and not portal.of_type(RequestReject)
+
+
+@pytest.mark.asyncio
+async def test_an_attempt_cancelled_while_its_checkpoint_is_checked_never_starts(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """A resume checks the checkpoint's files first, which takes a while for a large one; a
+    cancel that comes meanwhile finds no process to stop, so the start must not make one."""
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        checked = asyncio.Event()
+        release = asyncio.Event()
+
+        async def slow_resume_check(attempt: DesiredAttempt) -> None:
+            checked.set()
+            await release.wait()
+
+        agent._prepare_resume = slow_resume_check  # type: ignore[method-assign]
+        marker = tmp_path / "started"
+        command = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close(); import time; time.sleep(60)"]
+        portal.desired = [make_attempt("att-1", command=command)]
+        async with running(agent):
+            await asyncio.wait_for(checked.wait(), 20)
+            await portal.set_desired([])  # the job was cancelled
+            stopping = AttemptState.STOPPING
+            await wait_for(lambda: getattr(portal.last_status("att-1"), "state", None) == stopping)
+            release.set()
+            await wait_for(lambda: (s := portal.last_status("att-1")) is not None and s.state.is_terminal)
+            status = portal.last_status("att-1")
+            assert (status.state, status.reason) == (AttemptState.EXITED, ExitReason.STOPPED)
+            await asyncio.sleep(0.5)
+            assert not marker.exists()  # the command never ran
+            assert await agent.runtime.list_attempts() == []
