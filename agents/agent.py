@@ -518,19 +518,18 @@ class Agent:
                         attempt_id=attempt_id, job_id=item.job_id, state=AttemptState.STARTING, generation=0
                     )
                     self.store.put(records[attempt_id])
+            starting = starting_before | self.starting
             for record in records.values():
-                self._fold(record, observed.get(record.attempt_id), starting_before)
+                self._fold(record, observed.get(record.attempt_id), starting)
 
-    def _fold(
-        self, record: AttemptRecord, observed: ObservedAttempt | None, starting_before: set[str] | None = None
-    ) -> None:
+    def _fold(self, record: AttemptRecord, observed: ObservedAttempt | None, starting: set[str]) -> None:
         if record.state.is_terminal:
             return
         if record.state == AttemptState.CHECKPOINTING and record.attempt_id in self.busy:
             return  # the checkpoint flow decides the outcome (checkpointed or not) itself
         exit_code, reason, message = None, None, ""
         if observed is None:
-            if record.attempt_id in self.starting or record.attempt_id in (starting_before or ()):
+            if record.attempt_id in starting:
                 return  # the runtime has not created it yet; the start settles it (even if stopped)
             state, reason, message = (
                 AttemptState.VANISHED,
