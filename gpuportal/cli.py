@@ -333,10 +333,15 @@ def report_dry_run(ctx: Context, verdict: DryRun) -> int:
         print_json(ctx, verdict.model_dump(mode="json"))
         return OK
     ctx.out.print(escape(verdict_line(verdict)))
+    if verdict.scheduling_paused:
+        ctx.err.print(PAUSED_NOTE)
     if not ctx.args.quiet:
         for hint in verdict.hints:
             ctx.out.print(escape(f"  would help: {hint.message}"))
     return OK
+
+
+PAUSED_NOTE = "Note: an admin has paused scheduling; nothing starts until it resumes."
 
 
 def verdict_line(verdict: DryRun, now: datetime | None = None) -> str:

@@ -86,6 +86,7 @@ class DryRun(_Resource):
     placement: str | None = None  # where it would start: "node:0,1" per replica, "; " apart
     borrowed_gpus: int = 0
     hints: list[WhatIfHint] = []
+    scheduling_paused: bool = False  # an admin paused scheduling: nothing starts until it resumes
 
 
 class Job(_Resource):

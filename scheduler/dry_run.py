@@ -7,6 +7,8 @@ snapshot the cycle would load, the job added to it as pending and submitted now,
 computed by the same code, and cannot drift from them. Nothing the core says to others leaves
 this module: the plan's starts, preemptions and other jobs' reasons are dropped, and the job's
 own reason is one the core already words for its owner (a job of another tenant is never named).
+The verdict is the cycle's; when an admin has paused the scheduling loop, it says so as well,
+since no cycle runs until the loop resumes.
 
 Everything runs in a read-only transaction that is rolled back, so a write reached through the
 shared code is refused by PostgreSQL rather than made; the job's id is not taken either.
@@ -31,7 +33,7 @@ from portal.jobs.services import (
 from portal.lib.db import read_only_transaction
 from scheduler import core
 from scheduler.store import from_epoch, hint_data, load_snapshot, placement_text, queue_numbers, queued_job
-from scheduler.tasks import load_profile
+from scheduler.tasks import load_profile, loop_paused
 
 # The id the job has in the snapshot: no stored job's (those are numbers), and never shown.
 DRY_RUN_ID = core.JobId("dry-run")
@@ -50,11 +52,17 @@ class Verdict:
     placement: str | None = None
     borrowed_gpus: int = 0
     hints: list[dict[str, Any]] = field(default_factory=list)
+    scheduling_paused: bool = False
 
 
 def dry_run_submission(user: Any, spec: dict[str, Any]) -> Verdict:
     """The verdict on a spec validated by JobSpecSerializer. Raises what submit_job raises
     (PermissionDenied, JobRejected) for what it would refuse, and stores nothing."""
+    verdict = _verdict(user, spec)
+    return dataclasses.replace(verdict, scheduling_paused=loop_paused())
+
+
+def _verdict(user: Any, spec: dict[str, Any]) -> Verdict:
     with read_only_transaction():
         job = pending_job(user, spec, reserve_id=False)
         now = time.time()

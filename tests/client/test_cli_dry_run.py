@@ -42,8 +42,17 @@ def test_a_job_that_fits_would_start_now(run_cli, tokens, tmp_path, paused_loop)
     result = run_cli(tokens["alice"], "submit", str(spec_file(tmp_path, "s-A100")), "--dry-run")
     assert result.returncode == cli.OK, result.stderr
     assert re.fullmatch(r"would start now on a100-node-\d:\d,\d\n", result.stdout), result.stdout
+    assert cli.PAUSED_NOTE in result.stderr, result.stderr  # this test's loop is paused
     assert not Job.objects.exists() and not JobEvent.objects.exists()
     no_traceback(result)
+
+
+def test_no_pause_is_noted_while_scheduling_runs(run_cli, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    Node.objects.update(state="ready")
+    result = run_cli(tokens["alice"], "submit", str(spec_file(tmp_path, "s-A100")), "--dry-run")
+    assert result.returncode == cli.OK, result.stderr
+    assert result.stdout.startswith("would start now on a100-node-"), result.stdout
+    assert "paused" not in result.stderr, result.stderr
 
 
 def test_a_job_over_quota_would_wait_and_hears_what_helps(

@@ -31,6 +31,7 @@ VERDICT_KEYS = {
     "placement",
     "borrowed_gpus",
     "hints",
+    "scheduling_paused",
 }
 
 
@@ -78,6 +79,7 @@ def test_a_job_that_fits_would_start_now_and_nothing_is_written(api_for: Any, pa
     assert node.startswith("a100-node-") and len(gpus.split(",")) == 2, verdict
     assert verdict["message"] == f"Would start now on {verdict['placement']}."
     assert verdict["borrowed_gpus"] == 0
+    assert verdict["scheduling_paused"] is True  # by this test, so that no cycle runs beside it
     assert abs(moment(verdict["estimated_start"]) - timezone.now()) < timedelta(minutes=1)
     assert written() == before
     assert Job.objects.get(pk=waiting).pending_reason == "new"
@@ -86,6 +88,20 @@ def test_a_job_that_fits_would_start_now_and_nothing_is_written(api_for: Any, pa
     job = submit(alice, "small", flavor="s-A100")
     run_cycle()
     assert Job.objects.get(pk=job).state == "scheduled"
+
+
+@pytest.mark.live
+@pytest.mark.django_db(transaction=True)
+def test_the_verdict_says_whether_scheduling_is_paused(api_for: Any, live_stack: Any) -> None:
+    from scheduler.tasks import set_loop_paused
+
+    alice = api_for("alice")
+    assert dry_run(alice, SMALL)["scheduling_paused"] is False  # a live test's loop runs
+    set_loop_paused(True)
+    try:
+        assert dry_run(alice, SMALL)["scheduling_paused"] is True
+    finally:
+        set_loop_paused(False)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
 import type { DryRun, WhatIfHint } from "../api/types";
-import { hintBadge, verdictText } from "./verdict";
+import { PAUSED_NOTE, hintBadge, verdictText } from "./verdict";
 
 const NOW = Date.parse("2026-01-01T12:00:00Z");
 
@@ -15,6 +15,7 @@ function verdict(patch: Partial<DryRun>): DryRun {
     placement: null,
     borrowed_gpus: 0,
     hints: [],
+    scheduling_paused: false,
     ...patch,
   };
 }
@@ -34,6 +35,13 @@ describe("a dry run's verdict", () => {
   it("says so when the portal cannot estimate the start, and ends the message once", () => {
     const text = verdictText(verdict({ reason: "dependency", message: "Waiting for job 4 (pending) to succeed." }), NOW);
     expect(text).toEqual({ headline: "Would wait: Waiting for job 4 (pending) to succeed.", detail: "No estimated start." });
+  });
+
+  it("adds that nothing starts while an admin has paused scheduling", () => {
+    const starts = verdict({ would_start_now: true, reason: null, message: "Would start now on a100-node-1:0,1.", scheduling_paused: true });
+    expect(verdictText(starts, NOW)).toEqual({ headline: "Would start now on a100-node-1:0,1.", detail: PAUSED_NOTE });
+    const waits = verdictText(verdict({ reason: "dependency", message: "Waiting for job 4.", scheduling_paused: true }), NOW);
+    expect(waits.detail).toBe(`No estimated start. ${PAUSED_NOTE}`);
   });
 
   it("badges each hint with when it would start", () => {

@@ -308,3 +308,6 @@ class DryRunSerializer(serializers.Serializer):
     )
     borrowed_gpus = serializers.IntegerField(help_text="Of its GPUs, those beyond its VC's guarantee.")
     hints = WhatIfHintSerializer(many=True, help_text="Changes that would start it now or sooner.")
+    scheduling_paused = serializers.BooleanField(
+        help_text="An admin has paused the scheduling loop: nothing starts until it resumes."
+    )
