@@ -753,6 +753,18 @@ class Agent:
         if self.store.get(attempt.attempt_id) is not None:  # not removed while it started
             self.ensure_log_pump(attempt.attempt_id)
         await self.refresh()
+        self.reapply_desired()
+
+    def reapply_desired(self) -> None:
+        """Apply the newest desired set of this connection again, now that a start has ended.
+
+        Reconcile gives a starting attempt nothing to do but stream its logs: a set that asked
+        to suspend it, or to checkpoint and stop it, while its image was pulled was applied
+        without effect. Waiting for the periodic resync would leave it running for up to
+        ``resync_interval_s``; applying the set again carries the request out at once.
+        """
+        if self.connected and self.last_desired is not None:
+            self._spawn(self.apply_desired(self.last_desired))
 
     def report_starting(self, attempt_id: str, message: str) -> None:
         """What a runtime says about a start that takes a while (an image pull), sent as the

@@ -38,6 +38,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import docker
+import docker.auth
 import docker.errors
 import docker.utils
 from docker.types import DeviceRequest
@@ -195,8 +196,15 @@ _PERMANENT_PULL_ERRORS = (
     "no basic auth credentials",
     "invalid reference",
 )
-# (text in the engine's error, why the registry could not be reached)
+# (text in the engine's error, why the registry could not be reached). The network may come
+# back, and a name server may answer next time: a host that does not resolve counts too.
 _UNREACHABLE_PULL_ERRORS = (
+    ("no such host", "name not resolved"),
+    ("name resolution", "name not resolved"),
+    ("server misbehaving", "name not resolved"),
+    ("network is unreachable", "network unreachable"),
+    ("no route to host", "network unreachable"),
+    ("host is unreachable", "network unreachable"),
     ("connection refused", "connection refused"),
     ("connection reset", "connection reset"),
     ("broken pipe", "connection reset"),
@@ -323,9 +331,12 @@ class _PullStream:
     """One engine pull, read in a daemon thread of its own: the engine's progress stream is a
     blocking HTTP response that lives as long as the pull (minutes, for a large image).
 
-    ``abort`` shuts the response's socket down. The engine ends a pull whose client went away,
-    and the reading thread wakes up. Before the engine's first answer there is no socket yet:
-    the thread then closes the stream as soon as the answer comes.
+    The pull is asked for with the Engine API's own call (``POST /images/create``) rather than
+    docker-py's ``pull``, which hides the response inside a generator: holding the response is
+    what lets ``abort`` end the pull from another thread. ``abort`` shuts the response's socket
+    down; the engine ends a pull whose client went away, and the reading thread wakes up.
+    Before the engine's first answer there is no response yet: the thread then closes it as
+    soon as the answer comes.
     """
 
     def __init__(
@@ -367,15 +378,7 @@ class _PullStream:
             _shut_down(response)
 
     def _read(self) -> None:
-        repository, tag = pull_reference(self.reference)
-        auth_config = None
-        if self.auth is not None:
-            auth_config = {"username": self.auth.username, "password": self.auth.password}
-        try:
-            stream = self.api.pull(repository, tag, stream=True, decode=True, auth_config=auth_config)
-        except docker.errors.APIError as error:
-            raise _pull_failure(self.reference, str(error.explanation or error)) from None
-        response = _response_of(stream)
+        response = self._request()
         with self._lock:
             self._response = response
             aborted = self._aborted
@@ -383,7 +386,10 @@ class _PullStream:
             if aborted:
                 return
             last_report = time.monotonic()  # the start already said "pulling"
-            for event in stream:
+            for line in response.iter_lines():
+                if not line:
+                    continue
+                event = json.loads(line)
                 if "error" in event:
                     raise _pull_failure(self.reference, str(event["error"]))
                 self.progress.feed(event)
@@ -400,16 +406,34 @@ class _PullStream:
         finally:
             with self._lock:
                 self._ended = True
-            if response is not None:
-                with contextlib.suppress(Exception):
-                    response.close()
+            with contextlib.suppress(Exception):
+                response.close()
 
-
-def _response_of(stream: Any) -> Any:
-    """The HTTP response under docker-py's pull stream (a generator over ``response``): the one
-    handle that can end a pull from outside the thread that reads it."""
-    frame = getattr(stream, "gi_frame", None)
-    return frame.f_locals.get("response") if frame is not None else None
+    def _request(self) -> Any:
+        """Ask the engine to pull; its streaming answer (one JSON progress event a line).
+        Raises ImagePullError when the engine refuses at once."""
+        repository, tag = pull_reference(self.reference)
+        if self.auth is not None:
+            credentials = {"username": self.auth.username, "password": self.auth.password}
+            auth_header = docker.auth.encode_header(credentials)
+        else:  # as docker-py's pull: what the Docker config of the agent's user has, if anything
+            registry, _ = docker.auth.resolve_repository_name(repository)
+            auth_header = docker.auth.get_config_header(self.api, registry)
+        response = self.api.post(
+            f"{self.api.base_url}/v{self.api.api_version}/images/create",
+            params={"fromImage": repository, "tag": tag},
+            headers={"X-Registry-Auth": auth_header} if auth_header else {},
+            stream=True,
+            timeout=None,  # a pull lasts as long as it lasts; the pull timeout bounds it
+        )
+        if not response.ok:
+            with contextlib.closing(response):
+                try:
+                    explanation = str(response.json()["message"])
+                except (ValueError, KeyError, TypeError):
+                    explanation = response.text.strip() or f"{response.status_code} {response.reason}"
+            raise _pull_failure(self.reference, explanation)
+        return response
 
 
 def _shut_down(response: Any) -> None:

@@ -1,6 +1,7 @@
 """Image pulls before a container is created: the pull policy, progress in the attempt's status,
 registry credentials, clear failures, shared pulls, more tries while the registry is briefly away,
-and the end of a pull by a stop, a cancel or the time limit.
+the end of a pull by a stop, a cancel or the time limit, and a suspend or a checkpoint asked for
+during a pull.
 
 The engine tests use the private engine of tests/docker_engine.py and a read-only registry on
 127.0.0.1 (tests/registry.py). Each test builds an image with a random payload (so that no layer
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 import json
 import logging
@@ -28,8 +30,9 @@ import pytest
 from agent_builders import collect_logs, docker_agent, eventually, make_attempt
 from fake_portal import FakePortal, wait_for
 
+from agents.agent import Agent
 from agents.config import parse_args
-from agents.protocol import AttemptState, DesiredAttempt, ExitReason
+from agents.protocol import AttemptState, CheckpointDone, DesiredAttempt, ExitReason
 from agents.runtime import RuntimeFailure
 from agents.runtime.docker import (
     DockerRuntime,
@@ -132,6 +135,33 @@ def test_bad_registry_credentials_are_refused_without_showing_them(
             'Get "https://r.example.org/v2/": net/http: TLS handshake timeout',
             "registry unreachable (timed out)",
         ),
+        (
+            'Get "https://r.example.org/v2/": dial tcp: lookup r.example.org on 10.0.0.1:53: no such host',
+            "registry unreachable (name not resolved)",
+        ),
+        (
+            'Get "https://r.example.org/v2/": dial tcp: lookup r.example.org: '
+            "Temporary failure in name resolution",
+            "registry unreachable (name not resolved)",
+        ),
+        (
+            'Get "https://r.example.org/v2/": dial tcp: lookup r.example.org on 10.0.0.1:53: '
+            "server misbehaving",
+            "registry unreachable (name not resolved)",
+        ),
+        (
+            'Get "https://r.example.org/v2/": dial tcp: lookup r.example.org on 10.0.0.1:53: read udp '
+            "10.0.0.2:40000->10.0.0.1:53: i/o timeout",
+            "registry unreachable (timed out)",
+        ),
+        (
+            'Get "https://r.example.org/v2/": dial tcp 10.0.0.9:443: connect: network is unreachable',
+            "registry unreachable (network unreachable)",
+        ),
+        (
+            'Get "https://r.example.org/v2/": dial tcp 10.0.0.9:443: connect: no route to host',
+            "registry unreachable (network unreachable)",
+        ),
         ("manifest unknown", None),
         ("manifest for r.example.org/ml/x:2 not found: manifest unknown: manifest unknown", None),
         ("unauthorized: authentication required", None),
@@ -227,7 +257,7 @@ def _rootfs(payload: bytes) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         archive.add(BUSYBOX, arcname="bin/busybox")
-        for applet in ("sh", "cat", "sleep"):
+        for applet in ("sh", "cat", "sleep", "mv"):
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type = tarfile.SYMTYPE
             link.linkname = "busybox"
@@ -352,6 +382,32 @@ async def test_a_missing_tag_and_an_unreachable_registry_fail_the_start_clearly(
     ):
         await bounded(briefly.start(_attempt("pl-unreachable", unreachable)))
     assert _no_container(engine, "pl-unreachable")
+
+
+@pytest.mark.asyncio
+async def test_a_registry_name_that_does_not_resolve_is_tried_again_within_the_limit(
+    engine, policy: HostPolicy
+) -> None:
+    """A failed name lookup may pass (a name server away for a moment), so it is tried again like
+    a refused connection. The registry's name has a label longer than DNS allows, under the
+    reserved .invalid domain: the engine's resolver refuses it without asking any name server."""
+    image = f"{'n' * 64}.invalid/ml/pulled:1"
+    progress = Progress()
+    runtime = DockerRuntime(engine, policy, request_gpus=False, pull_timeout_s=3, progress=progress)
+    began = time.monotonic()
+    with pytest.raises(
+        ImagePullError,
+        match=f"cannot pull {re.escape(image)}: .*lookup .*no such host "
+        r"\(tried 2 times within the pull timeout of 3 s\)$",
+    ):
+        await bounded(runtime.start(_attempt("pl-no-such-host", image)))
+    assert time.monotonic() - began < 3  # tries at 0 and 2 s: a third would come after the limit
+    assert progress.of("pl-no-such-host") == [
+        f"pulling {image}",
+        f"pulling {image}: registry unreachable (name not resolved), trying again in 2 s",
+        f"pulling {image} (try 2)",
+    ]
+    assert _no_container(engine, "pl-no-such-host")
 
 
 @pytest.mark.asyncio
@@ -636,6 +692,89 @@ async def test_cancelling_an_attempt_while_it_waits_to_try_its_pull_again_ends_i
             await asyncio.sleep(2.5)
             assert registry.pings() == 1  # and it was never tried again
             assert _no_container(engine, "pl-retry-cancel")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+# The trap comes first: the agent may signal the job right after its container started.
+SAVES_ON_SIGNAL = (
+    "save() { echo weights > $GPUPORTAL_CHECKPOINT_DIR/step-3;"
+    ' echo \'{"step": 3, "path": "step-3"}\' > $GPUPORTAL_CHECKPOINT_DIR/.marker.tmp;'
+    " mv $GPUPORTAL_CHECKPOINT_DIR/.marker.tmp $GPUPORTAL_CHECKPOINT_DIR/checkpoint.json; exit 0; };"
+    " trap save USR1; echo up; while true; do sleep 0.05; done"
+)
+
+
+async def _change_while_pulling(portal: FakePortal, agent: Agent, changed: DesiredAttempt) -> None:
+    """Send `changed` once the pull of its attempt is under way, and check that the attempt is
+    still starting when the agent has the set (so the set cannot act on it yet)."""
+    attempt_id = changed.attempt_id
+    await wait_for(
+        lambda: (s := portal.last_status(attempt_id)) and re.search(r"\d+ of \d+ MiB$", s.message), 60
+    )
+    await portal.set_desired([changed])
+    await wait_for(lambda: agent.newest_revision == portal.revision)
+    assert attempt_id in agent.starting and portal.last_status(attempt_id).state == AttemptState.STARTING
+
+
+@pytest.mark.asyncio
+async def test_a_suspend_asked_for_during_the_pull_is_carried_out_once_the_attempt_started(
+    engine, registry: Registry, policy: HostPolicy, tmp_path: Path
+) -> None:
+    image = serve_image(engine, registry)
+    registry.bytes_per_second = MIB  # about four seconds
+    runtime = DockerRuntime(engine, policy, request_gpus=False)
+    async with FakePortal() as portal:
+        agent = docker_agent(portal, runtime, tmp_path / "state")
+        agent.config = dataclasses.replace(agent.config, resync_interval_s=3600)  # no resync to wait for
+        runtime.progress = agent.report_starting
+        job = _attempt("pl-suspend", image, script="echo up; while true; do sleep 0.05; done")
+        portal.desired = [job]
+        task = asyncio.create_task(agent.run())
+        try:
+            suspend = job.model_copy(update={"run_state": "suspended"})
+            await _change_while_pulling(portal, agent, suspend)
+            await wait_for(lambda: portal.last_status("pl-suspend").state == AttemptState.SUSPENDED, 30)
+            assert engine.containers.get("gpuportal-pl-suspend").status == "paused"
+            assert [s.state for s in portal.statuses("pl-suspend")][-2:] == [
+                AttemptState.RUNNING,
+                AttemptState.SUSPENDED,
+            ]
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            # The engine serves the module's other tests: their agents would find it and stop it.
+            for container in engine.containers.list(all=True, filters={"name": "gpuportal-pl-suspend"}):
+                container.remove(force=True)
+
+
+@pytest.mark.asyncio
+async def test_a_checkpoint_and_stop_asked_for_during_the_pull_is_carried_out_once_the_attempt_started(
+    engine, registry: Registry, policy: HostPolicy, tmp_path: Path
+) -> None:
+    image = serve_image(engine, registry)
+    registry.bytes_per_second = MIB
+    runtime = DockerRuntime(engine, policy, request_gpus=False)
+    checkpoint_dir = tmp_path / "ckpt" / "job-pl"
+    async with FakePortal() as portal:
+        agent = docker_agent(portal, runtime, tmp_path / "state")
+        agent.config = dataclasses.replace(agent.config, resync_interval_s=3600)
+        runtime.progress = agent.report_starting
+        job = _attempt("pl-preempt", image, script=SAVES_ON_SIGNAL).model_copy(
+            update={"checkpoint_dir": str(checkpoint_dir)}
+        )
+        portal.desired = [job]
+        task = asyncio.create_task(agent.run())
+        try:
+            preempt = job.model_copy(update={"checkpoint_and_stop": True})
+            await _change_while_pulling(portal, agent, preempt)
+            await wait_for(lambda: portal.last_status("pl-preempt").state == AttemptState.EXITED, 30)
+            final = portal.last_status("pl-preempt")
+            # The job's own exit after saving races the agent's stop (SIGTERM, 143); both are fine.
+            assert final.reason == ExitReason.CHECKPOINTED and final.exit_code in (0, 143)
+            (done,) = portal.of_type(CheckpointDone)
+            assert (done.request_id, done.step, done.path) == (None, 3, str(checkpoint_dir / "step-3"))
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
