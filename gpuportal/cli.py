@@ -26,7 +26,17 @@ from rich.table import Table
 
 from gpuportal import __version__, config
 from gpuportal.client import MAX_ARRAY_JOBS, AuthError, BadRequest, NotFound, PortalClient, PortalError
-from gpuportal.models import Attempt, DryRun, Job, JobDetail, JobEvent, LogLine, Quota, VirtualCluster
+from gpuportal.models import (
+    Attempt,
+    DryRun,
+    Job,
+    JobDetail,
+    JobEvent,
+    LogLine,
+    Quota,
+    VirtualCluster,
+    Webhook,
+)
 from gpuportal.shell import run_shell
 
 OK = 0
@@ -41,7 +51,8 @@ INTERRUPTED = 130
 EXIT_CODES = {
     OK: "success (submit --follow and logs -f: the job succeeded; submit --dry-run: the spec is accepted)",
     JOB_FAILED: (
-        "the job failed, was cancelled or timed out (submit --follow, logs -f); shell: refused or cut off"
+        "the job failed, was cancelled or timed out (submit --follow, logs -f); shell: refused or cut off;"
+        " webhooks test: the delivery failed"
     ),
     USAGE: "bad usage or input: unknown option, unreadable file, a spec field the portal refused",
     NOT_FOUND: "no such job or virtual cluster (another tenant's looks the same)",
@@ -524,6 +535,8 @@ def cmd_status(ctx: Context) -> int:
     info.add_row("Submitted", f"{clock(job.submitted_at)} ({relative(job.submitted_at)})")
     if job.after:
         info.add_row("Starts after", ", ".join(f"job {dep}" for dep in job.after) + " " + after_text(job))
+    if job.on_hold and job.state != "pending":  # held once it has stopped
+        info.add_row("Held", escape(job.pending_message))
     if job.state == "pending":
         info.add_row("Why pending", escape(f"{job.pending_reason}: {job.pending_message}".strip(": ")))
         if job.queue_position is not None:
@@ -618,6 +631,24 @@ def cmd_logs(ctx: Context) -> int:
     return OK
 
 
+def held_text(job: Job) -> str:
+    """What a hold did: a job holding GPUs is held only once it has stopped."""
+    if job.state == "pending":
+        return " is held: it does not start until released."
+    if job.paused:
+        return (
+            f" is checkpointing; it will be held when it stops, and resumes from its checkpoint "
+            f"when released (gpuportal release {job.id})."
+        )
+    return " is stopping; it will be held when it stops, and does not start until released."
+
+
+def released_text(job: Job) -> str:
+    if job.state == "pending":
+        return " is released: it may start from the next scheduling cycle."
+    return f" is released: it is {job.state}, and is queued again once it has stopped."
+
+
 # The changes a job's owner (or a tenant admin) asks for by id: command -> (help, what the
 # job then is, after "Job ID NAME").
 JOB_CHANGES: dict[str, tuple[str, Callable[[Job], str]]] = {
@@ -630,12 +661,13 @@ JOB_CHANGES: dict[str, tuple[str, Callable[[Job], str]]] = {
         ),
     ),
     "hold": (
-        "keep a pending job from starting until you release it",
-        lambda job: " is held: it does not start until released.",
+        "keep a job from starting until you release it; a running job with checkpointing is "
+        "paused: it checkpoints, stops and waits, its GPUs free for others",
+        held_text,
     ),
     "release": (
-        "let a held job start",
-        lambda job: " is released: it may start from the next scheduling cycle.",
+        "let a held job start; a paused one resumes from its checkpoint",
+        released_text,
     ),
 }
 
@@ -783,6 +815,10 @@ def show_vc(ctx: Context, vc: VirtualCluster) -> int:
     limits = []
     if vc.max_gpus_per_user is not None:
         limits.append(counted(vc.max_gpus_per_user, "GPU") + " in use")
+    if vc.max_cpus_per_user is not None:
+        limits.append(counted(vc.max_cpus_per_user, "CPU") + " in use")
+    if vc.max_memory_gb_per_user is not None:
+        limits.append(f"{vc.max_memory_gb_per_user} GB of memory in use")
     if vc.max_pending_jobs_per_user is not None:
         limits.append(counted(vc.max_pending_jobs_per_user, "pending job"))
     info = Table.grid(padding=(0, 2))
@@ -841,6 +877,70 @@ def cmd_usage(ctx: Context) -> int:
 
 
 # -- the parser -------------------------------------------------------------------------
+
+
+# -- webhooks ---------------------------------------------------------------------------
+
+
+def delivery_text(hook: Webhook) -> str:
+    """The latest delivery: whether it got a 2xx, the receiver's status or what went wrong, when."""
+    if hook.last_delivery_at is None:
+        return "none yet"
+    status = f"HTTP {hook.last_delivery_status}" if hook.last_delivery_status is not None else ""
+    outcome = ": ".join(part for part in (status, hook.last_delivery_error) if part) or "no answer"
+    verdict = "ok" if hook.last_delivery_ok else "failed"
+    return f"{verdict}, {outcome}, {relative(hook.last_delivery_at)}"
+
+
+def cmd_webhooks(ctx: Context) -> int:
+    """Your webhooks: where the portal posts about your jobs (a spec's `notify`, idle GPUs), as
+    on the web app's Tokens & webhooks page."""
+    args, client = ctx.args, ctx.client()
+    if args.webhooks_action == "list":
+        hooks = client.webhooks()
+        if args.output == "json":
+            print_json(ctx, dump(hooks))
+        elif not hooks:
+            ctx.err.print("No webhooks: add one with `gpuportal webhooks add URL`.")
+        else:
+            rows = [
+                (
+                    str(h.id),
+                    escape(h.url),
+                    h.format,
+                    "yes" if h.enabled else "no",
+                    "yes" if h.has_secret else "no",
+                    escape(delivery_text(h)),
+                )
+                for h in hooks
+            ]
+            columns = ("ID", "URL", "FORMAT", "ENABLED", "SIGNED", "LAST DELIVERY")
+            ctx.out.print(listing(columns, rows, wraps=("URL", "LAST DELIVERY")))
+        return OK
+    if args.webhooks_action == "add":
+        secret = sys.stdin.readline().rstrip("\n") if args.secret_stdin else ""
+        hook = client.add_webhook(args.webhook_url, args.format, secret, enabled=not args.disabled)
+        if args.output == "json":
+            print_json(ctx, hook.model_dump(mode="json"))
+        else:
+            ctx.out.print(f"Webhook {hook.id} added: {escape(hook.url)}.")
+            ctx.err.print(f"Send it a test: gpuportal webhooks test {hook.id}")
+        return OK
+    try:
+        if args.webhooks_action == "remove":
+            client.remove_webhook(args.webhook_id)
+            ctx.out.print(f"Webhook {args.webhook_id} removed.")
+            return OK
+        hook = client.test_webhook(args.webhook_id)
+    except NotFound:
+        raise NotFound(f"webhook {args.webhook_id} not found", 404) from None
+    if args.output == "json":
+        print_json(ctx, hook.model_dump(mode="json"))
+    elif hook.last_delivery_ok:
+        ctx.out.print(f"Test delivered to {escape(hook.url)}: {escape(delivery_text(hook))}.")
+    else:
+        ctx.err.print(f"[red]Test failed[/] for {escape(hook.url)}: {escape(delivery_text(hook))}.")
+    return OK if hook.last_delivery_ok else JOB_FAILED
 
 
 def job_id(value: str) -> int:
@@ -968,6 +1068,25 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--until", help="ISO date (midnight UTC) or time, not included; default now")
     usage.add_argument("--csv", action="store_true", help="print the portal's CSV file instead of a table")
     add_output(usage)
+
+    webhooks = add("webhooks", cmd_webhooks, "your webhooks: where the portal posts about your jobs")
+    actions = webhooks.add_subparsers(dest="webhooks_action", metavar="ACTION", required=True)
+    add_output(actions.add_parser("list", help="your webhooks and their latest deliveries"))
+    new_hook = actions.add_parser("add", help="add a webhook (https on a public host)")
+    new_hook.add_argument("webhook_url", metavar="URL")
+    new_hook.add_argument(
+        "--format",
+        choices=["slack", "json"],
+        default="slack",
+        help="slack: a {text: ...} body (default); json: the event",
+    )
+    new_hook.add_argument("--secret-stdin", action="store_true", help="read a signing secret from stdin")
+    new_hook.add_argument("--disabled", action="store_true", help="add it disabled")
+    add_output(new_hook)
+    actions.add_parser("remove", help="delete a webhook").add_argument("webhook_id", type=int, metavar="ID")
+    test_hook = actions.add_parser("test", help="send a test delivery now and show its outcome")
+    test_hook.add_argument("webhook_id", type=int, metavar="ID")
+    add_output(test_hook)
 
     for command in sub.choices.values():
         command.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)

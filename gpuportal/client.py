@@ -32,6 +32,7 @@ from gpuportal.models import (
     PriorityClass,
     UsageReport,
     VirtualCluster,
+    Webhook,
 )
 
 API = "/api/v1"
@@ -333,7 +334,8 @@ class PortalClient:
         return self.change_job(job_id, "cancel")
 
     def change_job(self, job_id: int, change: str) -> Job:
-        """`cancel`, `top` (before its owner's other pending jobs), `hold` or `release` a job."""
+        """`cancel`, `top` (before its owner's other pending jobs), `hold` (a running job with
+        checkpointing: pause) or `release` (resume) a job."""
         return Job.model_validate(self.request("POST", f"/jobs/{int(job_id)}/{change}/"))
 
     def change_time_limit(self, job_id: int, time_limit: int | str) -> Job:
@@ -480,6 +482,22 @@ class PortalClient:
         if response.status_code >= 400:
             self._decode(response)  # a refusal is JSON: raises with the portal's message
         return response.text
+
+    # -- webhooks -----------------------------------------------------------------------
+
+    def webhooks(self) -> list[Webhook]:
+        return self._parse(Webhook, self._pages("/webhooks/", limit=None))
+
+    def add_webhook(self, url: str, format: str = "slack", secret: str = "", enabled: bool = True) -> Webhook:
+        body = {"url": url, "format": format, "secret": secret, "enabled": enabled}
+        return Webhook.model_validate(self.request("POST", "/webhooks/", json=body))
+
+    def remove_webhook(self, webhook_id: int) -> None:
+        self.request("DELETE", f"/webhooks/{webhook_id}/")
+
+    def test_webhook(self, webhook_id: int) -> Webhook:
+        """Sends a test delivery at once; the webhook comes back with its outcome."""
+        return Webhook.model_validate(self.request("POST", f"/webhooks/{webhook_id}/test/"))
 
 
 def spec_body(spec: str | dict[str, Any]) -> dict[str, Any]:

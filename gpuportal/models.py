@@ -111,6 +111,7 @@ class Job(_Resource):
     after: list[int] = []  # jobs it waits for
     after_type: str = "ok"  # how: ok (they succeeded), any (they ended), notok (one did not succeed)
     on_hold: bool = False  # held: it does not start until released
+    paused: bool = False  # held after it was paused running: released, it resumes from its checkpoint
     topped_at: datetime | None = None  # moved to the front of its owner's jobs (gpuportal top)
     whatif_hints: list[WhatIfHint] = []
     retries_left: int | None = None
@@ -191,6 +192,8 @@ class VirtualCluster(_Resource):
     queueing_policy: str = ""
     queueing_policy_label: str = ""
     max_gpus_per_user: int | None = None
+    max_cpus_per_user: int | None = None
+    max_memory_gb_per_user: int | None = None
     max_pending_jobs_per_user: int | None = None
     stop_policy: str = ""  # an admin's stop: "" (open), "hold" or "hold-and-drain"
     quotas: list[Quota] = []
@@ -238,3 +241,20 @@ class ApiToken(_Resource):
     prefix: str = ""
     expires_at: datetime | None = None
     token: str | None = None
+
+
+class Webhook(_Resource):
+    """Where the portal posts about your jobs (a spec's `notify`, idle GPUs); the secret is never
+    returned, ``has_secret`` says whether there is one."""
+
+    id: int
+    url: str
+    format: str
+    enabled: bool = True
+    has_secret: bool = False
+    created_at: datetime | None = None
+    last_delivery_at: datetime | None = None
+    last_delivery_event: str = ""
+    last_delivery_status: int | None = None  # the receiver's HTTP status; None when no answer came
+    last_delivery_error: str = ""
+    last_delivery_ok: bool | None = None  # None before the first delivery

@@ -23,7 +23,7 @@ DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY", "insecure-development-key-change-me" if DEBUG else None)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
-# Keys that encrypt job secret variables and admins' TOTP secrets at rest (portal.lib.encryption):
+# Keys that encrypt job secret variables, admins' TOTP secrets and webhooks at rest (portal.lib.encryption):
 # comma-separated Fernet keys, the first encrypts, all decrypt. Required unless DEBUG, which
 # derives a throw-away one from SECRET_KEY.
 FIELD_ENCRYPTION_KEYS = env_fernet_keys(
@@ -175,6 +175,8 @@ REST_FRAMEWORK = {
         "tokens": env_str("THROTTLE_TOKENS", "30/min"),
         "submit": env_str("THROTTLE_SUBMIT", "600/min"),
         "dry-run": env_str("THROTTLE_DRY_RUN", "30/min"),
+        # Webhook changes and test deliveries (each a request to another server).
+        "webhooks": env_str("THROTTLE_WEBHOOKS", "30/min"),
     },
     "DEFAULT_PARSER_CLASSES": [
         "portal.lib.parsers.JSONParser",
@@ -198,6 +200,7 @@ SPECTACULAR_SETTINGS = {
         "AttemptStateEnum": "portal.jobs.choices.AttemptState",
         "DependencyTypeEnum": "portal.jobs.choices.DependencyType",
         "NodeStateEnum": "portal.cluster.choices.NodeState",
+        "WebhookFormatEnum": "portal.accounts.choices.WebhookFormat",
     },
 }
 
@@ -276,6 +279,13 @@ MAILERS = {
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU Portal <gpuportal@localhost>")
 # The portal's address as users reach it, for the links in those mails.
 PORTAL_URL = env_str("PORTAL_URL", "http://127.0.0.1:8000")
+# Webhooks (portal.accounts.webhooks): each user may register this many; a delivery waits this
+# long for an answer. Hosts that resolve to loopback, private, link-local, multicast or reserved
+# addresses are refused, at registration and at each delivery, unless an operator allows them
+# here (for receivers inside the organisation's network).
+WEBHOOK_MAX_PER_USER = env_int("WEBHOOK_MAX_PER_USER", 10)
+WEBHOOK_TIMEOUT_S = env_int("WEBHOOK_TIMEOUT_S", 5)
+WEBHOOK_ALLOW_PRIVATE_HOSTS = env_bool("WEBHOOK_ALLOW_PRIVATE_HOSTS", False)
 # Where jobs' checkpoint directories live on the GPU hosts (shared storage in production).
 CHECKPOINT_ROOT = env_str(
     "CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints") if DEBUG else "/srv/gpuportal/checkpoints"
@@ -325,4 +335,6 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # httpx logs every request's URL at INFO: a webhook's URL is a credential (a chat tool's is).
+    "loggers": {"httpx": {"level": "WARNING"}},
 }

@@ -93,6 +93,11 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
             quotas=tuple(quotas[vc.pk]),
             queueing_policy=vc.queueing_policy,
             max_gpus_per_user=vc.max_gpus_per_user,
+            # In the core's units, as the jobs' requests are converted (core_fields).
+            max_cpu_milli_per_user=None if vc.max_cpus_per_user is None else vc.max_cpus_per_user * 1000,
+            max_memory_mib_per_user=(
+                None if vc.max_memory_gb_per_user is None else vc.max_memory_gb_per_user * 1024
+            ),
             stop_policy=vc.stop_policy,
         )
         for vc in VirtualCluster.objects.select_related("tenant").order_by("name")
@@ -417,7 +422,7 @@ def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> i
 def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
     """Reason, message, estimated start, queue position and what-if hints of every job left
     pending (or suspended, waiting for its next turn), in one statement; a job that left those
-    states meanwhile is not touched."""
+    states meanwhile, or was held (its reason says so), is not touched."""
     if not statuses:
         return
     with connection.cursor() as cursor:
@@ -426,7 +431,8 @@ def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
             "estimated_start_at = s.estimate, queue_position = s.position, whatif_hints = s.hints::jsonb "
             "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[], %s::text[]) "
             "AS s(id, reason, message, estimate, position, hints) "
-            "WHERE jobs_job.id = s.id AND jobs_job.state IN ('pending', 'suspended')",
+            "WHERE jobs_job.id = s.id AND jobs_job.state IN ('pending', 'suspended') "
+            "AND NOT jobs_job.on_hold",
             [
                 [int(st.job_id) for st in statuses],
                 [st.reason.value for st in statuses],
@@ -469,15 +475,26 @@ def hint_data(hint: core.WhatIfHint) -> dict[str, Any]:
     }
 
 
-def preempt_job(job: Job, preemption: core.Preemption, name_preemptor: bool = True) -> bool:
+def preempt_job(
+    job: Job, preemption: core.Preemption, name_preemptor: bool = True, actor: Any = None, **fields: Any
+) -> bool:
     """running -> checkpointing; the agents checkpoint (or stop) it within the grace period, and
     its GPUs are freed when they report it ended (portal.jobs.services). The event keeps the
-    job it was preempted for unless `name_preemptor` is false (a job of another tenant)."""
+    job it was preempted for unless `name_preemptor` is false (a job of another tenant).
+
+    A user's pause (portal.jobs.services.hold_job) takes this same path, so that it ends as a
+    preemption does: `actor` is then the user, and `fields` mark the job held in the same move."""
     data = {"preemption": preemption.reason}
     if name_preemptor and preemption.for_job:
         data["for_job"] = preemption.for_job
     if not transition_job(
-        job, JobState.CHECKPOINTING, label="scheduler", reason=preemption.message, data=data
+        job,
+        JobState.CHECKPOINTING,
+        actor=actor,
+        label="scheduler" if actor is None else "",
+        reason=preemption.message,
+        data=data,
+        **fields,
     ):
         return False
     attempt = job.current_attempt()

@@ -212,6 +212,8 @@ def live_stack(
         "SMTP_PORT": str(mailbox.port),
         "SMTP_STARTTLS": "false",
         "PORTAL_URL": f"http://127.0.0.1:{port}",
+        # Webhook tests post to receivers on loopback (tests/webhook_receiver.py).
+        "WEBHOOK_ALLOW_PRIVATE_HOSTS": "true",
     }
     from portal.devstack import portal_commands
 
@@ -401,6 +403,41 @@ def fresh_throttle_counts() -> None:
     from django.core.cache import cache
 
     cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def webhooks_stay_on_loopback(monkeypatch: Any) -> None:
+    """No test sends a webhook off this machine or looks a host name up in DNS (Schemathesis
+    makes URLs up; tests register public address literals): in this process, names other than
+    localhost do not resolve, and a delivery to an address off loopback fails before it connects.
+    The live stack's processes have no such net: their tests post only to loopback receivers."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    from portal.accounts import webhooks
+
+    real_resolve, real_post = webhooks._resolve, webhooks.post
+
+    def resolve_offline(host: str, port: int) -> Any:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if host != "localhost":
+                raise webhooks.UnresolvedHost(f"The host {host} cannot be resolved.") from None
+        return real_resolve(host, port)
+
+    def post_on_loopback(url: str, *args: Any, **kwargs: Any) -> Any:
+        host = urlsplit(url).hostname or ""
+        try:
+            off_loopback = not ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            off_loopback = False  # a name: resolve_offline refuses all but localhost
+        if off_loopback:
+            return webhooks.Outcome(None, "tests post only to loopback")
+        return real_post(url, *args, **kwargs)
+
+    monkeypatch.setattr(webhooks, "_resolve", resolve_offline)
+    monkeypatch.setattr(webhooks, "post", post_on_loopback)
 
 
 @pytest.fixture(autouse=True)

@@ -79,7 +79,7 @@ const NAV = [
   { href: "/cluster", label: "Cluster" },
   { href: "/vcs", label: "Virtual clusters" },
   { href: "/usage", label: "Usage" },
-  { href: "/tokens", label: "Tokens" },
+  { href: "/tokens", label: "Tokens & webhooks" },
 ];
 
 function isCurrent(href: string, path: string): boolean {

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 
-from portal.accounts.models import ApiToken, AuditEntry, Membership, Tenant, TotpDevice
+from portal.accounts.models import ApiToken, AuditEntry, Membership, Tenant, TotpDevice, Webhook
 from portal.accounts.services import revoke_api_token
 from portal.lib.admin import AuditedModelAdmin, ReadOnlyModelAdmin
 
@@ -49,6 +50,45 @@ class ApiTokenAdmin(AuditedModelAdmin):
     def revoke(self, request: Any, queryset: Any) -> None:
         for token in queryset:
             revoke_api_token(token, request.user)
+
+
+@admin.register(Webhook)
+class WebhookAdmin(AuditedModelAdmin):
+    """Users register their own webhooks; admins see where they post and may disable or delete
+    one. The URL is shown by its host only (a chat tool's webhook URL is a credential) and the
+    secret never."""
+
+    list_display = ["__str__", "host", "format", "enabled", "last_delivery_at", "last_delivery_status"]
+    list_filter = ["enabled", "format"]
+    search_fields = ["user__username"]
+    fields = [
+        "user",
+        "host",
+        "format",
+        "enabled",
+        "created_at",
+        "last_delivery_at",
+        "last_delivery_event",
+        "last_delivery_status",
+        "last_delivery_error",
+    ]
+    readonly_fields = [
+        "user",
+        "host",
+        "format",
+        "created_at",
+        "last_delivery_at",
+        "last_delivery_event",
+        "last_delivery_status",
+        "last_delivery_error",
+    ]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    @admin.display(description="host")
+    def host(self, obj: Webhook) -> str:
+        return urlsplit(obj.url).hostname or ""
 
 
 @admin.register(AuditEntry)

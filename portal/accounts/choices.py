@@ -10,3 +10,10 @@ class Role(models.TextChoices):
 
 
 SUBMIT_ROLES = frozenset({Role.ADMIN, Role.MEMBER})
+
+
+class WebhookFormat(models.TextChoices):
+    """The body a webhook receives: chat tools take `{"text": ...}`; other receivers the JSON event."""
+
+    SLACK = "slack", 'Slack / Mattermost ({"text": ...})'
+    JSON = "json", "JSON event"

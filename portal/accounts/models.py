@@ -1,4 +1,4 @@
-"""Tenants, their members, API tokens and the audit log."""
+"""Tenants, their members, API tokens, webhooks and the audit log."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from portal.accounts.choices import Role
+from portal.accounts.choices import Role, WebhookFormat
 from portal.lib.encryption import EncryptedTextField
 
 if TYPE_CHECKING:
@@ -103,6 +103,48 @@ class ApiToken(models.Model):
         if self.revoked_at is not None:
             return False
         return self.expires_at is None or self.expires_at > timezone.now()
+
+
+class Webhook(models.Model):
+    """Where the portal posts its notices about a user's jobs (the states a spec's `notify` names,
+    idle GPUs), beside or instead of mail.
+
+    The URL is encrypted at rest like the secret: a chat tool's incoming-webhook URL is itself a
+    credential (whoever has it may post to the channel). The secret signs each delivery, so the
+    portal must read it back: it cannot be hashed, and the API never returns it. The outcome of
+    the latest delivery is kept for the user to debug their receiver.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhooks")
+    url = EncryptedTextField()
+    format = models.CharField(max_length=8, choices=WebhookFormat.choices, default=WebhookFormat.SLACK)
+    secret = EncryptedTextField(blank=True, help_text="Signs each delivery (HMAC-SHA256); never shown.")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_delivery_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_delivery_event = models.CharField(max_length=32, blank=True, editable=False)
+    last_delivery_status = models.PositiveSmallIntegerField(
+        null=True, blank=True, editable=False, help_text="The receiver's HTTP status; empty when none came."
+    )
+    last_delivery_error = models.CharField(max_length=300, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"webhook {self.pk} of {self.user}"
+
+    @property
+    def has_secret(self) -> bool:
+        return bool(self.secret)
+
+    @property
+    def last_delivery_ok(self) -> bool | None:
+        """None before the first delivery."""
+        if self.last_delivery_at is None:
+            return None
+        status = self.last_delivery_status
+        return status is not None and 200 <= status < 300 and not self.last_delivery_error
 
 
 class AuditEntry(models.Model):

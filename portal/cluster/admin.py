@@ -42,6 +42,8 @@ class VirtualClusterAdmin(AuditedModelAdmin):
         "stop_policy",
         "queueing_policy",
         "max_gpus_per_user",
+        "max_cpus_per_user",
+        "max_memory_gb_per_user",
         "max_pending_jobs_per_user",
     ]
     list_filter = ["tenant", "stop_policy", "queueing_policy"]

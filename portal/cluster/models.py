@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -41,7 +42,26 @@ class VirtualCluster(models.Model):
         max_length=16, choices=QueueingPolicy.choices, default=QueueingPolicy.PROFILE, blank=True
     )
     max_gpus_per_user = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Per-user limit inside this VC; empty means no limit."
+        null=True,
+        blank=True,
+        help_text="GPUs one user's running jobs may hold in this VC; a job that would take its user "
+        "past it waits, one that asks for more on its own is refused. Empty means no limit.",
+    )
+    max_cpus_per_user = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="CPUs one user's running jobs may hold in this VC, all replicas counted; a job "
+        "that would take its user past it waits, one that asks for more on its own is refused. "
+        "Empty means no limit.",
+    )
+    max_memory_gb_per_user = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="GB of memory one user's running jobs may hold in this VC, all replicas counted; "
+        "a job that would take its user past it waits, one that asks for more on its own is "
+        "refused. Empty means no limit.",
     )
     max_pending_jobs_per_user = models.PositiveIntegerField(
         null=True,
@@ -64,6 +84,25 @@ class VirtualCluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def per_user_excess(self, replicas: int, gpus: int, cpus: int, memory_gb: int) -> str:
+        """Why a job of `replicas` replicas of this much each could never start in this VC: on
+        its own it asks for more than a per-user cap allows ("" when it does not). The
+        scheduler would keep it waiting for its user's other jobs to end, in vain."""
+        asks = (
+            (gpus, self.max_gpus_per_user, "", "GPUs"),
+            (cpus, self.max_cpus_per_user, "", "CPUs"),
+            (memory_gb, self.max_memory_gb_per_user, " GB", "GB of memory"),
+        )
+        for per_replica, cap, unit, what in asks:
+            if cap is None or per_replica * replicas <= cap:
+                continue
+            shape = f" ({replicas} replicas of {per_replica}{unit})" if replicas > 1 else ""
+            return (
+                f"The job asks for {per_replica * replicas} {what}{shape} but VC {self.name} allows "
+                f"one user at most {cap}{unit}, so it could never start."
+            )
+        return ""
 
 
 class Quota(models.Model):

@@ -1,12 +1,16 @@
-"""Mail about jobs: to the owner when a job reaches a state its spec's `notify` names, and to the
-owner and the tenant's admins when a job's GPUs sit idle. Sent by the worker (portal.jobs.tasks),
-never inside the transaction that changed the job; no mail while SMTP_HOST is empty."""
+"""Notices about jobs: to the owner when a job reaches a state its spec's `notify` names, by mail
+and to each of their enabled webhooks; when a job's GPUs sit idle, by mail to the owner and the
+tenant's admins and to the owner's webhooks. Sent by the worker (portal.jobs.tasks), never inside
+the transaction that changed the job; no mail while SMTP_HOST is empty."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.conf import settings
 from django.core.mail import send_mail
 
+from portal.accounts import webhooks
 from portal.accounts.choices import Role
 from portal.jobs.models import Job
 
@@ -57,3 +61,64 @@ def mail_idle_job(job_id: int, message: str) -> int:
         f"\nIts GPUs are held but unused; cancel it if it is stuck.\n\n{job_url(job.pk)}\n"
     )
     return send_mail(f"Job {job.pk} ({job.name}) is idle", body, None, to)
+
+
+def notify_problem(user: Any) -> str | None:
+    """Why a spec's `notify` would reach nobody, or None: the owner needs an address the portal
+    can mail to, or an enabled webhook."""
+    if settings.MAIL_ENABLED and user.email:
+        return None
+    if webhooks.has_enabled_webhook(user):
+        return None
+    if not settings.MAIL_ENABLED:
+        return (
+            "This portal sends no mail (its SMTP_HOST is not set) and you have no enabled webhook "
+            "to notify: add one on the Tokens & webhooks page."
+        )
+    return (
+        "Your account has no email address and no enabled webhook to notify: add a webhook on the "
+        "Tokens & webhooks page, or ask a cluster admin to set your address."
+    )
+
+
+def job_state_event(job_id: int, state: str, reason: str) -> tuple[int, dict[str, Any]] | None:
+    """The owner and the webhook body telling that the job reached `state`; None when the job
+    was deleted since."""
+    job = Job.objects.select_related("virtual_cluster").filter(pk=job_id).first()
+    if job is None:
+        return None
+    vc = job.virtual_cluster.name
+    text = f"Job {job.pk} ({job.name}) in VC {vc} {STATE_WORDS.get(state, state)}" + (
+        f": {reason}" if reason else "."
+    )
+    payload = webhooks.event(
+        webhooks.JOB_STATE,
+        text,
+        job_id=job.pk,
+        job_name=job.name,
+        vc=vc,
+        state=state,
+        reason=reason,
+        url=job_url(job.pk),
+    )
+    return job.owner_id, payload
+
+
+def idle_job_event(job_id: int, message: str) -> tuple[int, dict[str, Any]] | None:
+    """The owner and the webhook body telling that the job's GPUs sit idle."""
+    job = Job.objects.select_related("virtual_cluster").filter(pk=job_id).first()
+    if job is None:
+        return None
+    vc = job.virtual_cluster.name
+    text = f"Job {job.pk} ({job.name}) in VC {vc} is {message}: its GPUs are held but unused."
+    payload = webhooks.event(
+        webhooks.JOB_IDLE,
+        text,
+        job_id=job.pk,
+        job_name=job.name,
+        vc=vc,
+        state=job.state,
+        reason=message,
+        url=job_url(job.pk),
+    )
+    return job.owner_id, payload

@@ -698,34 +698,129 @@ def move_to_front(job: Job, actor: Any) -> Job:
     return job
 
 
+# A job paused while it ran (hold_job): its stop_reason while it checkpoints and then waits
+# held, until it is released; and the preemption reason its checkpointing event carries.
+PAUSED = "paused"
+PAUSE = "pause"
+
+
+def held_message(actor: Any) -> str:
+    return f"Held by {actor_label(actor)}: it does not start until released."
+
+
+def paused_message(actor: Any) -> str:
+    return f"Paused by {actor_label(actor)}: resumes from its checkpoint when released"
+
+
+def held_fields(message: str) -> dict[str, Any]:
+    """What a held job's row says: held, why, and nothing of a place in the queue."""
+    return {
+        "on_hold": True,
+        "pending_reason": PENDING_HELD,
+        "pending_message": message,
+        "queue_position": None,
+        "estimated_start_at": None,
+        "whatif_hints": [],
+    }
+
+
+def is_paused(job: Job) -> bool:
+    """Held after (or while) it checkpointed and stopped: released, it resumes from there."""
+    return job.on_hold and job.stop_reason == PAUSED
+
+
 @transaction.atomic
 def hold_job(job: Job, actor: Any) -> Job:
-    """Keeps a pending job from starting until it is released (Slurm's `scontrol hold`); it
-    keeps its place in the order of submission."""
+    """Keeps a job from starting until it is released (Slurm's `scontrol hold`); a pending job
+    keeps its place in the order of submission.
+
+    A running or suspended job is paused (Determined's pause), to free its GPUs without losing
+    its work: it checkpoints and stops as a preemption would, within its own grace, and comes
+    back pending and held, to resume from its checkpoint when released. Without checkpointing it
+    would lose its work, so that is refused. A scheduled or starting job has done no work yet:
+    it is stopped at once and held. One already checkpointing (preempted) is held once it has
+    stopped, instead of being ranked again."""
     job = Job.objects.select_for_update().get(pk=job.pk)
-    if job.state != JobState.PENDING or job.on_hold:
-        what = "already held" if job.on_hold else job.state
-        raise InvalidTransition(f"Job {job.pk} is {what}; only a pending job that is not held can be held.")
-    job.on_hold = True
-    job.pending_reason = PENDING_HELD
-    job.pending_message = f"Held by {actor_label(actor)}: it does not start until released."
-    job.queue_position = job.estimated_start_at = None
-    job.whatif_hints = []
-    job.save(
-        update_fields=[
-            "on_hold",
-            "pending_reason",
-            "pending_message",
-            "queue_position",
-            "estimated_start_at",
-            "whatif_hints",
-        ]
-    )
+    if job.on_hold:
+        raise InvalidTransition(f"Job {job.pk} is already held.")
+    was = job.state
+    checkpointable = bool((job.spec.get("checkpoint") or {}).get("enabled"))
+    if job.state == JobState.PENDING:
+        _hold_pending(job, actor)
+    elif job.state in (JobState.RUNNING, JobState.SUSPENDED):
+        _pause(job, actor, checkpointable)
+    elif job.state in (JobState.SCHEDULED, JobState.STARTING):
+        transition_job(
+            job,
+            JobState.PENDING,
+            actor=actor,
+            reason=f"held while {job.state}: stopped; it does not start until released",
+            data={"held": True},
+            **held_fields(held_message(actor)),
+        )
+        release_allocations(job)
+    elif job.state == JobState.CHECKPOINTING:
+        _hold_when_stopped(job, actor, checkpointable)
+    elif job.state in TERMINAL_STATES:
+        raise InvalidTransition(f"Job {job.pk} has already ended ({job.state}).")
+    else:
+        raise InvalidTransition(f"Job {job.pk} is {job.state}; it cannot be held now.")
+    record_audit(actor, "job.hold", job, tenant=job.tenant, detail=f"held while {was}")
+    request_scheduling_cycle()  # its GPUs, or a reservation made for it, go to others
+    return job
+
+
+def _hold_pending(job: Job, actor: Any) -> None:
+    fields = held_fields(held_message(actor))
+    for name, value in fields.items():
+        setattr(job, name, value)
+    job.save(update_fields=list(fields))
     publish_job_change(job)  # open pages show the hold at once
     record_job_event(job, actor_label(actor), "held: it does not start until released", {"held": True})
-    record_audit(actor, "job.hold", job, tenant=job.tenant)
-    request_scheduling_cycle()  # a reservation may have been held for it
-    return job
+
+
+def _pause(job: Job, actor: Any, checkpointable: bool) -> None:
+    """The scheduler's preemption path (scheduler.store.preempt_job), on the user's word: the
+    agents are asked to checkpoint and stop it, and the desired set says so too."""
+    from scheduler import core
+    from scheduler.store import preempt_job
+
+    if not checkpointable:
+        raise InvalidTransition(
+            f"Job {job.pk} has no checkpointing; pausing it would lose its work. "
+            "Cancel it or resubmit with checkpoint.enabled"
+        )
+    if job.stop_reason:
+        raise InvalidTransition(f"Job {job.pk} is being stopped ({job.stop_reason}); it cannot be paused.")
+    grace = float(job.spec["checkpoint"].get("grace_seconds", 120))
+    preemption = core.Preemption(
+        job_id=core.JobId(str(job.pk)),
+        reason=PAUSE,
+        message=f"paused by {actor_label(actor)}: it checkpoints, and is held when it stops",
+        grace_period_s=grace,
+        for_job=core.JobId(""),
+    )
+    held = held_fields(paused_message(actor))
+    if not preempt_job(job, preemption, actor=actor, stop_reason=PAUSED, **held):
+        raise InvalidTransition(f"Job {job.pk} changed meanwhile; try again.")
+
+
+def _hold_when_stopped(job: Job, actor: Any, checkpointable: bool) -> None:
+    """A job already checkpointing (or told to stop) for a preemption or migration: once it has
+    stopped it comes back held; with checkpointing it is then as paused."""
+    if job.stop_reason and job.stop_reason != PAUSED:
+        raise InvalidTransition(f"Job {job.pk} is being stopped ({job.stop_reason}); it cannot be held.")
+    fields = held_fields(paused_message(actor) if checkpointable else held_message(actor))
+    if checkpointable:
+        fields["stop_reason"] = PAUSED
+    for name, value in fields.items():
+        setattr(job, name, value)
+    job.save(update_fields=list(fields))
+    publish_job_change(job)
+    then = "resumes from its checkpoint" if checkpointable else "does not start"
+    record_job_event(
+        job, actor_label(actor), f"held: once it has stopped, it {then} when released", {"held": True}
+    )
 
 
 @transaction.atomic
@@ -764,15 +859,28 @@ def change_time_limit(job: Job, actor: Any, seconds: int) -> Job:
 
 @transaction.atomic
 def release_job(job: Job, actor: Any) -> Job:
-    """Lets a held job start again; the next cycle ranks it as before."""
+    """Lets a held job start again; the next cycle ranks it as before, and a paused one resumes
+    from its newest checkpoint, as after a preemption. One released before its pause has stopped
+    it is requeued once it has, as after a preemption."""
     job = Job.objects.select_for_update().get(pk=job.pk)
     if not job.on_hold:
         raise InvalidTransition(f"Job {job.pk} is not held.")
+    paused = is_paused(job)
     job.on_hold = False
-    job.pending_reason, job.pending_message = PENDING_NEW, NEW_PENDING_MESSAGE
-    job.save(update_fields=["on_hold", "pending_reason", "pending_message"])
+    if paused:
+        job.stop_reason = ""
+    if job.state == JobState.PENDING:
+        job.pending_reason, job.pending_message = PENDING_NEW, NEW_PENDING_MESSAGE
+        reason = "released: it may start again"
+        if paused:
+            resume = resume_point(job)
+            reason += f", from its checkpoint at step {resume.step}" if resume else ", from the start"
+    else:
+        job.pending_reason = job.pending_message = ""
+        reason = "released before it stopped: it is requeued once it has"
+    job.save(update_fields=["on_hold", "stop_reason", "pending_reason", "pending_message"])
     publish_job_change(job)
-    record_job_event(job, actor_label(actor), "released: it may start again", {"held": False})
+    record_job_event(job, actor_label(actor), reason, {"held": False})
     record_audit(actor, "job.release", job, tenant=job.tenant)
     request_scheduling_cycle()
     return job
@@ -835,19 +943,21 @@ def end_attempt(job: Job, attempt: JobAttempt, state: str, exit_code: int | None
 
 
 def mail_owner_about(job_id: int, state: str, reason: str) -> None:
-    """Mails the job's owner about its new state after commit (the spec's `notify`), from a worker:
-    an SMTP server that is slow or away never holds up the transition."""
-    from portal.jobs.tasks import mail_job_state
+    """Tells the job's owner about its new state after commit (the spec's `notify`), by mail and
+    to their webhooks, from a worker: a server that is slow or away never holds up the transition."""
+    from portal.jobs.tasks import mail_job_state, post_job_state
 
     transaction.on_commit(lambda: mail_job_state.delay(job_id, state, reason))
+    transaction.on_commit(lambda: post_job_state.delay(job_id, state, reason))
 
 
 def mail_about_idle_job(job_id: int, message: str) -> None:
     """Tells the owner and the tenant's admins, after commit, that a job's GPUs sit idle (what
-    the VC's idle policy promises)."""
-    from portal.jobs.tasks import mail_idle_job
+    the VC's idle policy promises), and the owner's webhooks too."""
+    from portal.jobs.tasks import mail_idle_job, post_idle_job
 
     transaction.on_commit(lambda: mail_idle_job.delay(job_id, message))
+    transaction.on_commit(lambda: post_idle_job.delay(job_id, message))
 
 
 def request_scheduling_cycle() -> None:
@@ -903,6 +1013,7 @@ REQUEUED_AFTER = {
         "requeued after its VC was stopped and drained: it starts again once the VC is open",
         PENDING_REQUEUED,
     ),
+    PAUSE: ("requeued after it was paused", PENDING_REQUEUED),
 }
 
 
@@ -1073,15 +1184,28 @@ def record_job_event(job: Job, label: str, reason: str, data: dict[str, Any] | N
 
 
 def requeue_job(job: Job, reason: str, code: str = PENDING_REQUEUED) -> None:
-    """Puts a lost or preempted job back in the queue with its original submit time."""
+    """Puts a lost or preempted job back in the queue with its original submit time. A job held
+    while it ran (paused, or held while it stopped) comes back held, with its hold's message, so
+    that it is not ranked again until it is released."""
+    message = reason
+    if job.on_hold:
+        code, message, reason = PENDING_HELD, message_once_held(job), f"{reason}; held until released"
     transition_job(
         job,
         JobState.PENDING,
         label="portal",
         reason=reason,
         pending_reason=code,
-        pending_message=reason,
+        pending_message=message,
     )
+
+
+def message_once_held(job: Job) -> str:
+    """The hold's message, unless it promised a checkpoint the pause did not leave."""
+    if is_paused(job) and resume_point(job) is None:
+        who = job.pending_message.partition(":")[0]  # "Paused by alice"
+        return f"{who}: it saved no checkpoint, so it starts over when released"
+    return job.pending_message
 
 
 def requeue_lost_job(job: Job, reason: str) -> None:

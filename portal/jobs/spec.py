@@ -25,6 +25,7 @@ from portal.accounts.choices import Role
 from portal.accounts.models import Membership, Tenant
 from portal.cluster.models import Flavor, PriorityClass, VirtualCluster
 from portal.jobs.choices import DependencyType
+from portal.jobs.notifications import notify_problem
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -301,12 +302,11 @@ class JobSpecSerializer(StrictSerializer):
     def validate_notify(self, value: list[str]) -> list[str]:
         if not value:
             return value
-        if not settings.MAIL_ENABLED:
-            raise serializers.ValidationError("This portal sends no mail (its SMTP_HOST is not set).")
-        if not self.context["request"].user.email:
-            raise serializers.ValidationError(
-                "Your account has no email address to notify: ask a cluster admin to set one."
-            )
+        # Once per request: a job array asks it of each of its jobs.
+        if "notify_problem" not in self.context:
+            self.context["notify_problem"] = notify_problem(self.context["request"].user)
+        if self.context["notify_problem"]:
+            raise serializers.ValidationError(self.context["notify_problem"])
         return sorted(set(value))
 
     def validate_env(self, value: dict[str, str]) -> dict[str, str]:
@@ -443,6 +443,18 @@ class JobSpecSerializer(StrictSerializer):
                     errors["mounts"] = f"Volume {mount['name']!r} is not allowed for VC {vc.name}."
                 elif not mount["read_only"] and not allowed_mount.get("writable", False):
                     errors["mounts"] = f"Volume {mount['name']!r} may only be mounted read-only."
+            # A job wider than a per-user cap of its VC would wait for its user's other jobs to
+            # end, in vain. The VC is at hand here, with its caps, at no further query.
+            if (flavor is None) != (resources is None):  # one of them says what a replica asks
+                replicas = attrs.get("replicas", 1)
+                if flavor is not None:
+                    asked = (flavor.gpus, flavor.cpu, flavor.memory_gb)
+                else:
+                    asked = (resources["gpus"], resources["cpu"], resources["memory_gb"])
+                excess = vc.per_user_excess(replicas, *asked)
+                if excess:
+                    field = "replicas" if replicas > 1 else "flavor" if flavor is not None else "resources"
+                    errors.setdefault(field, excess)
         if "priority" not in attrs:
             default = self._named("priority", None)
             if default is None:

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import smtplib
+import uuid
 from typing import Any
 
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from portal.accounts import webhooks
 from portal.jobs import notifications
 from portal.jobs.services import (
     delete_expired_logs,
@@ -71,3 +73,41 @@ def mail_job_state(job_id: int, state: str, reason: str) -> int:
 @shared_task(**MAIL_RETRY)
 def mail_idle_job(job_id: int, message: str) -> int:
     return notifications.mail_idle_job(job_id, message)
+
+
+# A webhook receiver that is away, overloaded (5xx) or asks to slow down (429): tried again 10 s,
+# 1 min and 5 min later; any other answer is final (a 404 stays a 404).
+WEBHOOK_BACKOFF_S = (10, 60, 300)
+
+
+@shared_task
+def post_job_state(job_id: int, state: str, reason: str) -> int:
+    """Queues a delivery to each of the owner's enabled webhooks; returns how many."""
+    found = notifications.job_state_event(job_id, state, reason)
+    return post_to_webhooks(*found) if found else 0
+
+
+@shared_task
+def post_idle_job(job_id: int, message: str) -> int:
+    found = notifications.idle_job_event(job_id, message)
+    return post_to_webhooks(*found) if found else 0
+
+
+def post_to_webhooks(user_id: int, payload: dict[str, Any]) -> int:
+    """One task per webhook, so that a receiver that fails is retried on its own and one that
+    answered hears the event once. The delivery id stays the same through retries, for the
+    receiver to drop a repeat."""
+    ids = webhooks.enabled_webhook_ids(user_id)
+    for webhook_id in ids:
+        deliver_webhook.delay(webhook_id, payload, str(uuid.uuid4()))
+    return len(ids)
+
+
+@shared_task(bind=True, max_retries=len(WEBHOOK_BACKOFF_S))
+def deliver_webhook(self: Any, webhook_id: int, payload: dict[str, Any], delivery_id: str) -> dict[str, Any]:
+    outcome = webhooks.deliver(webhook_id, payload, delivery_id)
+    if outcome is None:
+        return {"skipped": "the webhook was deleted or disabled"}
+    if outcome.retry and self.request.retries < len(WEBHOOK_BACKOFF_S):
+        raise self.retry(countdown=WEBHOOK_BACKOFF_S[self.request.retries])
+    return outcome.as_dict()

@@ -1,5 +1,5 @@
 """Encryption at rest for the few values the portal must be able to read back: job secret
-variables and admins' TOTP secrets.
+variables, admins' TOTP secrets, and users' webhook URLs and signing secrets.
 
 Passwords and tokens are hashed; these cannot be, because the portal hands them on (to a job's
 agents) or computes with them (a second factor). They are stored as Fernet tokens (AES-128-CBC

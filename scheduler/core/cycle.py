@@ -45,7 +45,7 @@ from scheduler.core.framework import (
     RotationPlugin,
     Status,
 )
-from scheduler.core.plugins.admission import model_label
+from scheduler.core.plugins.admission import UserLimit, model_label
 from scheduler.core.plugins.placement import node_resources_fit
 from scheduler.core.plugins.sharing import WHOLE, ShareCandidate
 from scheduler.core.plugins.timeslice import gpus_of
@@ -269,6 +269,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
             probes=proposals.probes,
             positions=positions,
             vc_horizons=run.vc_horizons,
+            user_limits=any(isinstance(p, UserLimit) for p in plugins.admission),
         )
         hints = choose(proposals, estimates, now)
     return Plan(
@@ -520,6 +521,17 @@ _UNASKED = object()
 
 # What decides whether a blocked job's outcome holds for a later job (see consider_all).
 _OUTCOME_KEY = attrgetter("gpu_model", "vc", "user", "gpus_per_replica", "replicas", "priority")
+# With a VC that caps its users' CPU or memory, admission depends on those too.
+_CAPPED_OUTCOME_KEY = attrgetter(
+    "gpu_model",
+    "vc",
+    "user",
+    "gpus_per_replica",
+    "replicas",
+    "priority",
+    "cpu_milli_per_replica",
+    "memory_mib_per_replica",
+)
 
 
 class _CycleRun:
@@ -569,7 +581,7 @@ class _CycleRun:
             for vc, rules in self._vc_evictors.items()
         }
         self._blocked_shapes: dict[tuple[str, int, int], tuple[int, Status]] = {}
-        self._admissions: dict[tuple[str, str, str, int, int], tuple[int, Status]] = {}
+        self._admissions: dict[tuple[Any, ...], tuple[int, Status]] = {}
         self._rack_nodes: dict[str, list[int]] | None = None
         self._placement_score = 0.0  # sum of the chosen replicas' scores in the last _place
         # Blocked jobs' outcomes, by what decides them when the job was turned away before
@@ -614,11 +626,12 @@ class _CycleRun:
                 consider(job, None)
             return
         outcomes, reasons, state = self._outcomes, self.reasons, self.state
+        outcome_of = _CAPPED_OUTCOME_KEY if state.resource_capped else _OUTCOME_KEY
         for job in queue:
             if job.gpu_share_milli:
                 consider(job, None)
                 continue
-            outcome_key = _OUTCOME_KEY(job)
+            outcome_key = outcome_of(job)
             known = outcomes.get(outcome_key)
             if known is not None and known[0] == state.version:
                 reasons[job.id] = known[1]
@@ -852,10 +865,13 @@ class _CycleRun:
         return job.gpu_model if job.gpu_model != ANY_MODEL else model
 
     def _admit(self, job: PendingJob, model: str) -> Status:
-        """Admission plugins decide from the job's VC, user, model, width and priority and the
-        working state (their contract), so an answer is reused until the state changes: in a
-        long queue most jobs repeat a question asked a moment ago."""
-        key = (job.vc, job.user, model, job.gpus, job.priority, job.gpu_share_milli)
+        """Admission plugins decide from the job's VC, user, model, width and priority (and
+        its CPU and memory in a VC that caps them per user) and the working state (their
+        contract), so an answer is reused until the state changes: in a long queue most jobs
+        repeat a question asked a moment ago."""
+        key: tuple[Any, ...] = (job.vc, job.user, model, job.gpus, job.priority, job.gpu_share_milli)
+        if job.vc in self.state.resource_capped:
+            key += (job.replicas * job.cpu_milli_per_replica, job.replicas * job.memory_mib_per_replica)
         cached = self._admissions.get(key)
         if cached is not None and cached[0] == self.state.version:
             return cached[1]
@@ -1304,8 +1320,13 @@ class _CycleRun:
     def _preemption_key(self, job: PendingJob, model: str, failure: Status) -> tuple[Any, ...]:
         horizons = self._horizons + self.vc_horizons.get(job.vc, [])
         horizon = tuple(h.horizon_key(job, self.ctx) for h in horizons)
-        user = job.user if failure.reason is ReasonCode.USER_LIMIT else ""
-        return (job.priority, horizon, model, job.vc, user, failure.reason)
+        if failure.reason is not ReasonCode.USER_LIMIT:
+            return (job.priority, horizon, model, job.vc, "", failure.reason)
+        key: tuple[Any, ...] = (job.priority, horizon, model, job.vc, job.user, failure.reason)
+        if job.vc in self.state.resource_capped:
+            # More GPUs cannot do better only with as much CPU and memory.
+            key += (job.replicas * job.cpu_milli_per_replica, job.replicas * job.memory_mib_per_replica)
+        return key
 
     def _victim_candidates(self) -> list[tuple[tuple[float, ...], RunningJob, frozenset[str]]]:
         """Running jobs that could be victims of anyone, cheapest loss first, with the GPU
@@ -1498,14 +1519,26 @@ class _CycleRun:
         final.commit()
         # The victims' GPUs that the job does not take stay busy until the victims are gone
         # (a quota-driven preemption frees quota, not necessarily the GPUs the job lands on),
-        # and those it takes stay charged to the victims' VCs until then too.
+        # and those it takes stay charged to the victims' VCs until then too. So do the CPU
+        # and memory of each victim's replica, for its user's caps: once, by the charge when
+        # the job takes some of the replica's GPUs, else by the block.
         for victim, _ in chosen:
             for hold in self.holds[victim.id]:
                 free = self.state.nodes[hold.node_idx].free.get(hold.model, set())
                 still_free = tuple(i for i in hold.gpu_indices if i in free)
                 taken = tuple(i for i in hold.gpu_indices if i not in free)
                 if taken:
-                    self.state.charge(GpuHold(hold.node_idx, hold.model, taken, 0, 0, hold.vc, hold.user))
+                    self.state.charge(
+                        GpuHold(
+                            hold.node_idx,
+                            hold.model,
+                            taken,
+                            hold.cpu_milli,
+                            hold.memory_mib,
+                            hold.vc,
+                            hold.user,
+                        )
+                    )
                 if still_free:
                     whole = len(still_free) == len(hold.gpu_indices)
                     self.state.block(

@@ -2,9 +2,9 @@
 
 Running jobs release their GPUs at their expected end (time limit, else history-based
 estimate); pending jobs then take GPUs in queue order. The simulation counts GPUs per model
-and respects each VC's quota, but ignores topology: it is an estimate that users read as "about
-when", and it must stay cheap enough to run for every pending job in every cycle (one heap
-pass, O(n log n)).
+and respects each VC's quota and its per-user caps, but ignores topology: it is an estimate that
+users read as "about when", and it must stay cheap enough to run for every pending job in every
+cycle (one heap pass, O(n log n)).
 
 Start times are monotone in queue order, as in conservative scheduling: a job is never
 estimated to start before a job ahead of it of the same model. Backfill can beat the
@@ -23,7 +23,7 @@ from scheduler.core.plugins.admission import kept_free
 from scheduler.core.plugins.backfill import expected_ends
 from scheduler.core.plugins.queue_sort import expected_runtime
 from scheduler.core.profile import CycleSettings
-from scheduler.core.state import GpuHold
+from scheduler.core.state import ClusterState, GpuHold
 from scheduler.core.types import ALL_MODELS, ANY_MODEL, PendingJob, RunningJob
 
 # The horizon key of the kinds past `estimate_max_kinds`: running jobs release at their end only.
@@ -42,6 +42,7 @@ def estimate_starts(
     probes: Mapping[str, Sequence[PendingJob]] | None = None,
     positions: Sequence[int] | None = None,
     vc_horizons: Mapping[str, Sequence[PreemptionHorizonPlugin]] | None = None,
+    user_limits: bool = False,
 ) -> dict[str, float | None]:
     """Estimated start per pending job id (None when it cannot start on this cluster).
 
@@ -59,7 +60,10 @@ def estimate_starts(
 
     `vc_horizons` are the horizons of VCs with a queueing policy of their own (of their rules,
     cycle.own_order_evictors): between two jobs of such a VC and one priority class only those
-    count, as in the cycle; a VC listed with none lets no such job yield before its end."""
+    count, as in the cycle; a VC listed with none lets no such job yield before its end.
+
+    `user_limits`: the profile admits by the VCs' per-user caps (user_limit), so a job of a VC
+    with caps starts no earlier than its user's own jobs leave it room."""
     now, state = ctx.now, ctx.state
     default_s = settings.default_runtime_s
     released = released or set()
@@ -68,6 +72,11 @@ def estimate_starts(
     # in this cycle, and the bookings of jobs estimated earlier in the queue.
     fixed: list[tuple[float, str, int, str]] = []
     going_on: list[RunningJob] = []
+    # VCs that cap what one user holds (user_limit): their users' jobs are followed as well.
+    user_caps = _user_caps(state) if user_limits else {}
+    # Per (VC, user) of such a VC: when their jobs end and what each gives back (GPUs, CPU,
+    # memory), unsorted; what they hold now comes from the working state.
+    user_ends: defaultdict[tuple[str, str], list[tuple[float, int, int, int]]] = defaultdict(list)
     for job in ctx.snapshot.running:
         if job.id in released:
             continue
@@ -75,10 +84,16 @@ def estimate_starts(
             vc = "" if job.parked else job.vc  # a parked job's GPUs are charged to no VC
             for hold in holds.get(job.id, ()):
                 fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), vc))
+            if job.vc in user_caps and not job.parked:
+                user_ends[job.vc, job.user].append((now + settings.grace_period_s, *_amounts(job)))
         else:
             going_on.append(job)
     ends = expected_ends(going_on, ctx, default_s)
     running: list[tuple[RunningJob, float]] = list(zip(going_on, ends, strict=True))
+    if user_caps:
+        for r, end in running:
+            if r.vc in user_caps:
+                user_ends[r.vc, r.user].append((end, *_amounts(r)))
     # Jobs started or waiting for their victims in this cycle: their releases are fixed, and
     # the walk below passes over them (looked up only when there are any).
     settled = started.keys() | waiting.keys()
@@ -86,10 +101,18 @@ def estimate_starts(
         by_id = {job.id: job for job in queue if job.id in settled}
         for job_id, model in started.items():
             job = by_id[job_id]
-            fixed.append((now + _remaining(job, default_s), model, job.gpus, job.vc))
+            end = now + _remaining(job, default_s)
+            fixed.append((end, model, job.gpus, job.vc))
+            if job.vc in user_caps:
+                user_ends[job.vc, job.user].append((end, *_amounts(job)))
         for job_id, (at, model) in waiting.items():
             job = by_id[job_id]
-            fixed.append((at + _remaining(job, default_s), model, job.gpus, job.vc))
+            end = at + _remaining(job, default_s)
+            fixed.append((end, model, job.gpus, job.vc))
+            if job.vc in user_caps:
+                user_ends[job.vc, job.user].append((end, *_amounts(job)))
+    # What each capped user holds, as admission counts it, plus the jobs booked in the walk.
+    user_held: dict[tuple[str, str], tuple[int, int, int]] = {}
 
     # Two time-ordered release streams are merged on the fly: the running jobs' releases
     # (a sorted list), which depend on who asks, and the fixed ones plus bookings (a heap),
@@ -323,6 +346,18 @@ def estimate_starts(
                     vc_passing = _by_vc(passing)
                 own = heapq.merge(vc_passing.get(vc, ()), vc_booked.get(vc, ()))
                 start = max(start, _quota_time(own, used, need, limit, start))
+        user_key = None
+        if user_caps and vc in user_caps:
+            user_key = (vc, job.user)
+            held = user_held.get(user_key)
+            if held is None:
+                held = user_held[user_key] = _user_holds(state, *user_key)
+            asks = _amounts(job)
+            user_start = _user_cap_time(user_caps[vc], held, user_ends[user_key], asks, start)
+            if user_start is None:
+                estimates[job_id] = None
+                continue
+            start = user_start
         estimates[job_id] = start
         # _remaining(job, default_s), written out: this runs for every job of the queue.
         runtime = job.estimated_runtime_s
@@ -338,7 +373,64 @@ def estimate_starts(
         heappush(booked, (end, seq, model, need, vc))
         if limit is not None:
             unfiled.append((vc, end, need))
+        if user_key is not None:
+            user_held[user_key] = tuple(h + a for h, a in zip(user_held[user_key], asks, strict=True))
+            user_ends[user_key].append((end, *asks))
     return estimates
+
+
+def _user_caps(state: ClusterState) -> dict[str, tuple[int | None, int | None, int | None]]:
+    """Each VC's caps per user (GPUs, milli-CPUs, MiB of memory), for the VCs with any."""
+    return {
+        name: caps
+        for name, vc in state.vcs.items()
+        if (caps := (vc.max_gpus_per_user, vc.max_cpu_milli_per_user, vc.max_memory_mib_per_user))
+        != (None, None, None)
+    }
+
+
+def _amounts(job: PendingJob | RunningJob) -> tuple[int, int, int]:
+    """What a job counts against its user's caps: GPUs, milli-CPUs, MiB of memory."""
+    replicas = job.replicas if isinstance(job, PendingJob) else len(job.placement)
+    return job.gpus, replicas * job.cpu_milli_per_replica, replicas * job.memory_mib_per_replica
+
+
+def _user_holds(state: ClusterState, vc: str, user: str) -> tuple[int, int, int]:
+    return state.user_gpus(vc, user), state.user_cpu_milli(vc, user), state.user_memory_mib(vc, user)
+
+
+def _user_cap_time(
+    caps: tuple[int | None, int | None, int | None],
+    held: tuple[int, ...],
+    ends: list[tuple[float, int, int, int]],
+    asks: tuple[int, int, int],
+    not_before: float,
+) -> float | None:
+    """Earliest time from `not_before` on when the user's own jobs have given back enough for
+    `asks` to fit under every cap (None: it never can). Releases at or before `not_before`
+    count as given back."""
+    if any(cap is not None and ask > cap for cap, ask in zip(caps, asks, strict=True)):
+        return None
+    used = list(held)
+
+    def fits() -> bool:
+        return all(cap is None or u + a <= cap for cap, u, a in zip(caps, used, asks, strict=True))
+
+    ends.sort()
+    gone = 0
+    while gone < len(ends) and ends[gone][0] <= not_before:
+        for i in range(3):
+            used[i] -= ends[gone][i + 1]
+        gone += 1
+    if fits():
+        return not_before
+    for end, *amounts in ends[gone:]:
+        for i in range(3):
+            used[i] -= amounts[i]
+        if fits():
+            return end
+    # Still over after every end it knows of (work held without an expected end): the last.
+    return ends[-1][0] if ends else not_before
 
 
 def _horizon_keys(

@@ -74,8 +74,9 @@ class QueueSortPlugin(Protocol):
 class AdmissionPlugin(Protocol):
     """May this job take its GPUs of `model` now, quota-wise? Returns UNSCHEDULABLE with a
     reason when not; never looks at where the GPUs are. Decides from the job's VC, user,
-    width and priority and the working state only: the cycle reuses an answer for jobs that
-    agree on those until the state changes."""
+    width and priority (and, in a VC that caps its users' CPU or memory, the job's total CPU
+    and memory) and the working state only: the cycle reuses an answer for jobs that agree on
+    those until the state changes."""
 
     def admit(self, job: PendingJob, model: str, ctx: CycleContext) -> Status: ...
 

@@ -129,6 +129,12 @@ class ClusterState:
     # Fractional jobs' shares in thousandths, counted for quotas as whole GPUs (rounded up).
     share_used: dict[str, dict[str, int]] = field(default_factory=dict)  # vc -> model -> milli
     user_share_used: dict[tuple[str, str], int] = field(default_factory=dict)
+    # CPU (milli-cores) and memory (MiB) per (vc, user), kept only for the VCs in
+    # `resource_capped` (those with a per-user CPU or memory cap): every take and give would
+    # pay for them, and nothing else reads them.
+    resource_capped: frozenset[str] = frozenset()
+    user_cpu_used: dict[tuple[str, str], int] = field(default_factory=dict)
+    user_memory_used: dict[tuple[str, str], int] = field(default_factory=dict)
     shared_nodes: set[int] = field(default_factory=set)  # nodes with a shared GPU
     # Bumped by every take and give: lets the cycle reuse fit answers until something changes.
     version: int = field(default=0, compare=False)
@@ -150,6 +156,14 @@ class ClusterState:
     def user_gpus(self, vc: str, user: str) -> int:
         """GPUs a user holds in a VC, shares rounded up to whole GPUs."""
         return self.user_used.get((vc, user), 0) + whole_gpus(self.user_share_used.get((vc, user), 0))
+
+    def user_cpu_milli(self, vc: str, user: str) -> int:
+        """CPU a user's jobs hold in a VC (counted only where the VC caps it)."""
+        return self.user_cpu_used.get((vc, user), 0)
+
+    def user_memory_mib(self, vc: str, user: str) -> int:
+        """Memory a user's jobs hold in a VC (counted only where the VC caps it)."""
+        return self.user_memory_used.get((vc, user), 0)
 
     def share_increment(self, vc: str, user: str, model: str, share_milli: int) -> tuple[int, int]:
         """Whole GPUs one more share adds to the VC's usage of `model` and to the user's."""
@@ -206,7 +220,7 @@ class ClusterState:
             self._take_share(hold)
             return
         self._remove_free(hold)
-        self._add_usage(hold, len(hold.gpu_indices))
+        self._add_usage(hold, 1)
 
     def _take_share(self, hold: GpuHold) -> None:
         """A share of one GPU: the GPU leaves the free set with its first share."""
@@ -261,6 +275,8 @@ class ClusterState:
         self._add_share_usage(hold, -hold.share_milli)
 
     def _add_share_usage(self, hold: GpuHold, delta: int) -> None:
+        if self.resource_capped and hold.vc in self.resource_capped:
+            self._add_user_resources(hold, 1 if delta > 0 else -1)
         by_model = self.share_used.setdefault(hold.vc, {})
         milli = by_model.get(hold.model, 0) + delta
         if milli:
@@ -281,7 +297,7 @@ class ClusterState:
         job that its preemptor does not use stay the job's, and its VC's, until it is gone, so
         no later job of the cycle starts on them or on the quota they still take."""
         self._remove_free(hold)
-        self._add_usage(hold, len(hold.gpu_indices))
+        self._add_usage(hold, 1)
 
     def occupy(self, hold: GpuHold) -> None:
         """Mark GPUs busy without charging anyone: a parked job told to leave holds them
@@ -293,7 +309,7 @@ class ClusterState:
         preemptor will have until it is gone, so in the cycle that preempts it its VC and user
         gain no quota from them (the preemptor's VC is charged for them as well)."""
         self.version += 1
-        self._add_usage(hold, len(hold.gpu_indices))
+        self._add_usage(hold, 1)
 
     def _remove_free(self, hold: GpuHold) -> None:
         slot = self.nodes[hold.node_idx]
@@ -328,11 +344,15 @@ class ClusterState:
             slot.cpu_free += hold.cpu_milli
         if slot.memory_free is not None:
             slot.memory_free += hold.memory_mib
-        self._add_usage(hold, -len(hold.gpu_indices))
+        self._add_usage(hold, -1)
 
-    def _add_usage(self, hold: GpuHold, delta: int) -> None:
+    def _add_usage(self, hold: GpuHold, sign: int) -> None:
+        """Charge (sign 1) or credit (-1) the hold's GPUs to its VC and user."""
         # Zero counts are removed so that an undone statement leaves the state equal to the
         # one before, entry for entry.
+        delta = sign * len(hold.gpu_indices)
+        if self.resource_capped and hold.vc in self.resource_capped:
+            self._add_user_resources(hold, sign)
         by_model = self.used.setdefault(hold.vc, {})
         count = by_model.get(hold.model, 0) + delta
         if count:
@@ -347,6 +367,15 @@ class ClusterState:
             self.user_used[key] = count
         else:
             self.user_used.pop(key, None)
+
+    def _add_user_resources(self, hold: GpuHold, sign: int) -> None:
+        key = (hold.vc, hold.user)
+        for used, amount in ((self.user_cpu_used, hold.cpu_milli), (self.user_memory_used, hold.memory_mib)):
+            total = used.get(key, 0) + sign * amount
+            if total:
+                used[key] = total
+            else:
+                used.pop(key, None)
 
     def _move_bucket(self, model: str, node_idx: int, before: int, after: int) -> None:
         buckets = self.buckets[model]
@@ -387,6 +416,13 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
     memory_used = [0] * len(snapshot.nodes)
     used: dict[str, dict[str, int]] = {}
     user_used: dict[tuple[str, str], int] = {}
+    capped = frozenset(
+        vc.name
+        for vc in snapshot.vcs
+        if vc.max_cpu_milli_per_user is not None or vc.max_memory_mib_per_user is not None
+    )
+    user_cpu: dict[tuple[str, str], int] = {}
+    user_memory: dict[tuple[str, str], int] = {}
     holds: dict[str, list[GpuHold]] = {}
     shared_holds: list[GpuHold] = []
     for job in snapshot.running:
@@ -431,6 +467,12 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
         if charged:
             key = (job.vc, job.user)
             user_used[key] = user_used.get(key, 0) + charged
+        if capped and job.vc in capped and not job.parked:
+            # Per replica held, as give() credits them back; every replica when its node is gone.
+            replicas = len(job_holds) or len(job.placement)
+            key = (job.vc, job.user)
+            user_cpu[key] = user_cpu.get(key, 0) + replicas * job.cpu_milli_per_replica
+            user_memory[key] = user_memory.get(key, 0) + replicas * job.memory_mib_per_replica
         holds[job.id] = job_holds
     for vc in [vc for vc, by_model in used.items() if not any(by_model.values())]:
         del used[vc]
@@ -489,6 +531,9 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
         vcs={vc.name: vc for vc in snapshot.vcs},
         used=used,
         user_used={k: v for k, v in user_used.items() if v},
+        resource_capped=capped,
+        user_cpu_used={k: v for k, v in user_cpu.items() if v},
+        user_memory_used={k: v for k, v in user_memory.items() if v},
         models=sorted(capacity),
     )
     for hold in shared_holds:

@@ -88,6 +88,11 @@ class VirtualCluster:
     # profile's order). The VC keeps the queue positions the profile gave its jobs.
     queueing_policy: str = ""
     max_gpus_per_user: int | None = None  # per-user limit inside the VC; None = no limit
+    # The same for the CPU (milli-cores) and memory (MiB) of a user's jobs, all replicas counted:
+    # jobs that ask for few GPUs and much CPU or memory would otherwise let one user starve the
+    # VC's other users on the nodes' CPU or memory while within the GPU limit.
+    max_cpu_milli_per_user: int | None = None
+    max_memory_mib_per_user: int | None = None
     # An admin's stop (Kueue's stopPolicy): "hold" starts none of its jobs, "hold-and-drain" also
     # tells its running jobs to checkpoint and stop. "" = open.
     stop_policy: str = ""

@@ -295,7 +295,7 @@ async def test_the_form_asks_for_mail_about_the_chosen_states(
     to the account's address, and the job keeps the ones ticked."""
     await sign_in(page, live_stack["http"], "bob")
     await page.goto(live_stack["http"] + "/submit")
-    choices = page.get_by_role("group", name="Mail me when it is")
+    choices = page.get_by_role("group", name="Notify me when it is")
     await expect(page.get_by_text("Your account has no email address")).to_be_visible()  # bob has none yet
     await expect(choices.get_by_label("failed")).to_be_disabled()
     await sync_to_async(set_email)(users["bob"], "bob@example.org")

@@ -143,13 +143,13 @@ async def test_an_owner_holds_and_releases_a_waiting_job(
     await expect(card).not_to_contain_text("Held by alice", timeout=LONG)
 
 
-def set_queueing_policy(vc_name: str, policy: str) -> None:
+def update_vc(vc_name: str, **fields: Any) -> None:
     from django.db import connection
 
     from portal.cluster.models import VirtualCluster
 
     try:
-        VirtualCluster.objects.filter(name=vc_name).update(queueing_policy=policy)
+        VirtualCluster.objects.filter(name=vc_name).update(**fields)
     finally:
         connection.close()
 
@@ -160,9 +160,22 @@ async def test_a_vc_page_names_its_queue_order(live_stack: dict[str, Any], users
     await sign_in(page, live_stack["http"], "alice")
     await page.goto(f"{live_stack['http']}/vcs/vision")
     await expect(page.get_by_text("Queue order: First in, first out")).to_be_visible(timeout=LONG)
-    await sync_to_async(set_queueing_policy)("vision", "")
+    await sync_to_async(update_vc)("vision", queueing_policy="")
     await page.reload()
     await expect(page.get_by_text("Queue order: The scheduler's order")).to_be_visible(timeout=LONG)
+
+
+async def test_a_vc_page_names_its_per_user_limits(
+    live_stack: dict[str, Any], users: Any, page: Page
+) -> None:
+    caps = {"max_gpus_per_user": 4, "max_cpus_per_user": 32, "max_memory_gb_per_user": 256}
+    await sync_to_async(update_vc)("vision", **caps)
+    await sign_in(page, live_stack["http"], "alice")
+    await page.goto(f"{live_stack['http']}/vcs/vision")
+    limits = page.get_by_text("Queue order:")
+    await expect(limits).to_contain_text("at most 4 GPUs per user", timeout=LONG)
+    await expect(limits).to_contain_text("at most 32 CPUs per user")
+    await expect(limits).to_contain_text("at most 256 GB of memory per user")
 
 
 async def test_an_owner_lowers_a_time_limit_and_may_not_raise_it(

@@ -116,7 +116,11 @@ def test_vcs_name_shows_one_vc_and_another_tenants_is_not_found(run_cli, tokens,
     assert rows == [["A100", "0", "8", "8", "all"], ["V100", "0", "8", "4", "4"]]
 
     VirtualCluster.objects.filter(name="vision").update(
-        description="Computer vision [team]", max_gpus_per_user=4, max_pending_jobs_per_user=1
+        description="Computer vision [team]",
+        max_gpus_per_user=4,
+        max_cpus_per_user=256,
+        max_memory_gb_per_user=4096,
+        max_pending_jobs_per_user=1,
     )
     Quota.objects.filter(virtual_cluster__name="vision", gpu_model="A100").update(lending_limit=0)
     running_job(users["alice"], "vision", "a100-node-1", [0])
@@ -125,7 +129,9 @@ def test_vcs_name_shows_one_vc_and_another_tenants_is_not_found(run_cli, tokens,
     details, quotas = changed.stdout.split("\n\n")
     lines = {cells[0]: cells[1] for cells in map(split_cells, details.splitlines())}
     assert lines["Description"] == "Computer vision [team]"  # user text, not markup
-    assert lines["Per-user limits"] == "4 GPUs in use, 1 pending job"
+    assert (
+        lines["Per-user limits"] == "4 GPUs in use, 256 CPUs in use, 4096 GB of memory in use, 1 pending job"
+    )
     assert table(quotas)[1][0] == ["A100", "1", "8", "8", "0"]  # lends none, not "all"
 
     others = run_cli(tokens["alice"], "vcs", "speech")

@@ -1,6 +1,6 @@
 """A pending job can be held (Slurm's `scontrol hold`): it does not start, however much room
 there is, until its owner or a tenant admin releases it; both leave an event and an audit
-entry, and only a pending job can be held."""
+entry. Holding a job that holds GPUs: tests/portal/test_pause_running_job.py."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def test_a_held_job_waits_until_released(api_for: Any, paused_loop: Any) -> None
     assert alice.post(f"/api/v1/jobs/{job_id}/release/").status_code == 409  # not held
     run_cycle(live_profile())
     assert Job.objects.get(pk=job_id).state == JobState.SCHEDULED
-    assert alice.post(f"/api/v1/jobs/{job_id}/hold/").status_code == 409  # no longer pending
+    assert alice.post(f"/api/v1/jobs/{job_id}/hold/").status_code == 200  # stopped and held
+    assert alice.post(f"/api/v1/jobs/{job_id}/hold/").status_code == 409  # already held
 
     reasons = list(Job.objects.get(pk=job_id).events.values_list("reason", flat=True))
     assert "held: it does not start until released" in reasons
@@ -78,3 +79,21 @@ def test_hold_and_release_reach_open_pages_at_once(api_for: Any, paused_loop: An
         assert next_hint()["pending_reason"] == "new"
     finally:
         pubsub.close()
+
+
+def test_a_cycle_that_read_the_job_before_its_hold_does_not_overwrite_the_hold(
+    api_for: Any, paused_loop: Any
+) -> None:
+    from scheduler import core
+    from scheduler.store import record_pending_statuses
+
+    alice = api_for("alice")
+    job_id = submit(alice, "held", flavor="s-A100")
+    # What a cycle that loaded the job before the hold would record when it ends.
+    stale = core.PendingStatus(
+        core.JobId(str(job_id)), core.ReasonCode.INSUFFICIENT_GPUS, "no GPUs free", None
+    )
+    assert alice.post(f"/api/v1/jobs/{job_id}/hold/").status_code == 200
+    record_pending_statuses((stale,))
+    job = Job.objects.get(pk=job_id)
+    assert (job.pending_reason, job.queue_position) == ("held", None), job.pending_message

@@ -28,11 +28,19 @@ def test_notify_is_refused_when_no_mail_could_be_sent(api_for: Any, users: Any, 
     alice = api_for("alice")
     settings.MAIL_ENABLED = False
     refused = alice.post("/api/v1/jobs/", {**SPEC, "notify": ["failed"]}, format="json")
-    assert refused.json() == {"notify": ["This portal sends no mail (its SMTP_HOST is not set)."]}
+    assert refused.json() == {
+        "notify": [
+            "This portal sends no mail (its SMTP_HOST is not set) and you have no enabled webhook "
+            "to notify: add one on the Tokens & webhooks page."
+        ]
+    }
     settings.MAIL_ENABLED = True
     refused = alice.post("/api/v1/jobs/", {**SPEC, "notify": ["failed"]}, format="json")
     assert refused.json() == {
-        "notify": ["Your account has no email address to notify: ask a cluster admin to set one."]
+        "notify": [
+            "Your account has no email address and no enabled webhook to notify: add a webhook on the "
+            "Tokens & webhooks page, or ask a cluster admin to set your address."
+        ]
     }
     unknown = alice.post("/api/v1/jobs/", {**SPEC, "notify": ["exploded"]}, format="json")
     assert unknown.status_code == 400 and "notify" in unknown.json()

@@ -84,6 +84,29 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
     ("post", "/api/v1/tokens/", {"alice": 201, "bob": 201, "victor": 201, "carol": 201, None: 401}),
     ("get", "/api/v1/tokens/{token}/", {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401}),
     ("delete", "/api/v1/tokens/{token}/", {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401}),
+    ("get", "/api/v1/webhooks/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("post", "/api/v1/webhooks/", {"alice": 201, "bob": 201, "victor": 201, "carol": 201, None: 401}),
+    (
+        "get",
+        "/api/v1/webhooks/{webhook}/",
+        {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401},
+    ),
+    (
+        "patch",
+        "/api/v1/webhooks/{webhook}/",
+        {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401},
+    ),
+    # The webhook's loopback URL is refused at delivery: its owner hears so, and nothing is sent.
+    (
+        "post",
+        "/api/v1/webhooks/{webhook}/test/",
+        {"alice": 200, "bob": 404, "victor": 404, "carol": 404, None: 401},
+    ),
+    (
+        "delete",
+        "/api/v1/webhooks/{webhook}/",
+        {"alice": 204, "bob": 404, "victor": 404, "carol": 404, None: 401},
+    ),
     ("get", "/api/v1/session/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/usage/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/me/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
@@ -99,19 +122,25 @@ BODIES = {
         "array": 2,
     },
     "/api/v1/tokens/": {"name": "ci"},
+    "/api/v1/webhooks/": {"url": "https://93.184.215.14/hook"},  # registration looks nothing up
+    "/api/v1/webhooks/{webhook}/": {"enabled": False},
     "/api/v1/nodes/a100-node-1/state/": {"action": "cordon"},
 }
 
 
 @pytest.fixture
-def objects(api_for: Any, small_job: dict[str, Any]) -> dict[str, Any]:
+def objects(api_for: Any, users: Any, small_job: dict[str, Any]) -> dict[str, Any]:
+    from portal.accounts.models import Webhook
     from portal.cluster.models import Flavor, PriorityClass
+    from tests.conftest import free_port
 
     job = api_for("alice").post("/api/v1/jobs/", small_job, format="json").json()["id"]
     token = api_for("alice").post("/api/v1/tokens/", {"name": "laptop"}, format="json").json()["id"]
+    webhook = Webhook.objects.create(user=users["alice"], url=f"http://127.0.0.1:{free_port()}/hook")
     return {
         "job": job,
         "token": token,
+        "webhook": webhook.pk,
         "flavor": Flavor.objects.first().pk,
         "pc": PriorityClass.objects.first().pk,
     }
@@ -135,6 +164,7 @@ def test_other_tenants_see_nothing_of_vision_in_lists(api_for, objects) -> None:
     assert [vc["name"] for vc in carol.get("/api/v1/virtual-clusters/").json()["results"]] == ["speech"]
     assert carol.get(f"/api/v1/jobs/?q={objects['job']}").json()["count"] == 0
     assert carol.get("/api/v1/tokens/").json()["count"] == 0
+    assert carol.get("/api/v1/webhooks/").json()["count"] == 0
     # A job id of another tenant answers exactly like an id that does not exist.
     missing = carol.get("/api/v1/jobs/999999/")
     foreign = carol.get(f"/api/v1/jobs/{objects['job']}/")

@@ -26,3 +26,8 @@ def fresh_throttle_counts() -> None:
 @pytest.fixture(autouse=True)
 def background_only_in_live_tests() -> Iterator[None]:
     yield
+
+
+@pytest.fixture(autouse=True)
+def webhooks_stay_on_loopback() -> None:
+    return None

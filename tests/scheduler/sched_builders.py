@@ -90,6 +90,8 @@ class Snap:
         queueing_policy: str = "",
         stop_policy: str = "",
         lend: int | None = None,
+        max_cpu_milli_per_user: int | None = None,
+        max_memory_mib_per_user: int | None = None,
     ) -> Snap:
         self._vcs.append(
             VirtualCluster(
@@ -97,6 +99,8 @@ class Snap:
                 (Quota(model, guaranteed, borrow, lend),),
                 tenant=name,
                 max_gpus_per_user=max_gpus_per_user,
+                max_cpu_milli_per_user=max_cpu_milli_per_user,
+                max_memory_mib_per_user=max_memory_mib_per_user,
                 queueing_policy=queueing_policy,
                 stop_policy=stop_policy,
             )

@@ -11,8 +11,18 @@ QUOTA = profile(admission=["vc_quota", "user_limit"])
 NO_BORROWING = profile(admission=["vc_quota"], plugin_args={"vc_quota": {"borrowing": False}})
 
 
+GB = 1024  # MiB
+
+
 def four_nodes() -> Snap:
     return Snap().nodes(4, 8)
+
+
+def capped(gpus: int | None = None, cpu: int | None = None, memory: int | None = None) -> Snap:
+    """Four nodes (CPU and memory not tracked) and VC vision with these per-user caps."""
+    return four_nodes().vc(
+        "vision", 16, max_gpus_per_user=gpus, max_cpu_milli_per_user=cpu, max_memory_mib_per_user=memory
+    )
 
 
 CASES = [
@@ -78,6 +88,62 @@ CASES = [
         QUOTA,
         None,
         id="per-user-limit-is-per-user",
+    ),
+    pytest.param(
+        capped(cpu=64_000)
+        .running("r", [("n0", (0,))], vc="vision", cpu_milli_per_replica=48_000)
+        .pending("j", 1, replicas=2, vc="vision", cpu_milli_per_replica=16_000),  # every replica counts
+        QUOTA,
+        "user alice holds 48 of 64 CPUs allowed per user in VC vision; job needs 32",
+        id="per-user-cpu-cap",
+    ),
+    pytest.param(
+        capped(cpu=2_500)
+        .running("r", [("n0", (0,))], vc="vision", cpu_milli_per_replica=1_500)
+        .pending("j", 1, vc="vision", cpu_milli_per_replica=1_500),
+        QUOTA,
+        "user alice holds 1.5 of 2.5 CPUs allowed per user in VC vision; job needs 1.5",
+        id="per-user-cpu-cap-in-fractions-of-a-cpu",
+    ),
+    pytest.param(
+        capped(cpu=64_000)
+        .running("r", [("n0", (0,))], vc="vision", cpu_milli_per_replica=48_000, stopping=True)
+        .pending("j", 1, vc="vision", cpu_milli_per_replica=32_000),
+        QUOTA,
+        "user alice holds 48 of 64 CPUs allowed per user in VC vision; job needs 32",
+        id="per-user-cpu-cap-counts-a-stopping-job",
+    ),
+    pytest.param(
+        capped(cpu=64_000)
+        .running("r", [("n0", (0,))], vc="vision", cpu_milli_per_replica=48_000, gpu_share_milli=500)
+        .pending("j", 1, vc="vision", cpu_milli_per_replica=32_000),
+        QUOTA,
+        "user alice holds 48 of 64 CPUs allowed per user in VC vision; job needs 32",
+        id="per-user-cpu-cap-counts-a-share-of-a-gpu",
+    ),
+    pytest.param(
+        capped(memory=1024 * GB)
+        .running("r", [("n0", (0,))], vc="vision", memory_mib_per_replica=512 * GB)
+        .pending("j", 1, replicas=2, vc="vision", memory_mib_per_replica=300 * GB),
+        QUOTA,
+        "user alice holds 512 GB of 1024 GB of memory allowed per user in VC vision; job needs 600 GB",
+        id="per-user-memory-cap",
+    ),
+    pytest.param(
+        capped(memory=3000)
+        .running("r", [("n0", (0,))], vc="vision", memory_mib_per_replica=2000)
+        .pending("j", 1, vc="vision", memory_mib_per_replica=1500),
+        QUOTA,
+        "user alice holds 2000 MiB of 3000 MiB of memory allowed per user in VC vision; job needs 1500 MiB",
+        id="per-user-memory-cap-not-in-whole-gb",
+    ),
+    pytest.param(
+        capped(cpu=64_000, memory=GB)
+        .running("r", [("n0", (0,))], vc="vision", cpu_milli_per_replica=64_000)
+        .pending("j", 1, vc="vision", cpu_milli_per_replica=1_000, memory_mib_per_replica=2 * GB),
+        QUOTA,
+        "user alice holds 64 of 64 CPUs allowed per user in VC vision; job needs 1",
+        id="per-user-cpu-cap-named-before-memory",
     ),
 ]
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from portal.accounts.models import AuditEntry
+from portal.accounts.models import AuditEntry, Webhook
 from tests.conftest import database_url_of_tests
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,6 +224,10 @@ AUDITED = [
     ("post", "api/v1/jobs/(?P<pk>[^/.]+)/time-limit/", "alice", {"time_limit": "1h"}, "job.time_limit"),
     ("post", "api/v1/tokens/", "alice", {"name": "ci"}, "api_token.create"),
     ("delete", "api/v1/tokens/(?P<pk>[^/.]+)/", "alice", None, "api_token.revoke"),
+    ("post", "api/v1/webhooks/", "alice", {"url": "https://93.184.215.14/hook"}, "webhook.create"),
+    ("patch", "api/v1/webhooks/(?P<pk>[^/.]+)/", "alice", {"enabled": False}, "webhook.update"),
+    ("delete", "api/v1/webhooks/(?P<pk>[^/.]+)/", "alice", None, "webhook.delete"),
+    ("post", "api/v1/webhooks/(?P<pk>[^/.]+)/test/", "alice", None, "webhook.test"),
     (
         "post",
         "api/v1/nodes/(?P<name>[^/.]+)/state/",
@@ -252,9 +256,10 @@ def test_every_write_through_the_api_is_audited(
     owner = api_for("alice")
     job = owner.post("/api/v1/jobs/", small_job, format="json").json()["id"]
     token = owner.post("/api/v1/tokens/", {"name": "laptop"}, format="json").json()["id"]
-    url = "/" + route.replace("(?P<pk>[^/.]+)", str(token if "tokens" in route else job)).replace(
-        "(?P<name>[^/.]+)", "a100-node-1"
-    )
+    # On loopback: a test delivery is refused before it connects (WEBHOOK_ALLOW_PRIVATE_HOSTS).
+    webhook = Webhook.objects.create(user=users["alice"], url="http://127.0.0.1:9/hook").pk
+    pk = token if "tokens" in route else webhook if "webhooks" in route else job
+    url = "/" + route.replace("(?P<pk>[^/.]+)", str(pk)).replace("(?P<name>[^/.]+)", "a100-node-1")
     if body == "spec":
         body = small_job
     elif body == "bulk":

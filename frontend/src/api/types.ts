@@ -50,6 +50,8 @@ export function isEnded(state: JobState | undefined): boolean {
 
 export type ApiToken = Schemas["ApiToken"];
 export type CreatedApiToken = Schemas["CreatedApiToken"];
+export type Webhook = Schemas["Webhook"];
+export type WebhookFormat = Schemas["WebhookFormatEnum"];
 
 export type UsageGroup = NonNullable<NonNullable<operations["usage_retrieve"]["parameters"]["query"]>["group"]>;
 export type UsageRow = Schemas["UsageRow"];

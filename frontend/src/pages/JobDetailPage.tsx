@@ -11,6 +11,7 @@ import { ReplicaStatusList } from "../components/ReplicaStatusList";
 import { ShellPanel } from "../components/ShellPanel";
 import { type Sample, TelemetryCharts, toSample } from "../components/TelemetryCharts";
 import { elapsedSeconds, formatDuration, formatRelative, formatTime } from "../lib/format";
+import { holdAction } from "../lib/hold";
 import { showReplicas } from "../lib/replicas";
 import { afterText } from "../lib/spec";
 import { useResource } from "../lib/useResource";
@@ -100,10 +101,12 @@ export function JobDetailPage({ id }: { id: number }) {
             {shellOpen ? "Close shell" : "Shell"}
           </button>
         )}
+        {j.state !== "pending" && !j.on_hold && <HoldButton job={j} onDone={job.reload} />}
         {!isEnded(j.state) && <CancelButton jobId={j.id} onDone={job.reload} />}
       </PageHeader>
       <ErrorBanner error={job.error} onRetry={job.reload} />
       {j.state === "pending" && <PendingCard job={j} onChanged={job.reload} />}
+      {j.state !== "pending" && j.on_hold && !isEnded(j.state) && <PausingCard job={j} onChanged={job.reload} />}
       {current && showReplicas(current) && (
         <Section title="Replicas">
           <ReplicaStatusList replicas={current.replicas_status} />
@@ -255,16 +258,39 @@ function CancelButton({ jobId, onDone }: { jobId: number; onDone: () => void }) 
   );
 }
 
-function HoldButton({ job, onDone }: { job: JobDetail; onDone: () => void }) {
+/** Hold or Release a pending job, Pause or Resume one with checkpointing (`src/lib/hold.ts`);
+ * with `withNote`, what it does beside the button. */
+function HoldButton({ job, onDone, withNote = false }: { job: JobDetail; onDone: () => void; withNote?: boolean }) {
   const { busy, error, run } = useJobAction(job.id, onDone);
-  const held = job.on_hold === true;
+  const hold = holdAction(job);
+  if (!hold) return null;
   return (
     <>
-      <button type="button" className="button" onClick={() => run(held ? "release" : "hold")} disabled={busy}>
-        {held ? "Release" : "Hold"}
+      <button type="button" className="button" title={hold.note} onClick={() => run(hold.action)} disabled={busy}>
+        {hold.label}
       </button>
+      {withNote && (
+        <>
+          {" "}
+          <span className="muted">{hold.note}</span>
+        </>
+      )}
       <ActionError error={error} />
     </>
+  );
+}
+
+/** A paused job until it has stopped: what it waits for, and Resume, which lets it be queued
+ * again once it has stopped. */
+function PausingCard({ job, onChanged }: { job: JobDetail; onChanged: () => void }) {
+  return (
+    <section className="card pending-card" aria-labelledby="pausing-title">
+      <h2 id="pausing-title">{job.paused ? "Pausing" : "Held once it stops"}</h2>
+      <p className="pending-message">{job.pending_message}</p>
+      <p className="hint">
+        <HoldButton job={job} onDone={onChanged} withNote />
+      </p>
+    </section>
   );
 }
 
@@ -334,10 +360,7 @@ function PendingCard({ job, onChanged }: { job: JobDetail; onChanged: () => void
       </p>
       <MoveToFrontButton job={job} onDone={onChanged} />
       <p className="hint">
-        <HoldButton job={job} onDone={onChanged} />{" "}
-        <span className="muted">
-          {job.on_hold ? "Held: it does not start until released." : "Hold it: it keeps its place but does not start until released."}
-        </span>
+        <HoldButton job={job} onDone={onChanged} withNote />
       </p>
     </section>
   );
@@ -402,7 +425,7 @@ function JobSummary({ job, onChanged }: { job: JobDetail; onChanged: () => void 
     ["Exit", job.exit_code === null || job.exit_code === undefined ? "–" : `${job.exit_code}${job.end_reason ? ` (${job.end_reason})` : ""}`],
   ];
   const notify = (job.spec as { notify?: unknown } | undefined)?.notify;
-  if (Array.isArray(notify) && notify.length > 0) facts.push(["Mails its owner when", notify.join(", ")]);
+  if (Array.isArray(notify) && notify.length > 0) facts.push(["Notifies its owner when", notify.join(", ")]);
   if (job.after && job.after.length > 0) {
     facts.push([
       "Starts after",

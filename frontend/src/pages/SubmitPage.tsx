@@ -2,6 +2,7 @@ import { type FormEvent, type ReactNode, useRef, useState } from "react";
 
 import { ApiError, type FieldErrors, type RequestOptions, api, fetchAll } from "../api/client";
 import type { ClusterNode, DryRun, Flavor, JobDetail, PriorityClass, VirtualCluster, WhatIfHint } from "../api/types";
+import { NotifyField } from "../components/NotifyField";
 import { ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { replicasThatFitNow } from "../lib/cluster";
 import {
@@ -346,7 +347,6 @@ interface FieldsProps {
 }
 
 function SpecFields({ form, update, choices, errors, tenants }: FieldsProps) {
-  const { me } = useSession();
   const submittable = choices.vcs.filter((vc) => tenants.includes(vc.tenant));
   const vcOptions = submittable.length ? submittable : choices.vcs;
   return (
@@ -536,34 +536,7 @@ function SpecFields({ form, update, choices, errors, tenants }: FieldsProps) {
             </p>
           ))}
         </div>
-        {me.mail_enabled && (
-          <div className={errors("notify").length ? "field has-error" : "field"}>
-            <fieldset className="choices">
-              <legend>Mail me when it is</legend>
-              {NOTIFY_STATES.map((state) => (
-                <label key={state} className="checkbox">
-                  <input
-                    type="checkbox"
-                    disabled={!me.email}
-                    checked={form.notify.includes(state)}
-                    onChange={(e) =>
-                      update({ notify: e.target.checked ? [...form.notify, state] : form.notify.filter((s) => s !== state) })
-                    }
-                  />{" "}
-                  {state}
-                </label>
-              ))}
-            </fieldset>
-            <p className="hint">
-              {me.email ? `To ${me.email}.` : "Your account has no email address: ask a cluster admin to set one."}
-            </p>
-            {errors("notify").map((msg) => (
-              <p key={msg} className="field-error">
-                {msg}
-              </p>
-            ))}
-          </div>
-        )}
+        <NotifyField states={NOTIFY_STATES} chosen={form.notify} onChange={(notify) => update({ notify })} errors={errors("notify")} />
       </fieldset>
 
       <fieldset className="card">

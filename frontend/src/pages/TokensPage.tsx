@@ -3,10 +3,12 @@ import { type FormEvent, useState } from "react";
 import { ApiError, api, fetchAll } from "../api/client";
 import type { ApiToken, CreatedApiToken } from "../api/types";
 import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/common";
+import { WebhooksSection } from "../components/WebhooksSection";
 import { formatRelative, formatTime } from "../lib/format";
 import { useResource } from "../lib/useResource";
 
-/** API tokens for the CLI and scripts: create (the secret is shown once), list, revoke. */
+/** API tokens for the CLI and scripts: create (the secret is shown once), list, revoke; and the
+ * webhooks the portal posts to about the user's jobs. */
 export function TokensPage() {
   const tokens = useResource((signal) => fetchAll<ApiToken>("/api/v1/tokens/", signal), "tokens");
   const [name, setName] = useState("");
@@ -49,7 +51,7 @@ export function TokensPage() {
 
   return (
     <>
-      <PageHeader title="API tokens" />
+      <PageHeader title="Tokens and webhooks" />
       <Section title="New token">
         <form className="token-form" onSubmit={create}>
           <div className={errors["name"] ? "field has-error" : "field"}>
@@ -134,6 +136,7 @@ export function TokensPage() {
           </div>
         )}
       </Section>
+      <WebhooksSection />
     </>
   );
 }

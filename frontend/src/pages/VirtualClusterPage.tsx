@@ -38,6 +38,8 @@ function VcQuotas({ vc }: { vc: VirtualCluster }) {
       <p className="muted small">
         Tenant {vc.tenant} · Queue order: {vc.queueing_policy_label}
         {vc.max_gpus_per_user ? ` · at most ${vc.max_gpus_per_user} GPUs per user` : ""}
+        {vc.max_cpus_per_user ? ` · at most ${vc.max_cpus_per_user} CPUs per user` : ""}
+        {vc.max_memory_gb_per_user ? ` · at most ${vc.max_memory_gb_per_user} GB of memory per user` : ""}
         {vc.max_pending_jobs_per_user != null ? ` · at most ${vc.max_pending_jobs_per_user} pending jobs per user` : ""}
       </p>
       {vc.stop_policy && (

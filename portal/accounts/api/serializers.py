@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from portal.accounts.models import ApiToken, Membership
+from portal.accounts import webhooks
+from portal.accounts.models import ApiToken, Membership, Webhook
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):
@@ -32,6 +33,57 @@ class CreatedApiTokenSerializer(ApiTokenSerializer):
 
     class Meta(ApiTokenSerializer.Meta):
         fields = [*ApiTokenSerializer.Meta.fields, "token"]
+
+
+class WebhookSerializer(serializers.ModelSerializer):
+    url = serializers.URLField(
+        max_length=2000, help_text="Where the portal POSTs: http or https, on a public host."
+    )
+    secret = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        max_length=200,
+        trim_whitespace=False,
+        help_text="Signs each delivery (X-GPU-Portal-Signature); never returned. Empty: unsigned.",
+    )
+    has_secret = serializers.BooleanField(read_only=True)
+    last_delivery_ok = serializers.BooleanField(
+        read_only=True,
+        allow_null=True,
+        help_text="Whether the latest delivery got a 2xx; null before the first.",
+    )
+
+    class Meta:
+        model = Webhook
+        fields = [
+            "id",
+            "url",
+            "format",
+            "enabled",
+            "secret",
+            "has_secret",
+            "created_at",
+            "last_delivery_at",
+            "last_delivery_event",
+            "last_delivery_status",
+            "last_delivery_error",
+            "last_delivery_ok",
+        ]
+        read_only_fields = [
+            "created_at",
+            "last_delivery_at",
+            "last_delivery_event",
+            "last_delivery_status",
+            "last_delivery_error",
+        ]
+
+    def validate_url(self, value: str) -> str:
+        try:
+            webhooks.check_url(value)
+        except webhooks.UnsafeUrl as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value
 
 
 class MembershipSerializer(serializers.ModelSerializer):

@@ -5,6 +5,7 @@ from portal.accounts.api import views
 
 router = SimpleRouter()
 router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
+router.register("webhooks", views.WebhookViewSet, basename="webhook")
 
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),

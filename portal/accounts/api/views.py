@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -9,13 +10,20 @@ from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import ensure_csrf_cookie
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.accounts.api.serializers import ApiTokenSerializer, CreatedApiTokenSerializer, MeSerializer
-from portal.accounts.models import ApiToken
+from portal.accounts import webhooks
+from portal.accounts.api.serializers import (
+    ApiTokenSerializer,
+    CreatedApiTokenSerializer,
+    MeSerializer,
+    WebhookSerializer,
+)
+from portal.accounts.models import ApiToken, Webhook
 from portal.accounts.services import create_api_token, revoke_api_token
 from portal.lib.throttling import WriteThrottle
 
@@ -46,6 +54,55 @@ class ApiTokenViewSet(
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         token = revoke_api_token(self.get_object(), request.user)
         return Response(ApiTokenSerializer(token).data)
+
+
+class WebhookViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Your own webhooks: where the portal posts about your jobs (docs/api.md, *Webhooks*).
+    PATCH changes what it names (an omitted secret stays); POST .../ID/test/ sends a test
+    delivery at once and answers with the webhook and its outcome."""
+
+    serializer_class = WebhookSerializer
+    queryset = Webhook.objects.none()  # for the schema; requests use get_queryset
+    throttle_classes = [WriteThrottle]
+    throttle_scope = "webhooks"
+
+    def get_queryset(self) -> Any:
+        return Webhook.objects.filter(user=self.request.user)
+
+    def perform_create(self, serializer: Any) -> None:
+        try:
+            serializer.instance = webhooks.create_webhook(self.request.user, **serializer.validated_data)
+        except webhooks.WebhookLimitReached as exc:
+            raise serializers.ValidationError({"non_field_errors": [str(exc)]}) from None
+
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        webhook = self.get_object()
+        serializer = WebhookSerializer(webhook, data=request.data, partial=True)
+        serializer.is_valid(raise_exception=True)
+        webhooks.update_webhook(webhook, request.user, **serializer.validated_data)
+        return Response(WebhookSerializer(webhook).data)
+
+    def perform_destroy(self, instance: Webhook) -> None:
+        webhooks.delete_webhook(instance, self.request.user)
+
+    @extend_schema(
+        request=None,
+        responses=WebhookSerializer,
+        description="Sends a test delivery (event `webhook.test`) at once, enabled or not, never "
+        "retried; answers with the webhook, its outcome in `last_delivery_*`.",
+    )
+    @action(detail=True, methods=["post"])
+    def test(self, request: Request, pk: str | None = None) -> Response:
+        webhook = self.get_object()
+        webhooks.send_test(webhook, request.user, str(uuid.uuid4()))
+        webhook.refresh_from_db()
+        return Response(WebhookSerializer(webhook).data)
 
 
 class MeView(APIView):

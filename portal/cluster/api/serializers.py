@@ -54,6 +54,8 @@ class VirtualClusterSerializer(serializers.ModelSerializer):
             "queueing_policy",
             "queueing_policy_label",
             "max_gpus_per_user",
+            "max_cpus_per_user",
+            "max_memory_gb_per_user",
             "max_pending_jobs_per_user",
             "stop_policy",
             "quotas",

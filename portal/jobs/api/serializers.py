@@ -8,6 +8,7 @@ from rest_framework import serializers
 from agents.protocol import AttemptState as AgentAttemptState
 from portal.jobs.accounting import Usage, attempt_usage
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine, TelemetrySample
+from portal.jobs.services import is_paused
 from portal.jobs.spec import DurationField, JobSpecSerializer
 from scheduler.core import HintKind
 
@@ -109,6 +110,10 @@ class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     priority_class = serializers.CharField(source="priority_class.name")
     total_gpus = serializers.IntegerField()
+    paused = serializers.SerializerMethodField(
+        help_text="Held after it was paused while it ran (or while it checkpoints to stop): "
+        "released, it resumes from its checkpoint."
+    )
 
     class Meta:
         model = Job
@@ -134,6 +139,7 @@ class JobSerializer(serializers.ModelSerializer):
             "estimated_start_at",
             "queue_position",
             "on_hold",
+            "paused",
             "topped_at",
             "after",
             "after_type",
@@ -146,6 +152,9 @@ class JobSerializer(serializers.ModelSerializer):
             "finished_at",
         ]
         brief_fields = ["id", "name", "vc", "owner", "state", "total_gpus", "pending_reason", "submitted_at"]
+
+    def get_paused(self, job: Job) -> bool:
+        return is_paused(job)
 
 
 class CheckpointSerializer(serializers.ModelSerializer):

@@ -150,13 +150,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def hold(self, request: Request, pk: str | None = None) -> Response:
-        """Keep a pending job from starting until it is released."""
+        """Keep a job from starting until it is released. A pending job keeps its place; a
+        running or suspended one is paused: it checkpoints and stops, freeing its GPUs, and
+        waits held (409 without checkpointing, which would lose its work); a scheduled or
+        starting one is stopped and held; a checkpointing one is held once it has stopped."""
         return self._change(request, "hold", services.hold_job)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def release(self, request: Request, pk: str | None = None) -> Response:
-        """Let a held job start again."""
+        """Let a held job start again; a paused one resumes from its newest checkpoint."""
         return self._change(request, "release", services.release_job)
 
     @extend_schema(request=TimeLimitSerializer, responses=JobSerializer)

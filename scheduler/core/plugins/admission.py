@@ -133,9 +133,25 @@ def quota_gpus(state: ClusterState, job: PendingJob, model: str) -> tuple[int, i
     return state.share_increment(job.vc, job.user, model, job.gpu_share_milli)
 
 
+def cpu_text(milli: int) -> str:
+    """Milli-cores as CPUs, the unit users ask in: 48000 -> '48', 1500 -> '1.5'."""
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli / 1000:g}"
+
+
+def memory_texts(*mib: int) -> tuple[str, ...]:
+    """Amounts of memory in one unit, GB (as users ask, 1024 MiB each) when all are whole GB,
+    else MiB, so that the numbers of one message compare at a glance."""
+    if all(m % 1024 == 0 for m in mib):
+        return tuple(f"{m // 1024} GB" for m in mib)
+    return tuple(f"{m} MiB" for m in mib)
+
+
 class UserLimit:
-    """At most `max_gpus_per_user` GPUs per user inside a VC, so one user cannot take the
-    whole guarantee of a shared VC."""
+    """Caps on what one user holds inside a VC at once: GPUs (`max_gpus_per_user`), so one
+    user cannot take the whole guarantee of a shared VC, and the CPU and memory of all their
+    jobs' replicas (`max_cpu_milli_per_user`, `max_memory_mib_per_user`), so one cannot starve
+    the others of the nodes' CPU or memory while within the GPU cap. A job waits while it
+    would take its user past any of them; the message names the first that binds."""
 
     name = "user_limit"
 
@@ -144,15 +160,39 @@ class UserLimit:
 
     def admit(self, job: PendingJob, model: str, ctx: CycleContext) -> Status:
         vc = ctx.state.vcs.get(job.vc)
-        if vc is None or vc.max_gpus_per_user is None:
+        if vc is None:
             return SUCCESS
-        held = ctx.state.user_gpus(job.vc, job.user)
-        need = quota_gpus(ctx.state, job, job.gpu_model if job.gpu_model != ANY_MODEL else model)[1]
-        if held + need <= vc.max_gpus_per_user:
-            return SUCCESS
-        return Status(
-            Code.UNSCHEDULABLE,
-            ReasonCode.USER_LIMIT,
-            f"user {job.user} holds {held} of {vc.max_gpus_per_user} GPUs allowed per user in "
-            f"VC {job.vc}; job needs {job.gpus}",
-        )
+        if vc.max_gpus_per_user is not None:
+            held = ctx.state.user_gpus(job.vc, job.user)
+            need = quota_gpus(ctx.state, job, job.gpu_model if job.gpu_model != ANY_MODEL else model)[1]
+            if held + need > vc.max_gpus_per_user:
+                return Status(
+                    Code.UNSCHEDULABLE,
+                    ReasonCode.USER_LIMIT,
+                    f"user {job.user} holds {held} of {vc.max_gpus_per_user} GPUs allowed per user in "
+                    f"VC {job.vc}; job needs {job.gpus}",
+                )
+        cap = vc.max_cpu_milli_per_user
+        if cap is not None:
+            held = ctx.state.user_cpu_milli(job.vc, job.user)
+            need = job.replicas * job.cpu_milli_per_replica
+            if held + need > cap:
+                return Status(
+                    Code.UNSCHEDULABLE,
+                    ReasonCode.USER_LIMIT,
+                    f"user {job.user} holds {cpu_text(held)} of {cpu_text(cap)} CPUs allowed per user "
+                    f"in VC {job.vc}; job needs {cpu_text(need)}",
+                )
+        cap = vc.max_memory_mib_per_user
+        if cap is not None:
+            held = ctx.state.user_memory_mib(job.vc, job.user)
+            need = job.replicas * job.memory_mib_per_replica
+            if held + need > cap:
+                held_text, cap_text, need_text = memory_texts(held, cap, need)
+                return Status(
+                    Code.UNSCHEDULABLE,
+                    ReasonCode.USER_LIMIT,
+                    f"user {job.user} holds {held_text} of {cap_text} of memory allowed per user in "
+                    f"VC {job.vc}; job needs {need_text}",
+                )
+        return SUCCESS
