@@ -111,8 +111,8 @@ def estimate_starts(
             fixed.append((end, model, job.gpus, job.vc))
             if job.vc in user_caps:
                 user_ends[job.vc, job.user].append((end, *_amounts(job)))
-    # What each capped user holds, as admission counts it, plus the jobs booked in the walk.
-    user_held: dict[tuple[str, str], tuple[int, int, int]] = {}
+    # Each capped user's room, made when one of their jobs is first reached in the walk.
+    user_rooms: dict[tuple[str, str], _UserRoom] = {}
 
     # Two time-ordered release streams are merged on the fly: the running jobs' releases
     # (a sorted list), which depend on who asks, and the fixed ones plus bookings (a heap),
@@ -346,14 +346,15 @@ def estimate_starts(
                     vc_passing = _by_vc(passing)
                 own = heapq.merge(vc_passing.get(vc, ()), vc_booked.get(vc, ()))
                 start = max(start, _quota_time(own, used, need, limit, start))
-        user_key = None
+        room = None
         if user_caps and vc in user_caps:
-            user_key = (vc, job.user)
-            held = user_held.get(user_key)
-            if held is None:
-                held = user_held[user_key] = _user_holds(state, *user_key)
-            asks = _amounts(job)
-            user_start = _user_cap_time(user_caps[vc], held, user_ends[user_key], asks, start)
+            room = user_rooms.get((vc, job.user))
+            if room is None:
+                room = user_rooms[vc, job.user] = _UserRoom(
+                    user_caps[vc], _user_holds(state, vc, job.user), user_ends.pop((vc, job.user), []), now
+                )
+            asks = room.asks(job)
+            user_start = room.start(asks, start)
             if user_start is None:
                 estimates[job_id] = None
                 continue
@@ -373,9 +374,8 @@ def estimate_starts(
         heappush(booked, (end, seq, model, need, vc))
         if limit is not None:
             unfiled.append((vc, end, need))
-        if user_key is not None:
-            user_held[user_key] = tuple(h + a for h, a in zip(user_held[user_key], asks, strict=True))
-            user_ends[user_key].append((end, *asks))
+        if room is not None:
+            room.book(asks, end)
     return estimates
 
 
@@ -399,38 +399,71 @@ def _user_holds(state: ClusterState, vc: str, user: str) -> tuple[int, int, int]
     return state.user_gpus(vc, user), state.user_cpu_milli(vc, user), state.user_memory_mib(vc, user)
 
 
-def _user_cap_time(
-    caps: tuple[int | None, int | None, int | None],
-    held: tuple[int, ...],
-    ends: list[tuple[float, int, int, int]],
-    asks: tuple[int, int, int],
-    not_before: float,
-) -> float | None:
-    """Earliest time from `not_before` on when the user's own jobs have given back enough for
-    `asks` to fit under every cap (None: it never can). Releases at or before `not_before`
-    count as given back."""
-    if any(cap is not None and ask > cap for cap, ask in zip(caps, asks, strict=True)):
-        return None
-    used = list(held)
+_GPUS_ONLY = (0,)
 
-    def fits() -> bool:
-        return all(cap is None or u + a <= cap for cap, u, a in zip(caps, used, asks, strict=True))
 
-    ends.sort()
-    gone = 0
-    while gone < len(ends) and ends[gone][0] <= not_before:
-        for i in range(3):
-            used[i] -= ends[gone][i + 1]
-        gone += 1
-    if fits():
-        return not_before
-    for end, *amounts in ends[gone:]:
-        for i in range(3):
-            used[i] -= amounts[i]
-        if fits():
-            return end
-    # Still over after every end it knows of (work held without an expected end): the last.
-    return ends[-1][0] if ends else not_before
+class _UserRoom:
+    """What one user of a VC with per-user caps holds as the walk goes on, and when their jobs
+    give it back, in the capped amounts only (of GPUs, milli-CPUs, MiB of memory). A user's jobs
+    are estimated to start in queue order (each no earlier than the one of theirs before it), so
+    the releases are read once, in time order, over the whole walk: the estimate errs late, as
+    the walk's bookings do."""
+
+    __slots__ = ("at", "caps", "dims", "ends", "seq", "used")
+
+    def __init__(
+        self,
+        caps: tuple[int | None, int | None, int | None],
+        held: tuple[int, int, int],
+        ends: list[tuple[float, int, int, int]],
+        now: float,
+    ) -> None:
+        self.dims = tuple(i for i, cap in enumerate(caps) if cap is not None)
+        self.caps = [caps[i] or 0 for i in self.dims]
+        self.used = [held[i] for i in self.dims]  # held now plus the jobs booked since
+        self.ends = [(end, k, [amounts[i] for i in self.dims]) for k, (end, *amounts) in enumerate(ends)]
+        heapq.heapify(self.ends)
+        self.at = now  # releases up to here are given back
+        self.seq = len(ends)
+
+    def asks(self, job: PendingJob) -> list[int]:
+        if self.dims == _GPUS_ONLY:  # the usual cap, asked for every job of the walk
+            return [job.gpus]
+        amounts = _amounts(job)
+        return [amounts[i] for i in self.dims]
+
+    def start(self, asks: list[int], not_before: float) -> float | None:
+        """When a job asking `asks` fits under the caps, from `not_before` on (None: never).
+        Still over after every end it knows of (work held without one), the last end."""
+        caps, used, ends = self.caps, self.used, self.ends
+        dims = range(len(caps))
+        for i in dims:
+            if asks[i] > caps[i]:
+                return None
+        at = self.at if self.at >= not_before else not_before
+        pop = heapq.heappop
+        while ends and ends[0][0] <= at:
+            amounts = pop(ends)[2]
+            for i in dims:
+                used[i] -= amounts[i]
+        while ends:
+            for i in dims:
+                if used[i] + asks[i] > caps[i]:
+                    break
+            else:
+                break  # it fits
+            at, _, amounts = pop(ends)
+            for i in dims:
+                used[i] -= amounts[i]
+        self.at = at
+        return at
+
+    def book(self, asks: list[int], end: float) -> None:
+        used = self.used
+        for i in range(len(used)):
+            used[i] += asks[i]
+        self.seq += 1
+        heapq.heappush(self.ends, (end, self.seq, asks))
 
 
 def _horizon_keys(

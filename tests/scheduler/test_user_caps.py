@@ -182,7 +182,8 @@ def test_the_gpu_and_memory_caps_bind_the_estimate_too_and_a_job_past_a_cap_has_
         Snap()
         .nodes(4, 8)
         .vc("vision", 32, max_gpus_per_user=4, max_memory_mib_per_user=8192)
-        .running("r", [("n0", (0, 1, 2, 3))], vc="vision", time_limit_s=2_000.0)
+        .running("r", [("n0", (0, 1))], vc="vision", time_limit_s=2_000.0)
+        .running("r-later", [("n0", (2, 3))], vc="vision", time_limit_s=5_000.0)
         .running(
             "m", [("n1", (0,))], vc="vision", user="bob", memory_mib_per_replica=8192, time_limit_s=3_000.0
         )
