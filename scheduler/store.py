@@ -372,6 +372,7 @@ def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> i
         estimated_start_at=None,
         queue_position=None,
         whatif_hints=[],
+        time_limit_warned=False,  # the limit is per attempt, and so is its warning
     )
     ids = [job.pk for job in moved]
     numbers = dict(

@@ -52,6 +52,9 @@ TEST = "webhook.test"
 
 # Addresses in these networks carry an IPv4 address a gateway forwards to: checked as that one.
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# The only IPv6 addresses routed on the internet; older forms outside it (IPv4-compatible
+# ::a.b.c.d, IPv4-translated ::ffff:0:a.b.c.d, site-local fec0::/10) may reach internal hosts.
+GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
 
 
 class UnsafeUrl(ValueError):
@@ -83,6 +86,10 @@ def _parse(url: str) -> SplitResult:
         parts.port  # noqa: B018 (raises on a port out of range)
     except ValueError:
         raise UnsafeUrl("The URL's port is not a valid port number.") from None
+    try:
+        httpx.URL(url.strip())  # what the delivery will send: characters it refuses are refused here
+    except httpx.InvalidURL as exc:
+        raise UnsafeUrl(f"The URL is not valid: {exc}.") from None
     return parts
 
 
@@ -99,6 +106,8 @@ def is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
             return is_public(address.ipv4_mapped)
         if address in NAT64:
             return is_public(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        if address not in GLOBAL_UNICAST_V6:
+            return False
     return address.is_global and not address.is_multicast
 
 
@@ -124,10 +133,11 @@ def checked_address(url: str) -> tuple[SplitResult, ipaddress.IPv4Address | ipad
     if not settings.WEBHOOK_ALLOW_PRIVATE_HOSTS:
         internal = [a for a in addresses if not is_public(a)]
         if internal:
-            named = "is" if parts.hostname == str(internal[0]) else f"resolves to {internal[0]},"
+            # Which address is not said: the portal's resolver would answer any user's questions
+            # about internal names.
             raise UnsafeUrl(
-                f"{parts.hostname} {named} a loopback, private, link-local, multicast or reserved "
-                "address: the portal posts only to public hosts."
+                f"{parts.hostname} is or resolves to a loopback, private, link-local, multicast or "
+                "reserved address: the portal posts only to public hosts."
             )
     return parts, addresses[0]
 
@@ -244,6 +254,8 @@ def post(url: str, format: str, secret: str, payload: dict[str, Any], delivery_i
             )
             response = client.send(request, stream=True)  # the answer's body is never read
             response.close()
+    except httpx.InvalidURL as exc:  # registered before the URL was checked as httpx reads it
+        return Outcome(None, f"invalid URL: {exc}")
     except httpx.HTTPError as exc:
         return Outcome(None, _describe(exc), retry=True)
     status = response.status_code

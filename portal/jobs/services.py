@@ -774,7 +774,10 @@ def _hold_pending(job: Job, actor: Any) -> None:
     fields = held_fields(held_message(actor))
     for name, value in fields.items():
         setattr(job, name, value)
-    job.save(update_fields=list(fields))
+    # A new version: a cycle that read the job before the hold must not start it (apply_plan
+    # acts only on jobs whose version it read).
+    job.version += 1
+    job.save(update_fields=[*fields, "version"])
     publish_job_change(job)  # open pages show the hold at once
     record_job_event(job, actor_label(actor), "held: it does not start until released", {"held": True})
 
@@ -815,7 +818,8 @@ def _hold_when_stopped(job: Job, actor: Any, checkpointable: bool) -> None:
         fields["stop_reason"] = PAUSED
     for name, value in fields.items():
         setattr(job, name, value)
-    job.save(update_fields=list(fields))
+    job.version += 1  # as in _hold_pending
+    job.save(update_fields=[*fields, "version"])
     publish_job_change(job)
     then = "resumes from its checkpoint" if checkpointable else "does not start"
     record_job_event(
@@ -878,7 +882,8 @@ def release_job(job: Job, actor: Any) -> Job:
     else:
         job.pending_reason = job.pending_message = ""
         reason = "released before it stopped: it is requeued once it has"
-    job.save(update_fields=["on_hold", "stop_reason", "pending_reason", "pending_message"])
+    job.version += 1  # as in _hold_pending: a cycle's view of the held job is stale
+    job.save(update_fields=["on_hold", "stop_reason", "pending_reason", "pending_message", "version"])
     publish_job_change(job)
     record_job_event(job, actor_label(actor), reason, {"held": False})
     record_audit(actor, "job.release", job, tenant=job.tenant)

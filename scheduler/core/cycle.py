@@ -1320,8 +1320,14 @@ class _CycleRun:
     def _preemption_key(self, job: PendingJob, model: str, failure: Status) -> tuple[Any, ...]:
         horizons = self._horizons + self.vc_horizons.get(job.vc, [])
         horizon = tuple(h.horizon_key(job, self.ctx) for h in horizons)
-        if failure.reason is not ReasonCode.USER_LIMIT:
+        vc = self.state.vcs.get(job.vc)
+        user_capped = vc is not None and (
+            vc.max_gpus_per_user is not None or job.vc in self.state.resource_capped
+        )
+        if failure.reason is not ReasonCode.USER_LIMIT and not user_capped:
             return (job.priority, horizon, model, job.vc, "", failure.reason)
+        # In a VC that caps its users, a search may fail on its user's cap (once victims free
+        # the quota, admission asks again), which says nothing of another user's search.
         key: tuple[Any, ...] = (job.priority, horizon, model, job.vc, job.user, failure.reason)
         if job.vc in self.state.resource_capped:
             # More GPUs cannot do better only with as much CPU and memory.

@@ -79,6 +79,9 @@ def estimate_starts(
     user_ends: defaultdict[tuple[str, str], list[tuple[float, int, int, int]]] = defaultdict(list)
     for job in ctx.snapshot.running:
         if job.id in released:
+            # Preempted in this cycle: its user's caps still count it until it is gone.
+            if job.vc in user_caps:
+                user_ends[job.vc, job.user].append((now + settings.grace_period_s, *_amounts(job)))
             continue
         if job.stopping:
             vc = "" if job.parked else job.vc  # a parked job's GPUs are charged to no VC
@@ -390,9 +393,12 @@ def _user_caps(state: ClusterState) -> dict[str, tuple[int | None, int | None, i
 
 
 def _amounts(job: PendingJob | RunningJob) -> tuple[int, int, int]:
-    """What a job counts against its user's caps: GPUs, milli-CPUs, MiB of memory."""
+    """What a job counts against its user's caps: GPUs, milli-CPUs, MiB of memory. A fractional
+    job counts no GPU: its user holds shares rounded up per GPU, which no one share's end gives
+    back (so the estimate errs late for the releases, early for the share's own GPU)."""
     replicas = job.replicas if isinstance(job, PendingJob) else len(job.placement)
-    return job.gpus, replicas * job.cpu_milli_per_replica, replicas * job.memory_mib_per_replica
+    gpus = 0 if job.gpu_share_milli else job.gpus
+    return gpus, replicas * job.cpu_milli_per_replica, replicas * job.memory_mib_per_replica
 
 
 def _user_holds(state: ClusterState, vc: str, user: str) -> tuple[int, int, int]:
@@ -427,7 +433,7 @@ class _UserRoom:
         self.seq = len(ends)
 
     def asks(self, job: PendingJob) -> list[int]:
-        if self.dims == _GPUS_ONLY:  # the usual cap, asked for every job of the walk
+        if self.dims == _GPUS_ONLY and not job.gpu_share_milli:  # the usual cap and job
             return [job.gpus]
         amounts = _amounts(job)
         return [amounts[i] for i in self.dims]

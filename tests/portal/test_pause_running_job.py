@@ -332,3 +332,35 @@ def test_a_paused_job_whose_node_is_lost_stays_held(api_for: Any, users: dict[st
     job.refresh_from_db()
     assert (job.state, job.on_hold, job.pending_reason) == (JobState.PENDING, True, "held")
     assert run_cycle()["started"] == 0
+
+
+def test_a_hold_made_while_a_cycle_decides_keeps_that_cycle_from_starting_the_job(
+    api_for: Any, users: Any, node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cycle reads the job pending, the owner holds it (committed in another connection),
+    then the cycle applies its plan: the start is not made, since the job changed."""
+    import threading
+
+    from django.db import connections
+
+    job = submit(api_for, checkpoint={"enabled": True})
+    decide = core.decide
+
+    def decide_then_hold(*args: Any, **kwargs: Any) -> Any:
+        plan = decide(*args, **kwargs)
+
+        def hold() -> None:
+            try:
+                services.hold_job(Job.objects.get(pk=job.pk), users["alice"])
+            finally:
+                connections.close_all()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        holder.join()
+        return plan
+
+    monkeypatch.setattr(core, "decide", decide_then_hold)
+    run_cycle()
+    job.refresh_from_db()
+    assert (job.state, job.on_hold, job.pending_reason) == (JobState.PENDING, True, "held")

@@ -73,6 +73,12 @@ def verify(secret: str, delivery: Any) -> bool:
         "http://user:password@93.184.215.14/hook",
         "https://bücher.example/hook",
         "not a url",
+        # IPv6 forms outside global unicast that can carry an internal IPv4 address or route inside.
+        "http://[::127.0.0.1]/hook",
+        "http://[::10.0.0.1]/hook",
+        "http://[::ffff:0:7f00:1]/hook",
+        "http://[fec0::1]/hook",
+        "http://93.184.215.14/ho\x7fok",  # a character the delivery's client refuses
     ],
 )
 def test_registration_refuses_other_schemes_and_internal_hosts(api_for: Any, url: str) -> None:
@@ -84,7 +90,10 @@ def test_registration_refuses_other_schemes_and_internal_hosts(api_for: Any, url
 
 def test_internal_hosts_are_allowed_only_when_the_operator_says_so(api_for: Any, settings: Any) -> None:
     alice = api_for("alice")
-    assert "loopback" in add(alice, "http://127.0.0.1:9/hook").json()["url"][0]
+    refusal = add(alice, "http://127.0.0.1:9/hook").json()["url"][0]
+    assert "loopback" in refusal
+    # What a name resolves to is not said: it would map internal names for any user.
+    assert "127.0.0.1" not in add(alice, "http://localhost:9/hook").json()["url"][0]
     settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True
     assert add(alice, "http://127.0.0.1:9/hook").status_code == 201
 

@@ -192,3 +192,39 @@ def test_the_gpu_and_memory_caps_bind_the_estimate_too_and_a_job_past_a_cap_has_
         .pending("never", 1, vc="vision", user="carol", submitted_at=3.0, memory_mib_per_replica=9000)
     )
     assert estimated_starts(snap) == {"gpus": 2_000.0, "memory": 3_000.0, "never": None}
+
+
+def test_a_search_that_fails_on_one_users_cap_does_not_stop_another_users_search() -> None:
+    """alice's job would fit vision's quota only by preempting, and then her CPU cap refuses
+    it; bob's job of the same priority, model and VC still preempts carol's low-priority job."""
+
+    def preemptions(with_alices_job: bool) -> list[tuple[str, str | None]]:
+        snap = (
+            Snap()
+            .nodes(2, 8)
+            .vc("vision", 3, max_cpu_milli_per_user=64_000)
+            .running("r", [("n0", (0,))], vc="vision", priority=2000, cpu_milli_per_replica=48_000)
+            .running("low", [("n0", (1, 2))], vc="vision", user="carol", cpu_milli_per_replica=1_000)
+        )
+        if with_alices_job:
+            snap = snap.pending(
+                "alices", 1, vc="vision", priority=1000, submitted_at=1.0, cpu_milli_per_replica=32_000
+            )
+        snap = snap.pending(
+            "bobs", 1, vc="vision", user="bob", priority=1000, submitted_at=2.0, cpu_milli_per_replica=1_000
+        )
+        return [(p.job_id, p.for_job) for p in decide(snap.build(), PRIORITY, now=10_000.0).preemptions]
+
+    assert preemptions(False) == preemptions(True) == [("low", "bobs")]
+
+
+def test_the_ends_of_shares_do_not_give_back_a_whole_gpu_each() -> None:
+    """alice holds one GPU in four quarter shares (ending at 100 to 400 s) and one whole GPU:
+    2 of her 2. Her next job cannot start before every share has ended, whatever the estimate
+    errs by."""
+    snap = Snap().nodes(2, 8).vc("vision", 16, max_gpus_per_user=2)
+    for k, end in enumerate((100.0, 200.0, 300.0, 400.0)):
+        snap = snap.running(f"share-{k}", [("n0", (0,))], vc="vision", gpu_share_milli=250, time_limit_s=end)
+    snap = snap.running("whole", [("n0", (1,))], vc="vision", time_limit_s=5_000.0)
+    start = estimated_starts(snap.pending("next", 1, vc="vision", submitted_at=1.0))["next"]
+    assert start is not None and start >= 400.0

@@ -12,6 +12,7 @@ export type ReplicaStatus = Schemas["ReplicaStatus"];
 export type JobEvent = Schemas["JobEvent"];
 export type WhatIfHint = Schemas["WhatIfHint"];
 export type DryRun = Schemas["DryRun"];
+export type BulkSubmitResult = Schemas["BulkSubmitResult"];
 export type JobSpec = Schemas["JobSpec"];
 export type JobState = Schemas["JobStateEnum"];
 export type LogLine = Schemas["LogLine"];

@@ -1,9 +1,10 @@
 import { type FormEvent, type ReactNode, useRef, useState } from "react";
 
-import { ApiError, type FieldErrors, type RequestOptions, api, fetchAll } from "../api/client";
-import type { ClusterNode, DryRun, Flavor, JobDetail, PriorityClass, VirtualCluster, WhatIfHint } from "../api/types";
+import { ApiError, type FieldErrors, type RequestOptions, api, fetchAll, query } from "../api/client";
+import type { BulkSubmitResult, ClusterNode, DryRun, Flavor, JobDetail, PriorityClass, VirtualCluster, WhatIfHint } from "../api/types";
 import { NotifyField } from "../components/NotifyField";
 import { ErrorBanner, PageHeader, Spinner } from "../components/common";
+import { MAX_COPIES, arrayBody, arrayErrors, arrayYaml, copiesHint, idRanges, isArray, parseCopies } from "../lib/array";
 import { replicasThatFitNow } from "../lib/cluster";
 import {
   AFTER_TYPES,
@@ -21,7 +22,7 @@ import {
 } from "../lib/spec";
 import { useResource } from "../lib/useResource";
 import { hintBadge, verdictText } from "../lib/verdict";
-import { navigate, useLocation } from "../router";
+import { Link, navigate, useLocation } from "../router";
 import { canSubmit, useSession } from "../session";
 
 type Mode = "form" | "yaml";
@@ -111,6 +112,8 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
   const [errors, setErrors] = useState<FieldErrors>({});
   const [failure, setFailure] = useState<string | null>(null);
   const [busy, setBusy] = useState(false);
+  const [copiesText, setCopiesText] = useState("1");
+  const [submitted, setSubmitted] = useState<{ ids: number[]; name: string } | null>(null);
   // The last check's verdict, for the spec as it was then: any change clears it, and a verdict
   // that arrives after a change (counted in `edits`) is not shown.
   const [verdict, setVerdict] = useState<DryRun | null>(null);
@@ -151,6 +154,12 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
       ? { method: "POST", rawBody: yamlText, contentType: "application/yaml" }
       : { method: "POST", body: formToSpec(form, extra) };
 
+  // An array request: the spec, as for one job, and how many copies to queue.
+  const arrayRequest = (copies: number | string): RequestOptions =>
+    mode === "yaml"
+      ? { method: "POST", rawBody: arrayYaml(yamlText, copies), contentType: "application/yaml" }
+      : { method: "POST", body: arrayBody(formToSpec(form, extra), copies) };
+
   const refused = (err: unknown, words: string) => {
     if (err instanceof ApiError && err.status === 400) {
       setErrors(err.fields);
@@ -165,11 +174,27 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
     setBusy(true);
     setErrors({});
     setFailure(null);
+    setSubmitted(null);
+    const copies = parseCopies(copiesText);
+    if (!isArray(copies)) {
+      try {
+        const job = await api<JobDetail>("/api/v1/jobs/", specRequest());
+        navigate(`/jobs/${job.id}`);
+      } catch (err) {
+        refused(err, "The portal did not accept the job.");
+        setBusy(false);
+      }
+      return;
+    }
+    // The page stays, to say which jobs were made: an array has no one page to go to.
     try {
-      const job = await api<JobDetail>("/api/v1/jobs/", specRequest());
-      navigate(`/jobs/${job.id}`);
+      const created = await api<BulkSubmitResult>("/api/v1/jobs/bulk/", arrayRequest(copies));
+      setSubmitted({ ids: created.ids, name: form.name.trim() });
+      setVerdict(null); // it was for a queue without these jobs
     } catch (err) {
-      refused(err, "The portal did not accept the job.");
+      const named = err instanceof ApiError ? new ApiError(err.status, err.message, arrayErrors(err.fields)) : err;
+      refused(named, "The portal did not accept the jobs.");
+    } finally {
       setBusy(false);
     }
   };
@@ -191,8 +216,11 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
   };
 
   const fieldErrors = (key: string) => errorsFor(errors, key);
-  const allErrors = Object.entries(errors);
-  const others = unplacedErrors(errors);
+  // The Copies field shows its own errors, in both modes.
+  const copiesErrors = errors["array"] ?? [];
+  const allErrors = Object.entries(errors).filter(([key]) => key !== "array");
+  const others = unplacedErrors(errors).filter(([key]) => key !== "array");
+  const copies = parseCopies(copiesText);
 
   return (
     <form className="submit-form" onSubmit={submit} noValidate aria-describedby={failure ? "submit-failure" : undefined}>
@@ -240,9 +268,25 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
           <SpecFields form={form} update={update} choices={choices} errors={fieldErrors} tenants={tenants} />
         </div>
       )}
+      <div className="card copies">
+        <Field id="f-copies" label="Copies" errors={copiesErrors} hint={copiesHint(copies)}>
+          <input
+            id="f-copies"
+            type="number"
+            inputMode="numeric"
+            min={1}
+            max={MAX_COPIES}
+            step={1}
+            value={copiesText}
+            onChange={(e) => setCopiesText(e.target.value)}
+            aria-invalid={copiesErrors.length ? true : undefined}
+            aria-describedby={describedBy("f-copies", copiesErrors, true)}
+          />
+        </Field>
+      </div>
       <div className="form-actions">
         <button type="submit" className="button primary" disabled={busy || (mode === "yaml" && yamlError !== null)}>
-          {busy ? "Submitting…" : "Submit job"}
+          {busy ? "Submitting…" : typeof copies === "number" && copies > 1 ? `Submit ${copies} jobs` : "Submit job"}
         </button>
         <button type="button" className="button" onClick={check} disabled={busy || checking || (mode === "yaml" && yamlError !== null)}>
           {checking ? "Checking…" : "Check"}
@@ -251,8 +295,25 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
         {checking && <Spinner label="Checking" />}
         {!busy && !checking && !verdict && <span className="muted">Check: whether it would start now, without submitting it.</span>}
       </div>
+      {submitted && <SubmittedCard {...submitted} />}
       {verdict && <VerdictCard verdict={verdict} onHint={(hint) => replace(specToForm(withHint(formToSpec(form, extra), hint, choices.flavors)))} />}
     </form>
+  );
+}
+
+/** What an array submission made: the jobs' ids, and where to find them. */
+function SubmittedCard({ ids, name }: { ids: number[]; name: string }) {
+  const first = ids[0];
+  return (
+    <section className="card submitted" aria-label="Submitted">
+      <p role="status">
+        Submitted {ids.length} jobs: ids {idRanges(ids)}, named {name}-0 to {name}-{ids.length - 1}.
+      </p>
+      <p className="submitted-links">
+        <Link href={`/jobs${query({ q: name, owner: "me" })}`}>Show them in the jobs list</Link>
+        {first !== undefined && <Link href={`/jobs/${first}`}>Open {name}-0</Link>}
+      </p>
+    </section>
   );
 }
 
