@@ -50,6 +50,10 @@ async def test_three_copies_from_the_form_show_in_the_jobs_list(
         re.compile(r"^Submitted 3 jobs: ids \d+\u2013\d+, named sweep-0 to sweep-2\.$"), timeout=LONG
     )
     await expect(page).to_have_url(re.compile("/submit$"))
+    # Not twice by a second click: the button waits for an edit of the spec or the copies.
+    await expect(page.get_by_role("button", name="Submitted")).to_be_disabled()
+    await copies.fill("2")
+    await expect(page.get_by_role("button", name="Submit 2 jobs")).to_be_enabled()
     await done.get_by_role("link", name="Show them in the jobs list").click()
     await expect(page).to_have_url(re.compile(r"/jobs\?q=sweep&owner=me$"))
     for i in range(3):

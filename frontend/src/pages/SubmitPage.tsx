@@ -114,6 +114,7 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
   const [busy, setBusy] = useState(false);
   const [copiesText, setCopiesText] = useState("1");
   const [submitted, setSubmitted] = useState<{ ids: number[]; name: string } | null>(null);
+  const [queued, setQueued] = useState(false); // the array as it stands was just submitted
   // The last check's verdict, for the spec as it was then: any change clears it, and a verdict
   // that arrives after a change (counted in `edits`) is not shown.
   const [verdict, setVerdict] = useState<DryRun | null>(null);
@@ -124,6 +125,7 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
   const edited = () => {
     edits.current += 1;
     setVerdict(null);
+    setQueued(false); // a changed spec may be submitted again
   };
 
   const replace = (next: { form: SpecForm; extra: SpecObject }) => {
@@ -190,6 +192,7 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
     try {
       const created = await api<BulkSubmitResult>("/api/v1/jobs/bulk/", arrayRequest(copies));
       setSubmitted({ ids: created.ids, name: form.name.trim() });
+      setQueued(true);
       setVerdict(null); // it was for a queue without these jobs
     } catch (err) {
       const named = err instanceof ApiError ? new ApiError(err.status, err.message, arrayErrors(err.fields)) : err;
@@ -278,15 +281,20 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
             max={MAX_COPIES}
             step={1}
             value={copiesText}
-            onChange={(e) => setCopiesText(e.target.value)}
+            onChange={(e) => {
+              setCopiesText(e.target.value);
+              setQueued(false);
+            }}
             aria-invalid={copiesErrors.length ? true : undefined}
             aria-describedby={describedBy("f-copies", copiesErrors, true)}
           />
         </Field>
       </div>
       <div className="form-actions">
-        <button type="submit" className="button primary" disabled={busy || (mode === "yaml" && yamlError !== null)}>
-          {busy ? "Submitting…" : typeof copies === "number" && copies > 1 ? `Submit ${copies} jobs` : "Submit job"}
+        {/* After an array is queued the same spec is not submitted again by a second click:
+            the button waits for an edit. */}
+        <button type="submit" className="button primary" disabled={busy || queued || (mode === "yaml" && yamlError !== null)}>
+          {busy ? "Submitting…" : queued ? "Submitted" : typeof copies === "number" && copies > 1 ? `Submit ${copies} jobs` : "Submit job"}
         </button>
         <button type="button" className="button" onClick={check} disabled={busy || checking || (mode === "yaml" && yamlError !== null)}>
           {checking ? "Checking…" : "Check"}
