@@ -117,6 +117,14 @@ def estimate_starts(
     # Each capped user's room, made when one of their jobs is first reached in the walk.
     user_rooms: dict[tuple[str, str], _UserRoom] = {}
 
+    def user_room(vc: str, user: str) -> _UserRoom:
+        room = user_rooms.get((vc, user))
+        if room is None:
+            room = user_rooms[vc, user] = _UserRoom(
+                user_caps[vc], _user_holds(state, vc, user), user_ends.pop((vc, user), []), now
+            )
+        return room
+
     # Two time-ordered release streams are merged on the fly: the running jobs' releases
     # (a sorted list), which depend on who asks, and the fixed ones plus bookings (a heap),
     # which do not. The queue is walked
@@ -279,7 +287,7 @@ def estimate_starts(
             if vc_passing is None:
                 vc_passing = _by_vc(passing)
             for probe in probes[job_id]:
-                estimates[probe.id] = _probe_start(
+                probe_start = _probe_start(
                     probe,
                     cursor,
                     free,
@@ -291,6 +299,10 @@ def estimate_starts(
                     vc_booked,
                     ctx,
                 )
+                if probe_start is not None and probe.vc in user_caps:
+                    room = user_room(probe.vc, probe.user)
+                    probe_start = room.peek(room.asks(probe), probe_start)
+                estimates[probe.id] = probe_start
         asked = model = job.gpu_model
         per_replica = job.gpus_per_replica
         need = job.replicas * per_replica  # job.gpus
@@ -351,11 +363,7 @@ def estimate_starts(
                 start = max(start, _quota_time(own, used, need, limit, start))
         room = None
         if user_caps and vc in user_caps:
-            room = user_rooms.get((vc, job.user))
-            if room is None:
-                room = user_rooms[vc, job.user] = _UserRoom(
-                    user_caps[vc], _user_holds(state, vc, job.user), user_ends.pop((vc, job.user), []), now
-                )
+            room = user_room(vc, job.user)
             asks = room.asks(job)
             user_start = room.start(asks, start)
             if user_start is None:
@@ -463,6 +471,15 @@ class _UserRoom:
                 used[i] -= amounts[i]
         self.at = at
         return at
+
+    def peek(self, asks: list[int], not_before: float) -> float | None:
+        """`start` for a request that is only asked about (a what-if hint): nothing is given
+        back for good, so the walk's own jobs read the releases as before."""
+        saved_used, saved_ends, saved_at = list(self.used), list(self.ends), self.at
+        try:
+            return self.start(asks, not_before)
+        finally:
+            self.used, self.ends, self.at = saved_used, saved_ends, saved_at
 
     def book(self, asks: list[int], end: float) -> None:
         used = self.used

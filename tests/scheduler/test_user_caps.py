@@ -228,3 +228,39 @@ def test_the_ends_of_shares_do_not_give_back_a_whole_gpu_each() -> None:
     snap = snap.running("whole", [("n0", (1,))], vc="vision", time_limit_s=5_000.0)
     start = estimated_starts(snap.pending("next", 1, vc="vision", submitted_at=1.0))["next"]
     assert start is not None and start >= 400.0
+
+
+def test_a_hint_is_not_estimated_sooner_than_its_users_cap_allows() -> None:
+    """alice's A100 job waits for her CPU (48 of 64 held until 10,000 s; it needs 32). On the
+    H100, free at 1,000 s, the same request is still over her cap, so no hint may promise it
+    before 10,000 s."""
+    snap = (
+        Snap()
+        .node("a0", 2, "A100")
+        .node("h0", 1, "H100")
+        .vc("vision", 4, max_cpu_milli_per_user=64_000)
+        .running(
+            "r",
+            [("a0", (0,))],
+            vc="vision",
+            gpu_model="A100",
+            cpu_milli_per_replica=48_000,
+            time_limit_s=10_000.0,
+        )
+        .running("b", [("a0", (1,))], vc="vision", user="bob", gpu_model="A100", time_limit_s=5_000.0)
+        .running("bh", [("h0", (0,))], vc="vision", user="bob", gpu_model="H100", time_limit_s=1_000.0)
+        .pending(
+            "j",
+            1,
+            vc="vision",
+            gpu_model="A100",
+            submitted_at=1.0,
+            cpu_milli_per_replica=32_000,
+            time_limit_s=600.0,
+        )
+    )
+    (status,) = decide(snap.build(), FIFO, now=10.0).pending
+    assert (status.reason, status.estimated_start) == (ReasonCode.USER_LIMIT, 10_000.0)
+    assert all(h.estimated_start is not None and h.estimated_start >= 10_000.0 for h in status.hints), (
+        status.hints
+    )
