@@ -19,19 +19,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
 from gpuportal import __version__, config
-from gpuportal.client import MAX_ARRAY_JOBS, AuthError, BadRequest, NotFound, PortalClient, PortalError
+from gpuportal.client import (
+    MAX_ARRAY_JOBS,
+    AuthError,
+    BadRequest,
+    NotFound,
+    PortalClient,
+    PortalError,
+    parse_yaml_spec,
+)
 from gpuportal.models import (
     Attempt,
     DryRun,
     Job,
     JobDetail,
     JobEvent,
+    JobTemplate,
     LogLine,
     Quota,
     VirtualCluster,
@@ -55,7 +65,7 @@ EXIT_CODES = {
         " webhooks test: the delivery failed"
     ),
     USAGE: "bad usage or input: unknown option, unreadable file, a spec field the portal refused",
-    NOT_FOUND: "no such job or virtual cluster (another tenant's looks the same)",
+    NOT_FOUND: "no such job, virtual cluster, webhook or template (another tenant's looks the same)",
     AUTH: "not signed in, the token is invalid or expired, or not allowed",
     UNREACHABLE: "the portal cannot be reached or failed (HTTP 5xx)",
     CONFLICT: "the request does not fit the job's state (e.g. cancelling an ended job)",
@@ -302,14 +312,7 @@ def cmd_whoami(ctx: Context) -> int:
 
 def cmd_submit(ctx: Context) -> int:
     args = ctx.args
-    try:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-    except OSError as error:
-        raise UsageError(f"cannot read {args.file}: {error.strerror or error}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{args.file} is not UTF-8 text") from None
-    if not text.strip():
-        raise UsageError(f"{args.file} is empty")
+    text = read_spec_file(args.file)
     if args.follow and args.output == "json":
         raise UsageError("-o json prints the submitted job and ends; leave out --follow")
     try:
@@ -943,6 +946,83 @@ def cmd_webhooks(ctx: Context) -> int:
     return OK if hook.last_delivery_ok else JOB_FAILED
 
 
+def read_spec_file(name: str) -> str:
+    """The text of a spec file (- for stdin), refused before anything is sent when it cannot
+    be read or is empty."""
+    try:
+        text = sys.stdin.read() if name == "-" else Path(name).read_text()
+    except OSError as error:
+        raise UsageError(f"cannot read {name}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{name} is not UTF-8 text") from None
+    if not text.strip():
+        raise UsageError(f"{name} is empty")
+    return text
+
+
+def find_template(ctx: Context, wanted: str) -> JobTemplate:
+    """The template called `wanted` (NAME, or OWNER/NAME for one shared by another user): your
+    own first, as names are unique per owner only."""
+    owner, _, name = wanted.rpartition("/")
+    found = ctx.client().templates(name=name)
+    if owner:
+        found = [t for t in found if t.owner == owner]
+    elif len(found) > 1:
+        me = ctx.client().me().username
+        found = [t for t in found if t.owner == me] or found
+    if not found:
+        raise NotFound(f"template {wanted} not found", 404)
+    if len(found) > 1:
+        owners = ", ".join(f"{t.owner}/{t.name}" for t in found)
+        raise UsageError(f"several shared templates are called {name}: name one of {owners}")
+    return found[0]
+
+
+def cmd_templates(ctx: Context) -> int:
+    """Saved job specs, as the web app's submit page offers them: `show` prints one as YAML,
+    so `gpuportal templates show NAME > job.yaml && gpuportal submit job.yaml` submits it."""
+    args = ctx.args
+    if args.templates_action in (None, "list"):
+        templates = ctx.client().templates()
+        if args.output == "json":
+            print_json(ctx, dump(templates))
+        elif not templates:
+            ctx.err.print("No templates: save one with `gpuportal templates save NAME FILE`.")
+        else:
+            rows = [
+                (escape(t.name), escape(t.owner), "yes" if t.shared else "no", escape(t.description))
+                for t in templates
+            ]
+            ctx.out.print(listing(("NAME", "OWNER", "SHARED", "DESCRIPTION"), rows, wraps=("DESCRIPTION",)))
+        return OK
+    if args.templates_action == "save":
+        spec = parse_yaml_spec(read_spec_file(args.file))
+        try:
+            template = ctx.client().save_template(
+                args.name, spec, description=args.description, shared=args.shared
+            )
+        except BadRequest as error:
+            if set(error.errors) != {"detail"}:
+                raise BadRequest(f"the portal refused template {args.name}", error.errors) from None
+            raise
+        if args.output == "json":
+            print_json(ctx, template.model_dump(mode="json"))
+        else:
+            shared = f", shared with tenant {template.tenant}" if template.shared else ""
+            ctx.out.print(f"Template {escape(template.name)} saved{escape(shared)}.")
+        return OK
+    template = find_template(ctx, args.name)
+    if args.templates_action == "delete":
+        ctx.client().delete_template(template.id)
+        ctx.out.print(f"Template {escape(template.owner)}/{escape(template.name)} deleted.")
+        return OK
+    if args.output == "json":
+        print_json(ctx, template.spec)
+    else:  # unchanged by rich: this is a file to submit
+        sys.stdout.write(yaml.safe_dump(template.spec, sort_keys=False, allow_unicode=True))
+    return OK
+
+
 def job_id(value: str) -> int:
     if not value.isdigit():
         raise argparse.ArgumentTypeError(f"a job id is a number, not {value!r}")
@@ -1087,6 +1167,24 @@ def build_parser() -> argparse.ArgumentParser:
     test_hook = actions.add_parser("test", help="send a test delivery now and show its outcome")
     test_hook.add_argument("webhook_id", type=int, metavar="ID")
     add_output(test_hook)
+
+    templates = add("templates", cmd_templates, "saved job specs: yours and those shared in your tenants")
+    add_output(templates)
+    templates.set_defaults(templates_action=None)
+    template_actions = templates.add_subparsers(dest="templates_action", metavar="ACTION")
+    add_output(template_actions.add_parser("list", help="your templates and the shared ones (the default)"))
+    show = template_actions.add_parser("show", help="a template's spec as YAML (-o json: as JSON)")
+    show.add_argument("name", metavar="NAME", help="NAME, or OWNER/NAME for another user's shared one")
+    add_output(show)
+    save = template_actions.add_parser("save", help="save a job spec file as a template")
+    save.add_argument("name", metavar="NAME", help="letters, digits, - and _; unique among yours")
+    save.add_argument("file", metavar="FILE", help="the job spec file, or - for stdin")
+    save.add_argument("--shared", action="store_true", help="offer it to every member of its tenant")
+    save.add_argument("--description", default="", help="one line on what it is for")
+    add_output(save)
+    template_actions.add_parser("delete", help="delete a template").add_argument(
+        "name", metavar="NAME", help="NAME, or OWNER/NAME (a tenant admin: a shared one)"
+    )
 
     for command in sub.choices.values():
         command.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)

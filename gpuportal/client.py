@@ -26,6 +26,7 @@ from gpuportal.models import (
     Job,
     JobDetail,
     JobEvent,
+    JobTemplate,
     LogLine,
     Me,
     Node,
@@ -498,6 +499,22 @@ class PortalClient:
     def test_webhook(self, webhook_id: int) -> Webhook:
         """Sends a test delivery at once; the webhook comes back with its outcome."""
         return Webhook.model_validate(self.request("POST", f"/webhooks/{webhook_id}/test/"))
+
+    # -- job templates ------------------------------------------------------------------
+
+    def templates(self, name: str | None = None) -> list[JobTemplate]:
+        """Your templates and those shared in your tenants; `name` only those of that name."""
+        params = {"name": name} if name is not None else None
+        return self._parse(JobTemplate, self._pages("/templates/", params, limit=None))
+
+    def save_template(
+        self, name: str, spec: dict[str, Any], *, description: str = "", shared: bool = False
+    ) -> JobTemplate:
+        body = {"name": name, "spec": spec, "description": description, "shared": shared}
+        return JobTemplate.model_validate(self.request("POST", "/templates/", json=body))
+
+    def delete_template(self, template_id: int) -> None:
+        self.request("DELETE", f"/templates/{template_id}/")
 
 
 def spec_body(spec: str | dict[str, Any]) -> dict[str, Any]:

@@ -258,3 +258,17 @@ class Webhook(_Resource):
     last_delivery_status: int | None = None  # the receiver's HTTP status; None when no answer came
     last_delivery_error: str = ""
     last_delivery_ok: bool | None = None  # None before the first delivery
+
+
+class JobTemplate(_Resource):
+    """A saved job spec: the owner's own, or shared with the owner's tenant."""
+
+    id: int
+    name: str
+    description: str = ""
+    spec: dict[str, Any]
+    shared: bool = False
+    owner: str
+    tenant: str
+    created_at: datetime | None = None
+    updated_at: datetime | None = None

@@ -177,6 +177,8 @@ REST_FRAMEWORK = {
         "dry-run": env_str("THROTTLE_DRY_RUN", "30/min"),
         # Webhook changes and test deliveries (each a request to another server).
         "webhooks": env_str("THROTTLE_WEBHOOKS", "30/min"),
+        # Saving, changing and deleting job templates (each checks a whole job spec).
+        "templates": env_str("THROTTLE_TEMPLATES", "60/min"),
     },
     "DEFAULT_PARSER_CLASSES": [
         "portal.lib.parsers.JSONParser",

@@ -360,3 +360,42 @@ class TelemetrySample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_uuid} at {self.time:%H:%M:%S}"
+
+
+class JobTemplateQuerySet(models.QuerySet["JobTemplate"]):
+    def visible_to(self, user: AbstractBaseUser | AnonymousUser) -> JobTemplateQuerySet:
+        """The user's own templates and the shared ones of their tenants; never another
+        tenant's, whoever asks (a template is a user's, not the cluster's)."""
+        if not user.is_authenticated:
+            return self.none()
+        shared = Q(shared=True, tenant__in=Tenant.objects.filter(memberships__user=user))
+        return self.filter(Q(owner=user) | shared)
+
+
+class JobTemplate(models.Model):
+    """A saved job spec to submit again (OpenPAI's marketplace, Determined's templates).
+
+    `spec` is kept as the user gave it, so that it submits as POST /api/v1/jobs/ takes it; it
+    was valid when saved. `tenant` is that of the spec's VC: a shared template is offered to
+    that tenant's members.
+    """
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="job_templates"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="job_templates")
+    name = models.SlugField(max_length=100)
+    description = models.CharField(max_length=300, blank=True)
+    spec = models.JSONField()
+    shared = models.BooleanField(default=False, help_text="Offered to every member of the tenant.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = JobTemplateQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="one_template_name_per_owner")]
+
+    def __str__(self) -> str:
+        return f"{self.name} of {self.owner}"

@@ -59,6 +59,29 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
         "/api/v1/jobs/{job}/cancel/",
         {"alice": 200, "bob": 403, "victor": 403, "carol": 404, None: 401},
     ),
+    ("get", "/api/v1/templates/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("post", "/api/v1/templates/", {"alice": 201, "bob": 201, "victor": 403, "carol": 400, None: 401}),
+    # alice's template is shared: her tenant's members see it, only she changes it.
+    (
+        "get",
+        "/api/v1/templates/{template}/",
+        {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401},
+    ),
+    (
+        "put",
+        "/api/v1/templates/{template}/",
+        {"alice": 200, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
+    (
+        "patch",
+        "/api/v1/templates/{template}/",
+        {"alice": 200, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
+    (
+        "delete",
+        "/api/v1/templates/{template}/",
+        {"alice": 204, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
     ("get", "/api/v1/virtual-clusters/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     (
         "get",
@@ -121,6 +144,15 @@ BODIES = {
         "job": {"name": "x", "vc": "vision", "flavor": "s-A100", "command": "true"},
         "array": 2,
     },
+    "/api/v1/templates/": {
+        "name": "x",
+        "spec": {"name": "x", "vc": "vision", "flavor": "s-A100", "command": "true"},
+    },
+    # Its own name: a GET sends this body as its query, and `name` filters.
+    "/api/v1/templates/{template}/": {
+        "name": "train",
+        "spec": {"name": "y", "vc": "vision", "flavor": "s-A100", "command": "true"},
+    },
     "/api/v1/tokens/": {"name": "ci"},
     "/api/v1/webhooks/": {"url": "https://93.184.215.14/hook"},  # registration looks nothing up
     "/api/v1/webhooks/{webhook}/": {"enabled": False},
@@ -137,7 +169,11 @@ def objects(api_for: Any, users: Any, small_job: dict[str, Any]) -> dict[str, An
     job = api_for("alice").post("/api/v1/jobs/", small_job, format="json").json()["id"]
     token = api_for("alice").post("/api/v1/tokens/", {"name": "laptop"}, format="json").json()["id"]
     webhook = Webhook.objects.create(user=users["alice"], url=f"http://127.0.0.1:{free_port()}/hook")
+    template = api_for("alice").post(
+        "/api/v1/templates/", {"name": "train", "spec": small_job, "shared": True}, format="json"
+    )
     return {
+        "template": template.json()["id"],
         "job": job,
         "token": token,
         "webhook": webhook.pk,
@@ -165,6 +201,7 @@ def test_other_tenants_see_nothing_of_vision_in_lists(api_for, objects) -> None:
     assert carol.get(f"/api/v1/jobs/?q={objects['job']}").json()["count"] == 0
     assert carol.get("/api/v1/tokens/").json()["count"] == 0
     assert carol.get("/api/v1/webhooks/").json()["count"] == 0
+    assert carol.get("/api/v1/templates/").json()["count"] == 0
     # A job id of another tenant answers exactly like an id that does not exist.
     missing = carol.get("/api/v1/jobs/999999/")
     foreign = carol.get(f"/api/v1/jobs/{objects['job']}/")

@@ -222,6 +222,10 @@ AUDITED = [
     ("post", "api/v1/jobs/(?P<pk>[^/.]+)/hold/", "alice", None, "job.hold"),
     ("post", "api/v1/jobs/(?P<pk>[^/.]+)/release/", "alice", "held", "job.release"),
     ("post", "api/v1/jobs/(?P<pk>[^/.]+)/time-limit/", "alice", {"time_limit": "1h"}, "job.time_limit"),
+    ("post", "api/v1/templates/", "alice", "template", "job_template.create"),
+    ("put", "api/v1/templates/(?P<pk>[^/.]+)/", "alice", "template", "job_template.update"),
+    ("patch", "api/v1/templates/(?P<pk>[^/.]+)/", "alice", {"shared": True}, "job_template.update"),
+    ("delete", "api/v1/templates/(?P<pk>[^/.]+)/", "alice", None, "job_template.delete"),
     ("post", "api/v1/tokens/", "alice", {"name": "ci"}, "api_token.create"),
     ("delete", "api/v1/tokens/(?P<pk>[^/.]+)/", "alice", None, "api_token.revoke"),
     ("post", "api/v1/webhooks/", "alice", {"url": "https://93.184.215.14/hook"}, "webhook.create"),
@@ -258,10 +262,15 @@ def test_every_write_through_the_api_is_audited(
     token = owner.post("/api/v1/tokens/", {"name": "laptop"}, format="json").json()["id"]
     # On loopback: a test delivery is refused before it connects (WEBHOOK_ALLOW_PRIVATE_HOSTS).
     webhook = Webhook.objects.create(user=users["alice"], url="http://127.0.0.1:9/hook").pk
-    pk = token if "tokens" in route else webhook if "webhooks" in route else job
+    template = owner.post("/api/v1/templates/", {"name": "saved", "spec": small_job}, format="json").json()[
+        "id"
+    ]
+    pk = {"tokens": token, "webhooks": webhook, "templates": template}.get(route.split("/")[2], job)
     url = "/" + route.replace("(?P<pk>[^/.]+)", str(pk)).replace("(?P<name>[^/.]+)", "a100-node-1")
     if body == "spec":
         body = small_job
+    elif body == "template":
+        body = {"name": "train", "spec": small_job}
     elif body == "bulk":
         body = {"jobs": [small_job, {**small_job, "name": "second"}]}
     elif body == "held":  # only a held job can be released

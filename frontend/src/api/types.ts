@@ -53,6 +53,7 @@ export type ApiToken = Schemas["ApiToken"];
 export type CreatedApiToken = Schemas["CreatedApiToken"];
 export type Webhook = Schemas["Webhook"];
 export type WebhookFormat = Schemas["WebhookFormatEnum"];
+export type JobTemplate = Schemas["JobTemplate"];
 
 export type UsageGroup = NonNullable<NonNullable<operations["usage_retrieve"]["parameters"]["query"]>["group"]>;
 export type UsageRow = Schemas["UsageRow"];

@@ -3,6 +3,7 @@ import { type FormEvent, type ReactNode, useRef, useState } from "react";
 import { ApiError, type FieldErrors, type RequestOptions, api, fetchAll, query } from "../api/client";
 import type { BulkSubmitResult, ClusterNode, DryRun, Flavor, JobDetail, PriorityClass, VirtualCluster, WhatIfHint } from "../api/types";
 import { NotifyField } from "../components/NotifyField";
+import { TemplateBar } from "../components/TemplateBar";
 import { ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { MAX_COPIES, arrayBody, arrayErrors, arrayYaml, copiesHint, idRanges, isArray, parseCopies } from "../lib/array";
 import { replicasThatFitNow } from "../lib/cluster";
@@ -62,19 +63,19 @@ export function SubmitPage() {
   if (!choices.data) return <ErrorBanner error={choices.error} onRetry={choices.reload} />;
   return (
     <>
-      <PageHeader title={clone.data ? `Resubmit ${clone.data.name}` : "Submit a job"} />
-      <ErrorBanner error={clone.error} />
-      {!canSubmit(me) && (
-        <p className="notice" role="note">
-          You are a viewer in your tenants: you can look at jobs but not submit them.
-        </p>
-      )}
-      <SubmitForm
-        key={`${cloneId ?? "new"}-${hintIndex ?? ""}`}
-        choices={choices.data}
-        cloneOf={clone.data ?? null}
-        hint={hintIndex !== null ? (clone.data?.whatif_hints?.[Number(hintIndex)] ?? null) : null}
-      />
+        <PageHeader title={clone.data ? `Resubmit ${clone.data.name}` : "Submit a job"} />
+        <ErrorBanner error={clone.error} />
+        {!canSubmit(me) && (
+          <p className="notice" role="note">
+            You are a viewer in your tenants: you can look at jobs but not submit them.
+          </p>
+        )}
+        <SubmitForm
+          key={`${cloneId ?? "new"}-${hintIndex ?? ""}`}
+          choices={choices.data}
+          cloneOf={clone.data ?? null}
+          hint={hintIndex !== null ? (clone.data?.whatif_hints?.[Number(hintIndex)] ?? null) : null}
+        />
     </>
   );
 }
@@ -225,7 +226,25 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
   const others = unplacedErrors(errors).filter(([key]) => key !== "array");
   const copies = parseCopies(copiesText);
 
+  // A refused "Save as template" shows its spec's errors where a refused submission's go.
+  const templateSpecErrors = (fields: FieldErrors | null) => {
+    setErrors(fields ?? {});
+    setFailure(fields ? "The portal did not accept the spec for the template. See the messages below." : null);
+  };
+
   return (
+    <>
+    <TemplateBar
+      username={me.username}
+      canSave={canSubmit(me)}
+      currentSpec={() => (mode === "yaml" && yamlError !== null ? null : formToSpec(form, extra))}
+      onLoad={(spec) => {
+        replace(specToForm(spec));
+        setErrors({});
+        setFailure(null);
+      }}
+      onSpecErrors={templateSpecErrors}
+    />
     <form className="submit-form" onSubmit={submit} noValidate aria-describedby={failure ? "submit-failure" : undefined}>
       <div className="tabs" role="tablist" aria-label="Edit as">
         <ModeTab mode="form" current={mode} onSelect={setMode}>
@@ -306,6 +325,7 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
       {submitted && <SubmittedCard {...submitted} />}
       {verdict && <VerdictCard verdict={verdict} onHint={(hint) => replace(specToForm(withHint(formToSpec(form, extra), hint, choices.flavors)))} />}
     </form>
+    </>
   );
 }
 

@@ -7,7 +7,16 @@ from rest_framework import serializers
 
 from agents.protocol import AttemptState as AgentAttemptState
 from portal.jobs.accounting import Usage, attempt_usage
-from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine, TelemetrySample
+from portal.jobs.models import (
+    Allocation,
+    Checkpoint,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobTemplate,
+    LogLine,
+    TelemetrySample,
+)
 from portal.jobs.services import is_paused
 from portal.jobs.spec import DurationField, JobSpecSerializer
 from scheduler.core import HintKind
@@ -320,3 +329,40 @@ class DryRunSerializer(serializers.Serializer):
     scheduling_paused = serializers.BooleanField(
         help_text="An admin has paused the scheduling loop: nothing starts until it resumes."
     )
+
+
+class JobTemplateSerializer(serializers.ModelSerializer):
+    """A saved job spec. The spec is checked as a submission checks it, its errors nested under
+    `spec` with the same words; the spec's VC gives the template its tenant."""
+
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    tenant = serializers.CharField(source="tenant.name", read_only=True)
+    name = serializers.SlugField(max_length=100)
+    spec = serializers.JSONField(help_text="A job spec exactly as POST /api/v1/jobs/ takes it.")
+
+    class Meta:
+        model = JobTemplate
+        fields = [
+            "id",
+            "name",
+            "description",
+            "spec",
+            "shared",
+            "owner",
+            "tenant",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["id", "owner", "tenant", "created_at", "updated_at"]
+
+    def validate_spec(self, value: Any) -> Any:
+        checked = JobSpecSerializer(data=value, context=self.context)
+        if not checked.is_valid():
+            raise serializers.ValidationError(checked.errors)
+        self.spec_tenant = checked.validated_data["vc"].tenant
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "spec" in attrs:
+            attrs["tenant"] = self.spec_tenant
+        return attrs

@@ -5,5 +5,6 @@ from portal.jobs.api import views
 
 router = SimpleRouter()
 router.register("jobs", views.JobViewSet, basename="job")
+router.register("templates", views.JobTemplateViewSet, basename="jobtemplate")
 
 urlpatterns = [path("usage/", views.UsageView.as_view(), name="usage"), *router.urls]

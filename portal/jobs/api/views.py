@@ -21,7 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.jobs import services
+from portal.jobs import job_templates, services
 from portal.jobs.accounting import GROUPS, Usage, usage_report, with_usage_between
 from portal.jobs.api.serializers import (
     BulkSubmitResultSerializer,
@@ -30,13 +30,14 @@ from portal.jobs.api.serializers import (
     JobDetailSerializer,
     JobEventSerializer,
     JobSerializer,
+    JobTemplateSerializer,
     LogLineSerializer,
     TelemetrySampleSerializer,
     TimeLimitSerializer,
     UsageReportSerializer,
 )
 from portal.jobs.filtersets import JobFilterSet
-from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, LogLine, TelemetrySample
+from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobTemplate, LogLine, TelemetrySample
 from portal.jobs.spec import JobSpecSerializer
 from portal.lib.query import whole_number
 from portal.lib.renderers import CSVRenderer
@@ -246,6 +247,52 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             samples = samples.filter(time__gt=after)
         page = self.paginate_queryset(samples)
         return self.get_paginated_response(TelemetrySampleSerializer(page, many=True).data)
+
+
+class JobTemplateViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Saved job specs: your own and those shared in your tenants. Only the owner changes a
+    template; the owner, or an admin of its tenant for a shared one, deletes it. `?name=` finds
+    templates by name (the CLI's way to them)."""
+
+    serializer_class = JobTemplateSerializer
+    queryset = JobTemplate.objects.none()  # for the schema; requests use get_queryset
+    filterset_fields = ["name", "shared"]
+    throttle_classes = [WriteThrottle]
+    throttle_scope = "templates"
+
+    def get_queryset(self) -> Any:
+        return JobTemplate.objects.visible_to(self.request.user).select_related("owner", "tenant")
+
+    def perform_create(self, serializer: Any) -> None:
+        with template_refusals_as_api_errors():
+            serializer.instance = job_templates.create_template(
+                self.request.user, **serializer.validated_data
+            )
+
+    def perform_update(self, serializer: Any) -> None:
+        with template_refusals_as_api_errors():
+            job_templates.update_template(self.request.user, serializer.instance, **serializer.validated_data)
+
+    def perform_destroy(self, instance: JobTemplate) -> None:
+        with template_refusals_as_api_errors():
+            job_templates.delete_template(self.request.user, instance)
+
+
+@contextmanager
+def template_refusals_as_api_errors() -> Iterator[None]:
+    try:
+        yield
+    except job_templates.TemplateRejected as exc:
+        raise ValidationError(exc.errors) from exc
+    except job_templates.TemplateDenied as exc:
+        raise DRFPermissionDenied(str(exc)) from exc
 
 
 class UsageView(APIView):

@@ -1,0 +1,132 @@
+"""`/api/v1/templates/`: saved job specs. A template's spec is checked as a submission is, its
+errors nested under `spec` in the same words; names are unique per owner; a shared template is
+offered to its tenant's members, and another tenant's answers like one that does not exist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from portal.accounts.models import AuditEntry
+from portal.jobs.models import JobTemplate
+
+pytestmark = pytest.mark.django_db
+
+URL = "/api/v1/templates/"
+SPEC = {"name": "train", "vc": "vision", "flavor": "s-A100", "command": "python train.py"}
+
+
+def save(client: Any, name: str = "train", **fields: Any) -> Any:
+    return client.post(URL, {"name": name, "spec": SPEC, **fields}, format="json")
+
+
+def test_create_list_get_update_delete(api_for) -> None:  # type: ignore[no-untyped-def]
+    alice = api_for("alice")
+    created = save(alice, description="ResNet on one GPU")
+    assert created.status_code == 201, created.content
+    body = created.json()
+    assert body["spec"] == SPEC
+    assert (body["owner"], body["tenant"], body["shared"]) == ("alice", "vision", False)
+    assert AuditEntry.objects.filter(action="job_template.create", object_id=str(body["id"])).exists()
+
+    listed = alice.get(URL).json()
+    assert [t["name"] for t in listed["results"]] == ["train"]
+    assert alice.get(f"{URL}?name=train").json()["count"] == 1
+    assert alice.get(f"{URL}?name=other").json()["count"] == 0
+    assert alice.get(f"{URL}{body['id']}/").json()["description"] == "ResNet on one GPU"
+
+    bigger = {**SPEC, "flavor": "m-A100"}
+    changed = alice.patch(f"{URL}{body['id']}/", {"spec": bigger, "shared": True}, format="json")
+    assert changed.status_code == 200, changed.content
+    assert (changed.json()["spec"], changed.json()["shared"]) == (bigger, True)
+    assert (
+        alice.put(f"{URL}{body['id']}/", {"name": "train2", "spec": SPEC}, format="json").status_code == 200
+    )
+    assert JobTemplate.objects.get().name == "train2"
+
+    assert alice.delete(f"{URL}{body['id']}/").status_code == 204
+    assert not JobTemplate.objects.exists()
+    assert AuditEntry.objects.filter(action="job_template.delete").count() == 1
+
+
+def test_the_stored_spec_submits(api_for) -> None:  # type: ignore[no-untyped-def]
+    alice = api_for("alice")
+    spec = {**SPEC, "command": ["python", "train.py"], "env": {"EPOCHS": "3"}, "time_limit": "2h"}
+    template = alice.post(URL, {"name": "train", "spec": spec}, format="json").json()
+    assert alice.post("/api/v1/jobs/", template["spec"], format="json").status_code == 201
+
+
+def test_a_bad_spec_is_refused_under_spec_in_a_submission_s_words(api_for) -> None:  # type: ignore[no-untyped-def]
+    alice = api_for("alice")
+    bad = {**SPEC, "vc": "nope", "replicas": 0, "typo": 1}
+    submitted = alice.post("/api/v1/jobs/", bad, format="json")
+    saved = alice.post(URL, {"name": "bad", "spec": bad}, format="json")
+    assert (submitted.status_code, saved.status_code) == (400, 400)
+    assert saved.json() == {"spec": submitted.json()}
+    missing = alice.post(URL, {"name": "bad", "spec": {**SPEC, "flavor": None}}, format="json")
+    assert missing.status_code == 400 and set(missing.json()["spec"]) == {"flavor"}
+    assert alice.post(URL, {"name": "bad", "spec": "no"}, format="json").json()["spec"]
+    assert not JobTemplate.objects.exists()
+
+
+def test_a_template_keeps_no_secrets(api_for) -> None:  # type: ignore[no-untyped-def]
+    answer = save(api_for("alice"), spec={**SPEC, "secret_env": {"KEY": "sk-1"}})
+    assert answer.status_code == 400
+    assert list(answer.json()["spec"]) == ["secret_env"]
+
+
+def test_names_are_unique_per_owner(api_for) -> None:  # type: ignore[no-untyped-def]
+    alice, bob = api_for("alice"), api_for("bob")
+    assert save(alice).status_code == 201
+    again = save(alice)
+    assert again.status_code == 400
+    assert again.json() == {"name": ["You already have a template named 'train'."]}
+    assert save(bob).status_code == 201  # another owner may use the name
+    other = save(alice, "other").json()
+    renamed = alice.patch(f"{URL}{other['id']}/", {"name": "train"}, format="json")
+    assert renamed.status_code == 400 and "name" in renamed.json()
+    assert save(alice, "Not A Slug").status_code == 400
+
+
+def test_shared_templates_are_offered_within_the_tenant_only(api_for) -> None:  # type: ignore[no-untyped-def]
+    alice = api_for("alice")
+    private = save(alice, "private").json()
+    shared = save(alice, "shared", shared=True).json()
+    for peer in ("bob", "victor", "vision-admin"):
+        names = [t["name"] for t in api_for(peer).get(URL).json()["results"]]
+        assert names == ["shared"], peer
+        assert api_for(peer).get(f"{URL}{private['id']}/").status_code == 404
+        assert api_for(peer).get(f"{URL}{shared['id']}/").json()["owner"] == "alice"
+    carol = api_for("carol")
+    assert carol.get(URL).json()["count"] == 0
+    missing = carol.get(f"{URL}999999/")
+    foreign = carol.get(f"{URL}{shared['id']}/")
+    assert (
+        (foreign.status_code, foreign.json())
+        == (missing.status_code, missing.json())
+        == (404, missing.json())
+    )
+    assert carol.delete(f"{URL}{shared['id']}/").status_code == 404
+
+    # Only the owner changes a shared template; an admin of its tenant may delete it.
+    bob = api_for("bob")
+    assert bob.patch(f"{URL}{shared['id']}/", {"description": "mine"}, format="json").status_code == 403
+    assert bob.delete(f"{URL}{shared['id']}/").status_code == 403
+    assert api_for("vision-admin").delete(f"{URL}{shared['id']}/").status_code == 204
+    assert list(JobTemplate.objects.values_list("name", flat=True)) == ["private"]
+
+
+def test_a_viewer_may_not_save_a_template(api_for) -> None:  # type: ignore[no-untyped-def]
+    refused = save(api_for("victor"))
+    assert refused.status_code == 403
+    assert not JobTemplate.objects.exists()
+    # Another tenant's VC reads as a spec field to fix, as it does for a submission.
+    assert save(api_for("carol")).json() == {
+        "spec": {"vc": ["No virtual cluster named 'vision' that you can submit to."]}
+    }
+
+
+def test_anonymous_callers_get_nothing(api_for) -> None:  # type: ignore[no-untyped-def]
+    assert api_for(None).get(URL).status_code == 401
+    assert save(api_for(None)).status_code == 401
