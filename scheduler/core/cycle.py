@@ -1321,10 +1321,7 @@ class _CycleRun:
         horizons = self._horizons + self.vc_horizons.get(job.vc, [])
         horizon = tuple(h.horizon_key(job, self.ctx) for h in horizons)
         vc = self.state.vcs.get(job.vc)
-        user_capped = vc is not None and (
-            vc.max_gpus_per_user is not None or job.vc in self.state.resource_capped
-        )
-        if failure.reason is not ReasonCode.USER_LIMIT and not user_capped:
+        if failure.reason is not ReasonCode.USER_LIMIT and not (vc is not None and vc.caps_users):
             return (job.priority, horizon, model, job.vc, "", failure.reason)
         # In a VC that caps its users, a search may fail on its user's cap (once victims free
         # the quota, admission asks again), which says nothing of another user's search.

@@ -393,10 +393,9 @@ def estimate_starts(
 def _user_caps(state: ClusterState) -> dict[str, tuple[int | None, int | None, int | None]]:
     """Each VC's caps per user (GPUs, milli-CPUs, MiB of memory), for the VCs with any."""
     return {
-        name: caps
+        name: (vc.max_gpus_per_user, vc.max_cpu_milli_per_user, vc.max_memory_mib_per_user)
         for name, vc in state.vcs.items()
-        if (caps := (vc.max_gpus_per_user, vc.max_cpu_milli_per_user, vc.max_memory_mib_per_user))
-        != (None, None, None)
+        if vc.caps_users
     }
 
 
@@ -475,7 +474,11 @@ class _UserRoom:
     def peek(self, asks: list[int], not_before: float) -> float | None:
         """`start` for a request that is only asked about (a what-if hint): nothing is given
         back for good, so the walk's own jobs read the releases as before."""
-        saved_used, saved_ends, saved_at = list(self.used), list(self.ends), self.at
+        used, caps = self.used, self.caps
+        if all(used[i] + asks[i] <= caps[i] for i in range(len(caps))):
+            # It fits in what is held now, so at once: releases only give room back.
+            return self.at if self.at >= not_before else not_before
+        saved_used, saved_ends, saved_at = list(used), list(self.ends), self.at
         try:
             return self.start(asks, not_before)
         finally:

@@ -416,11 +416,7 @@ def build_state(snapshot: Snapshot) -> tuple[ClusterState, dict[str, list[GpuHol
     memory_used = [0] * len(snapshot.nodes)
     used: dict[str, dict[str, int]] = {}
     user_used: dict[tuple[str, str], int] = {}
-    capped = frozenset(
-        vc.name
-        for vc in snapshot.vcs
-        if vc.max_cpu_milli_per_user is not None or vc.max_memory_mib_per_user is not None
-    )
+    capped = frozenset(vc.name for vc in snapshot.vcs if vc.caps_user_resources)
     user_cpu: dict[tuple[str, str], int] = {}
     user_memory: dict[tuple[str, str], int] = {}
     holds: dict[str, list[GpuHold]] = {}

@@ -97,6 +97,16 @@ class VirtualCluster:
     # tells its running jobs to checkpoint and stop. "" = open.
     stop_policy: str = ""
 
+    @property
+    def caps_users(self) -> bool:
+        """Whether the VC sets any per-user cap: then one user's wait says nothing of another's."""
+        return self.max_gpus_per_user is not None or self.caps_user_resources
+
+    @property
+    def caps_user_resources(self) -> bool:
+        """Whether the VC caps its users' CPU or memory, which every placement must then count."""
+        return self.max_cpu_milli_per_user is not None or self.max_memory_mib_per_user is not None
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaPlacement:

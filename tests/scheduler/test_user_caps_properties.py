@@ -6,6 +6,7 @@ have until they are gone)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from test_cycle_properties import PROFILES, Portal, check_invariants, cluster_nodes
 
 from scheduler.core import JobId, PendingJob, Plan, Snapshot, UserName, VcName, decide
+from scheduler.core.estimate import _UserRoom
 
 VCS = ("vision", "speech")
 USERS = ("alice", "bob")
@@ -137,3 +139,41 @@ def test_no_user_starts_past_the_caps_of_the_vc(profile_name: str, steps: list[t
         portal.apply_plan(plan)
         check_invariants(portal, before, plan)
         check_user_caps(portal, before, plan)
+
+
+GPUS, MILLI_CPUS, MIB = st.integers(0, 8), st.integers(0, 48_000), st.integers(0, 256 * 1024)
+amounts = st.tuples(GPUS, MILLI_CPUS, MIB)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    caps=st.tuples(
+        st.one_of(st.none(), st.integers(1, 16)),
+        st.one_of(st.none(), st.integers(1_000, 64_000)),
+        st.one_of(st.none(), st.integers(1_024, 512 * 1024)),
+    ).filter(lambda c: c != (None, None, None)),
+    held=amounts,
+    ends=st.lists(
+        st.tuples(st.floats(0, 10_000), GPUS, MILLI_CPUS, MIB),
+        max_size=12,
+    ),
+    probes=st.lists(st.tuples(amounts, st.floats(0, 12_000)), min_size=1, max_size=6),
+)
+def test_a_peek_answers_as_a_start_would_and_gives_nothing_back(
+    caps: tuple[int | None, int | None, int | None],
+    held: tuple[int, int, int],
+    ends: list[tuple[float, int, int, int]],
+    probes: list[tuple[tuple[int, int, int], float]],
+) -> None:
+    # What a user holds covers what their running jobs will give back.
+    held = tuple(held[i] + sum(end[1 + i] for end in ends) for i in range(3))
+    room = _UserRoom(caps, held, ends, now=100.0)
+    for probe, not_before in probes:
+        asks = [probe[i] for i in room.dims]
+        before = (list(room.used), sorted(room.ends), room.at)
+        twin = copy.deepcopy(room)
+        assert room.peek(asks, not_before) == twin.start(asks, not_before)
+        assert (list(room.used), sorted(room.ends), room.at) == before
+        start = room.start(asks, not_before)  # the walk goes on as an estimate's would
+        if start is not None:
+            room.book(asks, start + 600)

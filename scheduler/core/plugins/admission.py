@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from scheduler.core.framework import SUCCESS, Code, CycleContext, Status
 from scheduler.core.state import ClusterState
-from scheduler.core.types import ALL_MODELS, ANY_MODEL, PendingJob, Quota, ReasonCode
+from scheduler.core.types import ALL_MODELS, ANY_MODEL, PendingJob, Quota, ReasonCode, VirtualCluster
 
 
 def model_label(model: str) -> str:
@@ -160,39 +160,39 @@ class UserLimit:
 
     def admit(self, job: PendingJob, model: str, ctx: CycleContext) -> Status:
         vc = ctx.state.vcs.get(job.vc)
-        if vc is None:
+        if vc is None or not vc.caps_users:
             return SUCCESS
-        if vc.max_gpus_per_user is not None:
-            held = ctx.state.user_gpus(job.vc, job.user)
-            need = quota_gpus(ctx.state, job, job.gpu_model if job.gpu_model != ANY_MODEL else model)[1]
-            if held + need > vc.max_gpus_per_user:
+        for over, texts, what in self._caps(vc, job, model, ctx.state):
+            if over:
+                held, cap, need = texts
                 return Status(
                     Code.UNSCHEDULABLE,
                     ReasonCode.USER_LIMIT,
-                    f"user {job.user} holds {held} of {vc.max_gpus_per_user} GPUs allowed per user in "
-                    f"VC {job.vc}; job needs {job.gpus}",
-                )
-        cap = vc.max_cpu_milli_per_user
-        if cap is not None:
-            held = ctx.state.user_cpu_milli(job.vc, job.user)
-            need = job.replicas * job.cpu_milli_per_replica
-            if held + need > cap:
-                return Status(
-                    Code.UNSCHEDULABLE,
-                    ReasonCode.USER_LIMIT,
-                    f"user {job.user} holds {cpu_text(held)} of {cpu_text(cap)} CPUs allowed per user "
-                    f"in VC {job.vc}; job needs {cpu_text(need)}",
-                )
-        cap = vc.max_memory_mib_per_user
-        if cap is not None:
-            held = ctx.state.user_memory_mib(job.vc, job.user)
-            need = job.replicas * job.memory_mib_per_replica
-            if held + need > cap:
-                held_text, cap_text, need_text = memory_texts(held, cap, need)
-                return Status(
-                    Code.UNSCHEDULABLE,
-                    ReasonCode.USER_LIMIT,
-                    f"user {job.user} holds {held_text} of {cap_text} of memory allowed per user in "
-                    f"VC {job.vc}; job needs {need_text}",
+                    f"user {job.user} holds {held} of {cap}{what} allowed per user in VC {job.vc}; "
+                    f"job needs {need}",
                 )
         return SUCCESS
+
+    @staticmethod
+    def _caps(
+        vc: VirtualCluster, job: PendingJob, model: str, state: ClusterState
+    ) -> Iterator[tuple[bool, tuple[str, ...], str]]:
+        """Each cap the VC sets, in the order the message names the first that binds: whether the
+        job would take its user over it, and the held, cap and needed amounts as text. Lazily, so
+        that the amounts of a cap are counted only when the caps before it hold."""
+        if vc.max_gpus_per_user is not None:
+            cap = vc.max_gpus_per_user
+            held = state.user_gpus(job.vc, job.user)
+            need = quota_gpus(state, job, job.gpu_model if job.gpu_model != ANY_MODEL else model)[1]
+            # The message says what the job asks for; `need` also counts shares by whole GPUs.
+            yield held + need > cap, (str(held), str(cap), str(job.gpus)), " GPUs"
+        if vc.max_cpu_milli_per_user is not None:
+            cap = vc.max_cpu_milli_per_user
+            held = state.user_cpu_milli(job.vc, job.user)
+            need = job.replicas * job.cpu_milli_per_replica
+            yield held + need > cap, (cpu_text(held), cpu_text(cap), cpu_text(need)), " CPUs"
+        if vc.max_memory_mib_per_user is not None:
+            cap = vc.max_memory_mib_per_user
+            held = state.user_memory_mib(job.vc, job.user)
+            need = job.replicas * job.memory_mib_per_replica
+            yield held + need > cap, memory_texts(held, cap, need), " of memory"
