@@ -5,7 +5,8 @@ import type { Webhook, WebhookFormat } from "../api/types";
 import { formatRelative } from "../lib/format";
 import { useResource } from "../lib/useResource";
 import { WEBHOOK_FORMATS, deliveryOutcome } from "../lib/webhooks";
-import { Empty, ErrorBanner, Section, Spinner } from "./common";
+import { ErrorBanner, Section } from "./common";
+import { ResourceTable } from "./ResourceTable";
 
 /** The user's webhooks: where the portal posts about their jobs (a spec's `notify`, idle GPUs).
  * Add, enable or disable, test, delete; each shows its latest delivery's outcome. */
@@ -125,84 +126,73 @@ export function WebhooksSection() {
             {tested}
           </p>
         )}
-        <ErrorBanner error={hooks.error} onRetry={hooks.reload} />
-        {hooks.loading && !hooks.data && <Spinner />}
-        {hooks.data?.length === 0 && <Empty>No webhooks yet.</Empty>}
-        {hooks.data && hooks.data.length > 0 && (
-          <div className="table-wrap">
-            <table>
-              <caption className="visually-hidden">Your webhooks</caption>
-              <thead>
-                <tr>
-                  <th scope="col">URL</th>
-                  <th scope="col">Format</th>
-                  <th scope="col">Signed</th>
-                  <th scope="col">Last delivery</th>
-                  <th scope="col">
-                    <span className="visually-hidden">Actions</span>
-                  </th>
-                </tr>
-              </thead>
-              <tbody>
-                {hooks.data.map((hook) => {
-                  const outcome = deliveryOutcome(hook);
-                  return (
-                    <tr key={hook.id}>
-                      <td className="webhook-url">
-                        <code>{hook.url}</code> {!hook.enabled && <span className="badge">disabled</span>}
-                      </td>
-                      <td>{WEBHOOK_FORMATS.find((f) => f.value === hook.format)?.label ?? hook.format}</td>
-                      <td>{hook.has_secret ? "yes" : "no"}</td>
-                      <td>
-                        {outcome.ok !== null && (
-                          <span className={outcome.ok ? "badge ok" : "badge state-failed"}>{outcome.ok ? "ok" : "failed"}</span>
-                        )}{" "}
-                        {outcome.text}
-                        {hook.last_delivery_at && (
-                          <span className="hint">
-                            {" "}
-                            {formatRelative(hook.last_delivery_at)}
-                            {hook.last_delivery_event && ` (${hook.last_delivery_event})`}
-                          </span>
-                        )}
-                      </td>
-                      <td className="row-actions">
-                        <button
-                          type="button"
-                          className="button small"
-                          disabled={busy === hook.id}
-                          onClick={() => test(hook)}
-                          aria-label={`Test ${hook.url}`}
-                        >
-                          Test
-                        </button>
-                        <button
-                          type="button"
-                          className="button small"
-                          disabled={busy === hook.id}
-                          onClick={() => toggle(hook)}
-                          aria-label={`${hook.enabled ? "Disable" : "Enable"} ${hook.url}`}
-                        >
-                          {hook.enabled ? "Disable" : "Enable"}
-                        </button>
-                        <button
-                          type="button"
-                          className="button small danger"
-                          disabled={busy === hook.id}
-                          onClick={() => remove(hook)}
-                          aria-label={`Delete ${hook.url}`}
-                        >
-                          Delete
-                        </button>
-                      </td>
-                    </tr>
-                  );
-                })}
-              </tbody>
-            </table>
-          </div>
-        )}
+        <ResourceTable
+          items={hooks}
+          caption="Your webhooks"
+          columns={["URL", "Format", "Signed", "Last delivery"]}
+          emptyText="No webhooks yet."
+          renderCells={(hook) => <WebhookCells hook={hook} />}
+          actionsClassName="row-actions"
+          renderActions={(hook) => (
+            <>
+              <button
+                type="button"
+                className="button small"
+                disabled={busy === hook.id}
+                onClick={() => test(hook)}
+                aria-label={`Test ${hook.url}`}
+              >
+                Test
+              </button>
+              <button
+                type="button"
+                className="button small"
+                disabled={busy === hook.id}
+                onClick={() => toggle(hook)}
+                aria-label={`${hook.enabled ? "Disable" : "Enable"} ${hook.url}`}
+              >
+                {hook.enabled ? "Disable" : "Enable"}
+              </button>
+              <button
+                type="button"
+                className="button small danger"
+                disabled={busy === hook.id}
+                onClick={() => remove(hook)}
+                aria-label={`Delete ${hook.url}`}
+              >
+                Delete
+              </button>
+            </>
+          )}
+        />
       </Section>
+    </>
+  );
+}
+
+/** A webhook's data cells: where it posts, how, whether signed, and how its latest delivery went. */
+function WebhookCells({ hook }: { hook: Webhook }) {
+  const outcome = deliveryOutcome(hook);
+  return (
+    <>
+      <td className="webhook-url">
+        <code>{hook.url}</code> {!hook.enabled && <span className="badge">disabled</span>}
+      </td>
+      <td>{WEBHOOK_FORMATS.find((f) => f.value === hook.format)?.label ?? hook.format}</td>
+      <td>{hook.has_secret ? "yes" : "no"}</td>
+      <td>
+        {outcome.ok !== null && (
+          <span className={outcome.ok ? "badge ok" : "badge state-failed"}>{outcome.ok ? "ok" : "failed"}</span>
+        )}{" "}
+        {outcome.text}
+        {hook.last_delivery_at && (
+          <span className="hint">
+            {" "}
+            {formatRelative(hook.last_delivery_at)}
+            {hook.last_delivery_event && ` (${hook.last_delivery_event})`}
+          </span>
+        )}
+      </td>
     </>
   );
 }

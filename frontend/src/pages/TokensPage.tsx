@@ -2,7 +2,8 @@ import { type FormEvent, useState } from "react";
 
 import { ApiError, api, fetchAll } from "../api/client";
 import type { ApiToken, CreatedApiToken } from "../api/types";
-import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/common";
+import { ErrorBanner, PageHeader, Section } from "../components/common";
+import { ResourceTable } from "../components/ResourceTable";
 import { WebhooksSection } from "../components/WebhooksSection";
 import { formatRelative, formatTime } from "../lib/format";
 import { useResource } from "../lib/useResource";
@@ -93,48 +94,30 @@ export function TokensPage() {
         )}
       </Section>
       <Section title="Your tokens">
-        <ErrorBanner error={tokens.error} onRetry={tokens.reload} />
-        {tokens.loading && !tokens.data && <Spinner />}
-        {tokens.data?.length === 0 && <Empty>No tokens yet.</Empty>}
-        {tokens.data && tokens.data.length > 0 && (
-          <div className="table-wrap">
-            <table>
-              <caption className="visually-hidden">Your API tokens</caption>
-              <thead>
-                <tr>
-                  <th scope="col">Name</th>
-                  <th scope="col">Starts with</th>
-                  <th scope="col">Created</th>
-                  <th scope="col">Last used</th>
-                  <th scope="col">Expires</th>
-                  <th scope="col">
-                    <span className="visually-hidden">Actions</span>
-                  </th>
-                </tr>
-              </thead>
-              <tbody>
-                {tokens.data.map((t) => (
-                  <tr key={t.id}>
-                    <td>{t.name}</td>
-                    <td>
-                      <code>{t.prefix}…</code>
-                    </td>
-                    <td>{formatTime(t.created_at)}</td>
-                    <td>{t.last_used_at ? formatRelative(t.last_used_at) : "never"}</td>
-                    <td>{t.revoked_at ? "revoked" : t.expires_at ? formatTime(t.expires_at) : "never"}</td>
-                    <td>
-                      {t.is_active && (
-                        <button type="button" className="button small danger" onClick={() => revoke(t)} aria-label={`Revoke ${t.name}`}>
-                          Revoke
-                        </button>
-                      )}
-                    </td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
-          </div>
-        )}
+        <ResourceTable
+          items={tokens}
+          caption="Your API tokens"
+          columns={["Name", "Starts with", "Created", "Last used", "Expires"]}
+          emptyText="No tokens yet."
+          renderCells={(t) => (
+            <>
+              <td>{t.name}</td>
+              <td>
+                <code>{t.prefix}…</code>
+              </td>
+              <td>{formatTime(t.created_at)}</td>
+              <td>{t.last_used_at ? formatRelative(t.last_used_at) : "never"}</td>
+              <td>{t.revoked_at ? "revoked" : t.expires_at ? formatTime(t.expires_at) : "never"}</td>
+            </>
+          )}
+          renderActions={(t) =>
+            t.is_active && (
+              <button type="button" className="button small danger" onClick={() => revoke(t)} aria-label={`Revoke ${t.name}`}>
+                Revoke
+              </button>
+            )
+          }
+        />
       </Section>
       <WebhooksSection />
     </>
