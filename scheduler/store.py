@@ -20,6 +20,7 @@ from django.db.models.functions import RowNumber
 from agents.protocol import CheckpointRequest, StopRequest, encode
 from portal.agentgw.desired import agent_attempt_id
 from portal.agentgw.outbox import desired_set_changed, send_request
+from portal.cluster import budgets
 from portal.cluster.models import Flavor, Gpu, Node, Quota, VirtualCluster
 from portal.jobs.choices import ACTIVE_STATES, PENDING_MOVED, TERMINAL_STATES, AttemptState, JobState
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
@@ -86,6 +87,10 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
                 quota.gpu_model, quota.guaranteed, quota.borrow_limit, lending_limit=quota.lending_limit
             )
         )
+    vc_rows = list(VirtualCluster.objects.select_related("tenant").order_by("name"))
+    now_at = datetime.fromtimestamp(now, tz=UTC)
+    budgeted = [vc for vc in vc_rows if vc.gpu_hours_per_month is not None]
+    budget_hours = budgets.gpu_hours_this_month(budgeted, now_at) if budgeted else {}
     vcs = tuple(
         core.VirtualCluster(
             name=core.VcName(vc.name),
@@ -99,8 +104,9 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
                 None if vc.max_memory_gb_per_user is None else vc.max_memory_gb_per_user * 1024
             ),
             stop_policy=vc.stop_policy,
+            budget_message=budgets.spent_message(vc, budget_hours.get(vc.pk, 0.0), now_at),
         )
-        for vc in VirtualCluster.objects.select_related("tenant").order_by("name")
+        for vc in vc_rows
     )
     # A job waiting out a retry backoff is not offered to the core until its time has come.
     retry_later = Q(state=JobState.PENDING, not_before__gt=from_epoch(now))
@@ -445,13 +451,16 @@ def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
         )
 
 
+OUT_OF_QUEUE = (core.ReasonCode.VC_STOPPED, core.ReasonCode.BUDGET_SPENT)
+
+
 def queue_numbers(statuses: tuple[core.PendingStatus, ...]) -> list[int | None]:
-    """Each waiting job's place in the queue, 1 first; none for a job of a stopped VC, which is
-    in no queue until the VC is open."""
+    """Each waiting job's place in the queue, 1 first; none for a job of a stopped VC (by an
+    admin or by its spent budget), which is in no queue until the VC is open."""
     numbers: list[int | None] = []
     place = 0
     for status in statuses:
-        if status.reason is core.ReasonCode.VC_STOPPED:
+        if status.reason in OUT_OF_QUEUE:
             numbers.append(None)
         else:
             place += 1

@@ -45,6 +45,7 @@ class VirtualClusterAdmin(AuditedModelAdmin):
         "max_cpus_per_user",
         "max_memory_gb_per_user",
         "max_pending_jobs_per_user",
+        "gpu_hours_per_month",
     ]
     list_filter = ["tenant", "stop_policy", "queueing_policy"]
     search_fields = ["name"]
@@ -52,7 +53,7 @@ class VirtualClusterAdmin(AuditedModelAdmin):
 
     def save_model(self, request: Any, obj: VirtualCluster, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
-        request_scheduling_cycle()  # a stop, a reopening or a new quota takes effect at once
+        request_scheduling_cycle()  # a stop, a reopening, a new quota or budget takes effect at once
 
 
 @admin.register(Quota)

@@ -69,6 +69,14 @@ class VirtualCluster(models.Model):
         help_text="How many jobs one user may have waiting in this VC (Slurm's MaxSubmitJobs, "
         "counting pending jobs only); a submission past it is refused. Empty means no limit.",
     )
+    gpu_hours_per_month = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="GPU-hours this VC's jobs may hold per calendar month (UTC), counted as the usage "
+        "report counts allocated GPU time. Once they have, none of its waiting jobs starts until "
+        "the next month or until the budget is raised; its running jobs go on. Empty means no budget.",
+    )
     allowed_mounts = models.JSONField(default=list, blank=True)
     stop_policy = models.CharField(
         max_length=16, choices=StopPolicy.choices, default=StopPolicy.OPEN, blank=True

@@ -153,6 +153,33 @@ def with_usage_between(jobs: Any, since: datetime, until: datetime, now: datetim
     return jobs.filter(Exists(overlapping))
 
 
+# The GPU time each VC's jobs held in [since, now), every allocation clipped to it, in one
+# query: what a VC's budget is checked against in every scheduling cycle.
+ALLOCATED_BY_VC_SQL = """
+SELECT job.virtual_cluster_id,
+       SUM(EXTRACT(EPOCH FROM LEAST(COALESCE(a.released_at, %(now)s::timestamptz), %(now)s::timestamptz)
+                              - GREATEST(a.created_at, %(since)s::timestamptz)))
+FROM jobs_allocation AS a
+JOIN jobs_jobattempt AS attempt ON attempt.id = a.attempt_id
+JOIN jobs_job AS job ON job.id = attempt.job_id
+WHERE job.virtual_cluster_id = ANY(%(ids)s)
+  AND a.created_at < %(now)s::timestamptz
+  AND (a.released_at IS NULL OR a.released_at > %(since)s::timestamptz)
+GROUP BY job.virtual_cluster_id
+"""
+
+
+def allocated_gpu_s_by_vc(vc_ids: Iterable[int], since: datetime, now: datetime) -> dict[int, float]:
+    """GPU-seconds the jobs of each VC held in [since, now), as `attempt_usage` counts allocated
+    time; VCs whose jobs held none are left out."""
+    ids = list(vc_ids)
+    if not ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(ALLOCATED_BY_VC_SQL, {"ids": ids, "since": since, "now": now})
+        return {vc_id: float(seconds or 0) for vc_id, seconds in cursor.fetchall()}
+
+
 GROUPS = {"job": "pk", "vc": "virtual_cluster__name", "tenant": "tenant__name", "user": "owner__username"}
 
 

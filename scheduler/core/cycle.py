@@ -237,7 +237,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
             prepare(ctx)
     # 3. Queue order; jobs of stopped VCs take no part (stopped_statuses).
     positions = queue_positions(snapshot.pending, plugins, ctx, profile)
-    stopped = {vc.name for vc in snapshot.vcs if vc.stop_policy}
+    stopped = {vc.name for vc in snapshot.vcs if vc.stop_policy or vc.budget_message}
     if stopped:
         positions = [i for i in positions if snapshot.pending[i].vc not in stopped]
     queue = [snapshot.pending[i] for i in positions]
@@ -328,17 +328,23 @@ def _pending_statuses(
 
 
 def stopped_statuses(snapshot: Snapshot, stopped: set[str]) -> tuple[PendingStatus, ...]:
-    """The jobs of stopped VCs, after the queue: they wait, with no estimate, until the VC is
-    open again."""
-    return tuple(
-        PendingStatus(
-            job.id,
-            ReasonCode.VC_STOPPED,
-            f"VC {job.vc} was stopped by an admin: none of its jobs starts until it is open again",
-            None,
+    """The jobs of stopped VCs (by an admin, or by their spent budget), after the queue: they
+    wait, with no estimate, until the VC is open again. An admin's stop is named first: it
+    outlasts the budget's month."""
+    reasons = {
+        vc.name: (
+            (
+                ReasonCode.VC_STOPPED,
+                f"VC {vc.name} was stopped by an admin: none of its jobs starts until it is open again",
+            )
+            if vc.stop_policy
+            else (ReasonCode.BUDGET_SPENT, vc.budget_message)
         )
-        for job in snapshot.pending
-        if job.vc in stopped
+        for vc in snapshot.vcs
+        if vc.name in stopped
+    }
+    return tuple(
+        PendingStatus(job.id, *reasons[job.vc], None) for job in snapshot.pending if job.vc in stopped
     )
 
 

@@ -96,6 +96,9 @@ class VirtualCluster:
     # An admin's stop (Kueue's stopPolicy): "hold" starts none of its jobs, "hold-and-drain" also
     # tells its running jobs to checkpoint and stop. "" = open.
     stop_policy: str = ""
+    # Why none of its jobs may start while it is otherwise open: its GPU-hour budget is spent
+    # (the producer counts the hours and words the message; "" = within budget or none).
+    budget_message: str = ""
 
     @property
     def caps_users(self) -> bool:
@@ -295,6 +298,7 @@ class ReasonCode(StrEnum):
     HELD_FOR_RESERVATION = "held-for-reservation"
     QUEUED_BEHIND = "queued-behind"  # placement possible only by passing higher-ranked work
     VC_STOPPED = "vc-stopped"  # an admin stopped the VC: none of its jobs starts
+    BUDGET_SPENT = "budget-spent"  # the VC's GPU-hour budget is spent: none of its jobs starts
     NOT_LENT = "not-lent"  # would borrow GPUs that VCs keep free for themselves (lending_limit)
 
 

@@ -92,6 +92,7 @@ class Snap:
         lend: int | None = None,
         max_cpu_milli_per_user: int | None = None,
         max_memory_mib_per_user: int | None = None,
+        budget_message: str = "",
     ) -> Snap:
         self._vcs.append(
             VirtualCluster(
@@ -101,6 +102,7 @@ class Snap:
                 max_gpus_per_user=max_gpus_per_user,
                 max_cpu_milli_per_user=max_cpu_milli_per_user,
                 max_memory_mib_per_user=max_memory_mib_per_user,
+                budget_message=budget_message,
                 queueing_policy=queueing_policy,
                 stop_policy=stop_policy,
             )

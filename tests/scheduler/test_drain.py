@@ -133,3 +133,30 @@ def test_a_stopped_vc_starts_nothing_and_a_drain_empties_it(policy: str, moved: 
             status.message
             == "VC team was stopped by an admin: none of its jobs starts until it is open again"
         )
+
+
+@pytest.mark.parametrize("policy", ["", "hold"])
+def test_a_vc_whose_budget_is_spent_starts_nothing_and_an_admins_stop_is_named_first(policy: str) -> None:
+    """A spent budget holds the VC's jobs as a stop does (the other VC's start, its running
+    jobs go on); where an admin stopped the VC too, that is the reason given."""
+    spent = "VC team has used 12 of its 10 GPU-hours for November (UTC)"
+    snapshot = (
+        Snap()
+        .node("n0", 4)
+        .node("n1", 4)
+        .vc("team", 8, stop_policy=policy, budget_message=spent)
+        .vc("other", 8)
+        .running("pinned", [("n0", (0, 1))], vc="team")
+        .pending("waits", 2, vc="team", submitted_at=0.0)
+        .pending("starts", 2, vc="other", submitted_at=1.0)
+        .build()
+    )
+    plan = decide(snapshot, PRIORITY, 1000.0)
+    assert plan.preemptions == ()
+    assert [s.job_id for s in plan.starts] == ["starts"]
+    [status] = plan.pending
+    assert (status.job_id, status.estimated_start) == ("waits", None)
+    if policy:
+        assert status.reason is ReasonCode.VC_STOPPED
+    else:
+        assert (status.reason, status.message) == (ReasonCode.BUDGET_SPENT, spent)

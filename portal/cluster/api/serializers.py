@@ -5,6 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from portal.cluster import budgets
 from portal.cluster.models import Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
 from portal.cluster.services import NODE_ACTIONS
 
@@ -43,6 +44,14 @@ class VirtualClusterSerializer(serializers.ModelSerializer):
     tenant = serializers.CharField(source="tenant.name")
     quotas = QuotaSerializer(many=True)
     queueing_policy_label = serializers.CharField(source="get_queueing_policy_display", read_only=True)
+    gpu_hours_this_month = serializers.SerializerMethodField(
+        help_text="GPU-hours the VC's jobs held since the start of this month (UTC), as the usage "
+        "report counts them: what its monthly budget is checked against."
+    )
+    budget_spent = serializers.SerializerMethodField(
+        help_text="Whether the VC has a monthly budget and has used it: none of its jobs starts "
+        "until the next month (UTC) or until an admin raises the budget."
+    )
 
     class Meta:
         model = VirtualCluster
@@ -58,8 +67,18 @@ class VirtualClusterSerializer(serializers.ModelSerializer):
             "max_memory_gb_per_user",
             "max_pending_jobs_per_user",
             "stop_policy",
+            "gpu_hours_per_month",
+            "gpu_hours_this_month",
+            "budget_spent",
             "quotas",
         ]
+
+    def get_gpu_hours_this_month(self, vc: VirtualCluster) -> float:
+        hours: dict[int, float] = self.context.get("budget_hours", {})
+        return round(hours.get(vc.pk, 0.0), 2)
+
+    def get_budget_spent(self, vc: VirtualCluster) -> bool:
+        return budgets.is_spent(vc, self.context.get("budget_hours", {}).get(vc.pk, 0.0))
 
 
 class GpuReadingSerializer(serializers.Serializer):

@@ -2,12 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from portal.cluster import budgets
 from portal.cluster.api.serializers import (
     FlavorSerializer,
     NodeActionSerializer,
@@ -47,6 +49,7 @@ class VirtualClusterViewSet(viewsets.ReadOnlyModelViewSet):
     def get_serializer_context(self) -> dict[str, Any]:
         context = super().get_serializer_context()
         context["usage"] = gpus_in_use(self.get_queryset())
+        context["budget_hours"] = budgets.gpu_hours_this_month(self.get_queryset(), timezone.now())
         return context
 
 
