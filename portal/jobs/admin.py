@@ -6,7 +6,7 @@ from django.contrib import admin
 
 from portal.jobs.accounting import job_usage
 from portal.jobs.choices import TERMINAL_STATES
-from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent
+from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent, JobTemplate
 from portal.jobs.services import cancel_job
 from portal.lib.admin import AuditedModelAdmin
 
@@ -66,4 +66,24 @@ class AllocationAdmin(admin.ModelAdmin):
     list_filter = ["node"]
 
     def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(JobTemplate)
+class JobTemplateAdmin(AuditedModelAdmin):
+    """Users save their own templates, through the spec's check and the rule that a template
+    keeps no secrets (portal.jobs.job_templates), so the spec is not edited here; a cluster
+    admin may reword one, stop sharing it or delete it. Only cluster admins get into this site
+    (PortalAdminSite), so it shows every tenant's templates."""
+
+    list_display = ["name", "owner", "tenant", "shared", "updated_at"]
+    list_filter = ["tenant", "shared"]
+    search_fields = ["name", "owner__username"]
+    fields = ["name", "owner", "tenant", "description", "shared", "spec", "created_at", "updated_at"]
+    readonly_fields = ["name", "owner", "tenant", "spec", "created_at", "updated_at"]
+
+    def get_queryset(self, request: Any) -> Any:
+        return super().get_queryset(request).select_related("owner", "tenant")
+
+    def has_add_permission(self, request: Any) -> bool:
         return False

@@ -84,41 +84,33 @@ def notify_problem(user: Any) -> str | None:
 def job_state_event(job_id: int, state: str, reason: str) -> tuple[int, dict[str, Any]] | None:
     """The owner and the webhook body telling that the job reached `state`; None when the job
     was deleted since."""
-    job = Job.objects.select_related("virtual_cluster").filter(pk=job_id).first()
-    if job is None:
-        return None
-    vc = job.virtual_cluster.name
-    text = f"Job {job.pk} ({job.name}) in VC {vc} {STATE_WORDS.get(state, state)}" + (
-        f": {reason}" if reason else "."
-    )
-    payload = webhooks.event(
-        webhooks.JOB_STATE,
-        text,
-        job_id=job.pk,
-        job_name=job.name,
-        vc=vc,
-        state=state,
-        reason=reason,
-        url=job_url(job.pk),
-    )
-    return job.owner_id, payload
+    words = STATE_WORDS.get(state, state) + (f": {reason}" if reason else ".")
+    return _job_event(job_id, webhooks.JOB_STATE, words, state, reason)
 
 
 def idle_job_event(job_id: int, message: str) -> tuple[int, dict[str, Any]] | None:
     """The owner and the webhook body telling that the job's GPUs sit idle."""
+    words = f"is {message}: its GPUs are held but unused."
+    return _job_event(job_id, webhooks.JOB_IDLE, words, None, message)
+
+
+def _job_event(
+    job_id: int, kind: str, words: str, state: str | None, reason: str
+) -> tuple[int, dict[str, Any]] | None:
+    """The job is read when the notice is sent: one deleted since gets none, and an idle notice
+    (`state` None) tells the state the job is in by then."""
     job = Job.objects.select_related("virtual_cluster").filter(pk=job_id).first()
     if job is None:
         return None
     vc = job.virtual_cluster.name
-    text = f"Job {job.pk} ({job.name}) in VC {vc} is {message}: its GPUs are held but unused."
     payload = webhooks.event(
-        webhooks.JOB_IDLE,
-        text,
+        kind,
+        f"Job {job.pk} ({job.name}) in VC {vc} {words}",
         job_id=job.pk,
         job_name=job.name,
         vc=vc,
-        state=job.state,
-        reason=message,
+        state=job.state if state is None else state,
+        reason=reason,
         url=job_url(job.pk),
     )
     return job.owner_id, payload

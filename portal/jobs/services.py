@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from agents.protocol import AttemptState as AgentAttemptState
@@ -708,8 +708,14 @@ def held_message(actor: Any) -> str:
     return f"Held by {actor_label(actor)}: it does not start until released."
 
 
-def paused_message(actor: Any) -> str:
-    return f"Paused by {actor_label(actor)}: resumes from its checkpoint when released"
+def paused_message(actor: Any, checkpointed: bool = True) -> str:
+    """`actor` a user or the label of one (message_once_held has only the label)."""
+    then = (
+        "resumes from its checkpoint when released"
+        if checkpointed
+        else "it saved no checkpoint, so it starts over when released"
+    )
+    return f"Paused by {actor_label(actor)}: {then}"
 
 
 def held_fields(message: str) -> dict[str, Any]:
@@ -1206,10 +1212,16 @@ def requeue_job(job: Job, reason: str, code: str = PENDING_REQUEUED) -> None:
 
 
 def message_once_held(job: Job) -> str:
-    """The hold's message, unless it promised a checkpoint the pause did not leave."""
+    """The hold's message, unless it promised a checkpoint the pause did not leave.
+
+    Who paused the job is read from the pause's event (its move to checkpointing, or its hold
+    while it was already stopping), not from the message, which is worded for people. Holding
+    the job again takes a release, which ends the pause, so the newest such event is this one.
+    """
     if is_paused(job) and resume_point(job) is None:
-        who = job.pending_message.partition(":")[0]  # "Paused by alice"
-        return f"{who}: it saved no checkpoint, so it starts over when released"
+        pause = Q(to_state=JobState.CHECKPOINTING, data__preemption=PAUSE) | Q(data__held=True)
+        events = job.events.filter(pause).order_by("-created_at", "-id")
+        return paused_message(events.values_list("actor_label", flat=True).first(), checkpointed=False)
     return job.pending_message
 
 

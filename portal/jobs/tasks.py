@@ -80,26 +80,28 @@ def mail_idle_job(job_id: int, message: str) -> int:
 WEBHOOK_BACKOFF_S = (10, 60, 300)
 
 
-@shared_task
-def post_job_state(job_id: int, state: str, reason: str) -> int:
+@shared_task(bind=True)
+def post_job_state(self: Any, job_id: int, state: str, reason: str) -> int:
     """Queues a delivery to each of the owner's enabled webhooks; returns how many."""
     found = notifications.job_state_event(job_id, state, reason)
-    return post_to_webhooks(*found) if found else 0
+    return post_to_webhooks(self.request.id, *found) if found else 0
 
 
-@shared_task
-def post_idle_job(job_id: int, message: str) -> int:
+@shared_task(bind=True)
+def post_idle_job(self: Any, job_id: int, message: str) -> int:
     found = notifications.idle_job_event(job_id, message)
-    return post_to_webhooks(*found) if found else 0
+    return post_to_webhooks(self.request.id, *found) if found else 0
 
 
-def post_to_webhooks(user_id: int, payload: dict[str, Any]) -> int:
+def post_to_webhooks(task_id: str, user_id: int, payload: dict[str, Any]) -> int:
     """One task per webhook, so that a receiver that fails is retried on its own and one that
-    answered hears the event once. The delivery id stays the same through retries, for the
+    answered hears the event once. The delivery id stays the same through retries, and through
+    a second run of the posting task (`task_id`) after its worker was lost (acks late), for the
     receiver to drop a repeat."""
     ids = webhooks.enabled_webhook_ids(user_id)
     for webhook_id in ids:
-        deliver_webhook.delay(webhook_id, payload, str(uuid.uuid4()))
+        delivery_id = uuid.uuid5(uuid.NAMESPACE_URL, f"{task_id}/{webhook_id}")
+        deliver_webhook.delay(webhook_id, payload, str(delivery_id))
     return len(ids)
 
 

@@ -326,6 +326,34 @@ def test_a_pause_that_saved_no_checkpoint_says_the_job_starts_over(
     assert job.events.filter(reason="released: it may start again, from the start").exists()
 
 
+@pytest.mark.parametrize("paused_while", ["running", "stopping"])
+def test_who_paused_the_job_is_told_from_its_events_not_from_the_message(
+    api_for: Any, users: dict[str, Any], node: Node, paused_while: str
+) -> None:
+    """The hold message is worded for people: a row that says it otherwise (worded by an
+    earlier portal) still names who paused the job once it is known to start over."""
+    agents = ScriptedAgents()
+    job = running(api_for, agents, checkpoint=CHECKPOINT)
+    if paused_while == "stopping":  # already checkpointing for a preemption when it is held
+        with transaction.atomic():
+            now = time.time()
+            preemption = core.Preemption(
+                core.JobId(str(job.pk)), "priority", "preempted", 30.0, core.JobId("")
+            )
+            loaded = store.load_snapshot(now)
+            assert store.apply_plan(core.Plan(preemptions=(preemption,)), loaded, now)["preempted"] == 1
+    job = hold(job, users["vision-admin"])
+    assert services.is_paused(job)
+    Job.objects.filter(pk=job.pk).update(pending_message="Pausiert von vision-admin: macht weiter")
+    agents.converge()  # it stopped without a committed checkpoint
+    job.refresh_from_db()
+    assert (job.state, job.on_hold, job.pending_message) == (
+        JobState.PENDING,
+        True,
+        "Paused by vision-admin: it saved no checkpoint, so it starts over when released",
+    )
+
+
 def test_a_paused_job_whose_node_is_lost_stays_held(api_for: Any, users: dict[str, Any], node: Node) -> None:
     job = hold(running(api_for, ScriptedAgents(), checkpoint=CHECKPOINT), users["alice"])
     assert services.requeue_jobs_of_lost_node(node) == [job.pk]

@@ -16,7 +16,7 @@ from django.db import transaction
 from portal.accounts.models import Webhook
 from portal.jobs.models import Job
 from portal.jobs.services import mail_about_idle_job
-from portal.jobs.tasks import deliver_webhook
+from portal.jobs.tasks import deliver_webhook, post_idle_job, post_job_state
 from tests.conftest import free_port
 from tests.webhook_receiver import WebhookReceiver, running_receiver
 
@@ -229,6 +229,29 @@ def test_an_idle_job_notice_reaches_the_owners_webhooks(
     [delivery] = receiver.to("/idle")
     assert delivery.json()["event"] == "job.idle" and delivery.json()["job_id"] == job
     assert delivery.json()["reason"] == "idle: every GPU under 5 % utilization for 30 min"
+
+
+def test_a_posting_task_run_again_sends_the_same_delivery_ids(
+    api_for: Any, receiver: WebhookReceiver, eager_tasks: None
+) -> None:
+    """A worker lost while posting (acks late): the task runs again under its own id, and the
+    receivers must be able to drop the repeat."""
+    alice = api_for("alice")
+    add(alice, receiver.url + "/a", format="json")
+    add(alice, receiver.url + "/b")
+    job = alice.post("/api/v1/jobs/", SPEC, format="json").json()["id"]
+
+    def delivery_ids(task: Any, args: tuple[Any, ...], task_id: str) -> dict[str, str]:
+        receiver.deliveries.clear()
+        assert task.apply(args=args, task_id=task_id).get() == 2
+        return {d.path: d.headers["X-GPU-Portal-Delivery"] for d in receiver.deliveries}
+
+    for task, args in [(post_job_state, (job, "failed", "exit code 1")), (post_idle_job, (job, "idle"))]:
+        first = delivery_ids(task, args, "posting-1")
+        assert set(first) == {"/a", "/b"} and first["/a"] != first["/b"]
+        assert delivery_ids(task, args, "posting-1") == first
+        again = delivery_ids(task, args, "posting-2")
+        assert set(again.values()).isdisjoint(first.values())
 
 
 def test_a_chat_message_cannot_mention_or_link_through_a_jobs_name() -> None:
