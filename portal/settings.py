@@ -179,6 +179,8 @@ REST_FRAMEWORK = {
         "webhooks": env_str("THROTTLE_WEBHOOKS", "30/min"),
         # Saving, changing and deleting job templates (each checks a whole job spec).
         "templates": env_str("THROTTLE_TEMPLATES", "60/min"),
+        # Tenant admins adding members, changing their roles and removing them.
+        "members": env_str("THROTTLE_MEMBERS", "30/min"),
     },
     "DEFAULT_PARSER_CLASSES": [
         "portal.lib.parsers.JSONParser",
@@ -240,6 +242,7 @@ CELERY_BEAT_SCHEDULE = {
     "schedule-cycle": {"task": "scheduler.tasks.schedule_cycle", "schedule": 5.0},
     "check-time-limits": {"task": "portal.jobs.tasks.check_time_limits", "schedule": 5.0},
     "check-idle-jobs": {"task": "portal.jobs.tasks.check_idle_jobs", "schedule": 60.0},
+    "check-budgets": {"task": "portal.cluster.tasks.check_budgets", "schedule": 60.0},
     "compact-telemetry": {"task": "portal.jobs.tasks.compact_telemetry", "schedule": 600.0},
     "expire-logs": {"task": "portal.jobs.tasks.expire_logs", "schedule": 600.0},
     "collect-checkpoints": {

@@ -48,6 +48,7 @@ SIGNATURE_HEADER = "X-GPU-Portal-Signature"
 # The events a webhook hears of (the `event` of the JSON body and EVENT_HEADER).
 JOB_STATE = "job.state"
 JOB_IDLE = "job.idle"
+VC_BUDGET = "vc.budget"
 TEST = "webhook.test"
 
 # Addresses in these networks carry an IPv4 address a gateway forwards to: checked as that one.

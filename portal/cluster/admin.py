@@ -52,6 +52,8 @@ class VirtualClusterAdmin(AuditedModelAdmin):
     inlines = [QuotaInline]
 
     def save_model(self, request: Any, obj: VirtualCluster, form: Any, change: bool) -> None:
+        if "gpu_hours_per_month" in form.changed_data:
+            obj.budget_notice_pct = 0  # a new budget: its levels are told afresh
         super().save_model(request, obj, form, change)
         request_scheduling_cycle()  # a stop, a reopening, a new quota or budget takes effect at once
 

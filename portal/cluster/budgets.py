@@ -12,9 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
+from django.db import transaction
+from django.db.models import Q
+
+from portal.accounts.choices import Role
 from portal.cluster.models import VirtualCluster
 from portal.jobs.accounting import HOUR, allocated_gpu_s_by_vc
+
+# The shares of its budget at which a VC's tenant admins are told, once each a month: early
+# enough to raise the budget or plan the month's rest before jobs stop starting, and when they do.
+BUDGET_NOTICE_PCTS = (80, 100)
 
 
 def month_start(now: datetime) -> datetime:
@@ -50,4 +59,65 @@ def spent_message(vc: VirtualCluster, gpu_hours: float, now: datetime) -> str:
         f"VC {vc.name} has used {gpu_hours:,.1f} of its {vc.gpu_hours_per_month:,} GPU-hours for "
         f"{month:%B} (UTC): none of its jobs starts until {next_month_start(now):%Y-%m-%d} or until "
         "an admin raises its budget"
+    )
+
+
+def notice_pct(vc: VirtualCluster, gpu_hours: float) -> int:
+    """The highest notice level the VC's use has reached (0: none, or no budget)."""
+    if vc.gpu_hours_per_month is None:
+        return 0
+    reached = [pct for pct in BUDGET_NOTICE_PCTS if gpu_hours * 100 >= pct * vc.gpu_hours_per_month]
+    return max(reached, default=0)
+
+
+def notice_text(vc: VirtualCluster, gpu_hours: float, now: datetime) -> str:
+    spent = spent_message(vc, gpu_hours, now)
+    if spent:
+        return spent
+    return (
+        f"VC {vc.name} has used {gpu_hours:,.1f} of its {vc.gpu_hours_per_month:,} GPU-hours for "
+        f"{month_start(now):%B} (UTC): once it has used them all, none of its jobs starts until "
+        f"{next_month_start(now):%Y-%m-%d} or until an admin raises its budget"
+    )
+
+
+def notify_budgets(now: datetime) -> list[str]:
+    """Tells the tenant admins of each VC that has reached a notice level of its budget this
+    month and was not yet told of it, by mail and on their webhooks, after commit. The level is
+    claimed by compare-and-set, so two workers never tell it twice. Returns the VCs told."""
+    from portal.cluster.tasks import mail_budget_notice, post_budget_notice
+
+    budgeted = list(VirtualCluster.objects.filter(gpu_hours_per_month__isnull=False))
+    hours = gpu_hours_this_month(budgeted, now)
+    month = month_start(now).date()
+    told = []
+    for vc in budgeted:
+        pct = notice_pct(vc, hours[vc.pk])
+        if pct <= (vc.budget_notice_pct if vc.budget_notice_month == month else 0):
+            continue
+        not_told = (
+            Q(budget_notice_month__isnull=True) | ~Q(budget_notice_month=month) | Q(budget_notice_pct__lt=pct)
+        )
+        with transaction.atomic():
+            if not VirtualCluster.objects.filter(not_told, pk=vc.pk).update(
+                budget_notice_month=month, budget_notice_pct=pct
+            ):
+                continue
+            text = notice_text(vc, hours[vc.pk], now)
+            transaction.on_commit(lambda vc_id=vc.pk, text=text: mail_budget_notice.delay(vc_id, text))
+            transaction.on_commit(lambda vc_id=vc.pk, text=text: post_budget_notice.delay(vc_id, text))
+        told.append(vc.name)
+    return told
+
+
+def tenant_admins(vc_id: int) -> list[Any]:
+    """The admins of the VC's tenant: who may ask a cluster admin to raise its budget."""
+    from django.contrib.auth import get_user_model
+
+    return list(
+        get_user_model()
+        .objects.filter(
+            memberships__tenant__virtual_clusters=vc_id, memberships__role=Role.ADMIN, is_active=True
+        )
+        .order_by("username")
     )

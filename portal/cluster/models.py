@@ -77,6 +77,10 @@ class VirtualCluster(models.Model):
         "report counts allocated GPU time. Once they have, none of its waiting jobs starts until "
         "the next month or until the budget is raised; its running jobs go on. Empty means no budget.",
     )
+    # The highest share of its budget (BUDGET_NOTICE_PCTS) the VC's tenant admins were told of,
+    # and for which month: each level is told once a month (portal.cluster.budgets).
+    budget_notice_month = models.DateField(null=True, blank=True, editable=False)
+    budget_notice_pct = models.PositiveSmallIntegerField(default=0, editable=False)
     allowed_mounts = models.JSONField(default=list, blank=True)
     stop_policy = models.CharField(
         max_length=16, choices=StopPolicy.choices, default=StopPolicy.OPEN, blank=True

@@ -1,14 +1,20 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from celery import shared_task
 from django.conf import settings
+from django.core.mail import send_mail
 from django.utils import timezone
 
-from portal.cluster.models import Node
+from portal.accounts import webhooks
+from portal.cluster import budgets
+from portal.cluster.models import Node, VirtualCluster
 from portal.cluster.services import lost_nodes, mark_silent_nodes_not_ready
+from portal.jobs.notifications import portal_url
 from portal.jobs.services import request_scheduling_cycle, requeue_jobs_of_lost_node
+from portal.jobs.tasks import MAIL_RETRY, post_to_webhooks
 from portal.lib.redis import get_redis
 from scheduler.tasks import loop_paused
 
@@ -53,3 +59,36 @@ def silence_is_the_nodes(now: datetime) -> bool:
         redis.set(GRACE_KEY, 1, ex=settings.NODE_LOST_AFTER_S)
         return False
     return not redis.exists(GRACE_KEY)
+
+
+@shared_task
+def check_budgets() -> Any:
+    """Tells tenant admins when a VC has used most or all of its monthly GPU-hour budget."""
+    if loop_paused():
+        return {"paused": True}
+    return budgets.notify_budgets(timezone.now())
+
+
+@shared_task(**MAIL_RETRY)
+def mail_budget_notice(vc_id: int, text: str) -> int:
+    """Mails the admins of the VC's tenant who have an address; returns how many mails."""
+    to = [admin.email for admin in budgets.tenant_admins(vc_id) if admin.email]
+    if not settings.MAIL_ENABLED or not to:
+        return 0
+    vc = VirtualCluster.objects.get(pk=vc_id)
+    body = f"{text}.\n\n{vc_url(vc.name)}\n"
+    return send_mail(f"VC {vc.name}: GPU-hour budget", body, None, to)
+
+
+@shared_task(bind=True)
+def post_budget_notice(self: Any, vc_id: int, text: str) -> int:
+    """Posts the notice to each enabled webhook of the tenant's admins; returns how many."""
+    vc = VirtualCluster.objects.filter(pk=vc_id).first()
+    if vc is None:
+        return 0
+    payload = webhooks.event(webhooks.VC_BUDGET, text, vc=vc.name, reason=text, url=vc_url(vc.name))
+    return sum(post_to_webhooks(self.request.id, admin.pk, payload) for admin in budgets.tenant_admins(vc_id))
+
+
+def vc_url(name: str) -> str:
+    return portal_url(f"/vcs/{name}")

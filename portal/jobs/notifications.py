@@ -24,8 +24,13 @@ STATE_WORDS = {
 }
 
 
+def portal_url(path: str) -> str:
+    """A page of the web app, as a link in a mail or webhook body."""
+    return f"{settings.PORTAL_URL.rstrip('/')}{path}"
+
+
 def job_url(job_id: int) -> str:
-    return f"{settings.PORTAL_URL.rstrip('/')}/jobs/{job_id}"
+    return portal_url(f"/jobs/{job_id}")
 
 
 def mail_job_state(job_id: int, state: str, reason: str) -> int:

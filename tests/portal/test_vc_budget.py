@@ -1,23 +1,27 @@
 """A VC's monthly GPU-hour budget: the hours its jobs held this month (UTC) are counted as the
 usage report counts allocated time; once they reach the budget none of its jobs starts (reason
 budget-spent, no place in the queue) while its running jobs go on and other VCs' jobs start;
-raised in Django admin, the budget lets them start at the next cycle."""
+raised in Django admin, the budget lets them start at the next cycle. The tenant's admins are
+told at 80 % and at 100 %, once each a month, by mail (real SMTP on loopback) and on their
+webhooks (a real receiver on loopback)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from portal.cluster.budgets import gpu_hours_this_month, month_start, next_month_start
+from portal.cluster.budgets import gpu_hours_this_month, month_start, next_month_start, notify_budgets
 from portal.cluster.models import Node, VirtualCluster
 from portal.jobs.choices import JobState
 from portal.jobs.models import Allocation, Job
 from scheduler.tasks import run_cycle
 from tests.portal.store_helpers import live_profile, run, submit
+from tests.webhook_receiver import WebhookReceiver, running_receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -130,3 +134,85 @@ def test_a_budget_below_one_gpu_hour_is_refused(cluster_admin_client: Any) -> No
     assert response.status_code == 200  # the form again, with its error
     assert "Ensure this value is greater than or equal to 1." in response.content.decode()
     assert VirtualCluster.objects.get(pk=vc.pk).gpu_hours_per_month is None
+
+
+@pytest.fixture
+def receiver(settings: Any) -> Iterator[WebhookReceiver]:
+    settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True  # the receiver is on loopback
+    settings.PORTAL_URL = "https://portal.example.org"
+    with running_receiver() as running:
+        yield running
+
+
+@pytest.fixture
+def eager_tasks() -> Iterator[None]:
+    from portal.celery import app
+
+    before = app.conf.task_always_eager, app.conf.task_eager_propagates
+    app.conf.task_always_eager = app.conf.task_eager_propagates = True
+    yield
+    app.conf.task_always_eager, app.conf.task_eager_propagates = before
+
+
+def test_the_tenant_admins_are_told_at_80_and_at_100_percent_once_a_month(
+    api_for: Any,
+    users: Any,
+    cluster_admin_client: Any,
+    mailbox: Any,
+    settings: Any,
+    receiver: WebhookReceiver,
+    eager_tasks: None,
+    paused_loop: Any,
+) -> None:
+    settings.MAIL_ENABLED, settings.MAILERS = True, mailbox.mailers()
+    for name in ("vision-admin", "alice"):
+        users[name].email = f"{name}@example.org"
+        users[name].save(update_fields=["email"])
+        hook = api_for(name).post(
+            "/api/v1/webhooks/", {"url": f"{receiver.url}/{name}", "format": "json"}, format="json"
+        )
+        assert hook.status_code == 201, hook.json()
+    Node.objects.update(state="ready")
+    running = started(api_for, "alice", "running", "vision")
+    # Ten days into this month the job has held its 2 GPUs for 4 hours: 8 GPU-hours.
+    now = month_start(timezone.now()) + timedelta(days=10)
+    Allocation.objects.filter(attempt__job_id=running).update(created_at=now - timedelta(hours=4))
+    change_budget(cluster_admin_client, 10)
+
+    assert notify_budgets(now) == ["vision"]
+    [mail] = mailbox.about("VC vision: GPU-hour budget")
+    assert mail["X-Envelope-To"] == "vision-admin@example.org"  # the tenant's admins only
+    text = (
+        f"VC vision has used 8.0 of its 10 GPU-hours for {now:%B} (UTC): once it has used them all, "
+        f"none of its jobs starts until {next_month_start(now):%Y-%m-%d} or until an admin raises its budget"
+    )
+    assert text in mail.get_content()
+    [delivery] = receiver.deliveries
+    assert delivery.path == "/vision-admin"
+    assert (delivery.json()["event"], delivery.json()["vc"], delivery.json()["text"]) == (
+        "vc.budget",
+        "vision",
+        text,
+    )
+    assert delivery.json()["url"] == "https://portal.example.org/vcs/vision"
+    assert notify_budgets(now + timedelta(minutes=1)) == []  # told once
+
+    change_budget(cluster_admin_client, 8)  # now spent
+    assert notify_budgets(now + timedelta(minutes=2)) == ["vision"]
+    assert notify_budgets(now + timedelta(minutes=3)) == []
+    spent = mailbox.about("VC vision: GPU-hour budget")[-1].get_content()
+    assert f"VC vision has used 8.1 of its 8 GPU-hours for {now:%B} (UTC): none of its jobs starts" in spent
+    assert [d.path for d in receiver.deliveries] == ["/vision-admin", "/vision-admin"]
+
+    # A raised budget is told of afresh: 80 % of 20 is reached 4 hours later.
+    change_budget(cluster_admin_client, 20)
+    assert notify_budgets(now + timedelta(hours=3)) == []
+    assert notify_budgets(now + timedelta(hours=4)) == ["vision"]
+    assert (
+        "has used 16.0 of its 20 GPU-hours" in mailbox.about("VC vision: GPU-hour budget")[-1].get_content()
+    )
+
+    # Next month the count starts again (the budget back at 8): 2 GPUs for an hour is under 80 %.
+    change_budget(cluster_admin_client, 8)
+    assert notify_budgets(next_month_start(now) + timedelta(hours=1)) == []
+    assert notify_budgets(next_month_start(now) + timedelta(hours=3.5)) == ["vision"]  # 7 of 8
