@@ -133,6 +133,28 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
     ("get", "/api/v1/session/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/usage/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/me/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("get", "/api/v1/tenants/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    (
+        "get",
+        "/api/v1/tenants/vision/members/",
+        {"alice": 200, "bob": 200, "victor": 200, "carol": 404, None: 401},
+    ),
+    # Only the tenant's admins change its members (tests/portal/test_tenant_members.py).
+    (
+        "post",
+        "/api/v1/tenants/vision/members/",
+        {"alice": 403, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
+    (
+        "patch",
+        "/api/v1/tenants/vision/members/{member}/",
+        {"alice": 403, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
+    (
+        "delete",
+        "/api/v1/tenants/vision/members/{member}/",
+        {"alice": 403, "bob": 403, "victor": 403, "carol": 404, None: 401},
+    ),
     ("get", "/api/v1/schema/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 200}),
     ("get", "/api/v1/docs/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 200}),
 ]
@@ -157,6 +179,8 @@ BODIES = {
     "/api/v1/webhooks/": {"url": "https://93.184.215.14/hook"},  # registration looks nothing up
     "/api/v1/webhooks/{webhook}/": {"enabled": False},
     "/api/v1/nodes/a100-node-1/state/": {"action": "cordon"},
+    "/api/v1/tenants/vision/members/": {"username": "dave", "role": "member"},
+    "/api/v1/tenants/vision/members/{member}/": {"role": "admin"},
 }
 
 
@@ -179,6 +203,7 @@ def objects(api_for: Any, users: Any, small_job: dict[str, Any]) -> dict[str, An
         "webhook": webhook.pk,
         "flavor": Flavor.objects.first().pk,
         "pc": PriorityClass.objects.first().pk,
+        "member": "bob",
     }
 
 

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.accounts import webhooks
+from portal.accounts.choices import Role
 from portal.accounts.models import ApiToken, Membership, Webhook
 
 
@@ -100,3 +102,43 @@ class MeSerializer(serializers.Serializer):
     email = serializers.CharField(help_text="Where the portal mails you (set by a cluster admin).")
     mail_enabled = serializers.BooleanField(help_text="Whether the portal sends mail (a spec's notify).")
     memberships = MembershipSerializer(many=True)
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    """A tenant as its member sees it: a membership of the requester, named by its tenant."""
+
+    name = serializers.CharField(source="tenant.name", read_only=True)
+    display_name = serializers.CharField(source="tenant.display_name", read_only=True)
+    role_label = serializers.CharField(source="get_role_display", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["name", "display_name", "role", "role_label"]
+        read_only_fields = ["role"]
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+    email = serializers.SerializerMethodField(
+        help_text="Shown to the tenant's admins only (empty when the account has none); null for others."
+    )
+    role_label = serializers.CharField(source="get_role_display", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["username", "email", "role", "role_label"]
+        read_only_fields = ["role"]
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_email(self, membership: Membership) -> str | None:
+        # Members and viewers see who is in the tenant, not how to reach them outside it.
+        return membership.user.email if self.context.get("show_email") else None
+
+
+class AddMemberSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150, help_text="An existing user account.")
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class MemberRoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)

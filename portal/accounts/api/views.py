@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
@@ -11,19 +13,25 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.permissions import AllowAny
+from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.permissions import SAFE_METHODS, AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.accounts import webhooks
+from portal.accounts import services, webhooks
 from portal.accounts.api.serializers import (
+    AddMemberSerializer,
     ApiTokenSerializer,
     CreatedApiTokenSerializer,
+    MemberRoleSerializer,
+    MemberSerializer,
     MeSerializer,
+    TenantSerializer,
     WebhookSerializer,
 )
-from portal.accounts.models import ApiToken, Webhook
+from portal.accounts.choices import Role
+from portal.accounts.models import ApiToken, Membership, Webhook
 from portal.accounts.services import create_api_token, revoke_api_token
 from portal.lib.throttling import WriteThrottle
 
@@ -103,6 +111,115 @@ class WebhookViewSet(
         webhooks.send_test(webhook, request.user, str(uuid.uuid4()))
         webhook.refresh_from_db()
         return Response(WebhookSerializer(webhook).data)
+
+
+class TenantViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """The tenants you belong to, with your role in each. Cluster admins too see only their own
+    memberships here: they manage every tenant in Django admin."""
+
+    serializer_class = TenantSerializer
+    queryset = Membership.objects.none()  # for the schema; requests use get_queryset
+
+    def get_queryset(self) -> Any:
+        return (
+            Membership.objects.filter(user=self.request.user)
+            .select_related("tenant")
+            .order_by("tenant__name")
+        )
+
+
+@contextmanager
+def member_refusals_as_api_errors() -> Iterator[None]:
+    try:
+        yield
+    except services.MemberRefused as exc:
+        raise serializers.ValidationError({exc.field or "non_field_errors": [exc.message]}) from exc
+    except services.MemberDenied as exc:
+        raise PermissionDenied(str(exc)) from exc
+    except services.NoSuchMember as exc:
+        raise NotFound(str(exc)) from exc
+
+
+class TenantMemberViewSet(viewsets.GenericViewSet):
+    """The members of one of your tenants. Any member may list them; its admins add members,
+    change roles and remove members. A tenant you do not belong to answers 404 like one that does
+    not exist, to cluster admins too."""
+
+    serializer_class = MemberSerializer
+    queryset = Membership.objects.none()  # for the schema; requests use get_queryset
+    throttle_classes = [WriteThrottle]
+    throttle_scope = "members"
+    own: Membership  # the requester's membership of the tenant in the URL, set by initial
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        # After authentication and throttling; before the body is read, so that a viewer hears
+        # 403 (and an outsider 404) whatever they sent.
+        super().initial(request, *args, **kwargs)
+        own = (
+            Membership.objects.filter(tenant__name=kwargs["tenant"], user=request.user)
+            .select_related("tenant")
+            .first()
+        )
+        if own is None:
+            raise NotFound("No such tenant among yours.")
+        self.own = own
+        if request.method not in SAFE_METHODS and own.role != Role.ADMIN:
+            raise PermissionDenied(f"Only an admin of tenant {own.tenant.name} may change its members.")
+
+    def get_queryset(self) -> Any:
+        return (
+            Membership.objects.filter(tenant=self.own.tenant)
+            .select_related("user")
+            .order_by("user__username")
+        )
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "show_email": self.own.role == Role.ADMIN}
+
+    @extend_schema(
+        description="The tenant's members by user name, for any of them; `email` only for its admins."
+    )
+    def list(self, request: Request, tenant: str) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    @extend_schema(
+        request=AddMemberSerializer,
+        responses={201: MemberSerializer},
+        description="Tenant admins: add an existing user account to the tenant with a role.",
+    )
+    def create(self, request: Request, tenant: str) -> Response:
+        body = AddMemberSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        with member_refusals_as_api_errors():
+            membership = services.add_member(self.own.tenant, request.user, **body.validated_data)
+        return Response(self.get_serializer(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=MemberRoleSerializer,
+        responses=MemberSerializer,
+        description="Tenant admins: change a member's `role` (required). The tenant keeps at "
+        "least one admin: demoting the last one is a 400 on `role`.",
+    )
+    def partial_update(self, request: Request, tenant: str, username: str) -> Response:
+        body = MemberRoleSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        with member_refusals_as_api_errors():
+            membership = services.change_member_role(
+                self.own.tenant, request.user, username, body.validated_data["role"]
+            )
+        return Response(self.get_serializer(membership).data)
+
+    @extend_schema(
+        request=None,
+        responses={204: None},
+        description="Tenant admins: remove a member; their jobs stay with the tenant. Removing "
+        "the last admin is a 400.",
+    )
+    def destroy(self, request: Request, tenant: str, username: str) -> Response:
+        with member_refusals_as_api_errors():
+            services.remove_member(self.own.tenant, request.user, username)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class MeView(APIView):
