@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +230,37 @@ def counted(number: int, noun: str) -> str:
 def vc_state(vc: VirtualCluster) -> str:
     """'open', 'held' or 'held, drained'; a stop this client does not know, as the portal names it."""
     return VC_STATES.get(vc.stop_policy, vc.stop_policy)
+
+
+def next_month_start(now: datetime | None = None) -> date:
+    """The first day of the next calendar month in UTC: when spent GPU-hour budgets start over."""
+    today = (now or datetime.now(UTC)).astimezone(UTC).date()
+    return date(today.year + 1, 1, 1) if today.month == 12 else date(today.year, today.month + 1, 1)
+
+
+def budget_cell(vc: VirtualCluster) -> str:
+    """The BUDGET column: '812.4 / 1,000 GPU-h' this month, '..., spent' once the VC's jobs held
+    it all (the portal says when), '-' without a budget. Hours are rounded as in the portal's
+    pending message, so the two read the same."""
+    if vc.gpu_hours_per_month is None:
+        return "-"
+    figures = f"{vc.gpu_hours_this_month:,.1f} / {vc.gpu_hours_per_month:,} GPU-h"
+    return f"{figures}, spent" if vc.budget_spent else figures
+
+
+def budget_text(vc: VirtualCluster, now: datetime | None = None) -> str:
+    """The budget in words for `vcs NAME`, with the month it counts and, once spent, when the
+    VC's jobs may start again."""
+    if vc.gpu_hours_per_month is None:
+        return "none"
+    month = (now or datetime.now(UTC)).astimezone(UTC)
+    used = f"{vc.gpu_hours_this_month:,.1f} of {vc.gpu_hours_per_month:,} GPU-hours used in {month:%B} (UTC)"
+    if not vc.budget_spent:
+        return used
+    return (
+        f"{used}: spent, none of its jobs starts until {next_month_start(now):%Y-%m-%d}"
+        " or until an admin raises it; running ones go on"
+    )
 
 
 QUOTA_FIGURES = ("IN USE", "GUARANTEED", "BORROW LIMIT", "LENDS")  # what quota_cells gives after the model
@@ -800,13 +831,19 @@ def cmd_vcs(ctx: Context) -> int:
     rows = []
     for vc in vcs:
         for cells in [quota_cells(quota) for quota in vc.quotas] or [("-", "-", "-", "-", "-")]:
-            rows.append((escape(vc.name), escape(vc.tenant), *cells, escape(vc_state(vc))))
-    columns = ("VC", "TENANT", "MODEL", *QUOTA_FIGURES, "STATE")
+            rows.append((escape(vc.name), escape(vc.tenant), *cells, budget_cell(vc), escape(vc_state(vc))))
+    columns = ("VC", "TENANT", "MODEL", *QUOTA_FIGURES, "BUDGET", "STATE")
     table = listing(columns, rows, numbers=QUOTA_FIGURES)
     ctx.out.print(table)
     stopped = [f"{vc.name} ({vc_state(vc)})" for vc in vcs if vc.stop_policy]
     if stopped:
         ctx.err.print(f"[yellow]Stopped by an admin, no job starts in: {escape(', '.join(stopped))}.[/]")
+    spent = ", ".join(vc.name for vc in vcs if vc.budget_spent)
+    if spent:
+        until = next_month_start()
+        ctx.err.print(
+            f"[yellow]Monthly GPU-hour budget spent, no job starts until {until} in: {escape(spent)}.[/]"
+        )
     return OK
 
 
@@ -832,6 +869,7 @@ def show_vc(ctx: Context, vc: VirtualCluster) -> int:
     info.add_row("Description", escape(vc.description or "-"))
     info.add_row("Queue order", escape(vc.queueing_policy_label or vc.queueing_policy or "-"))
     info.add_row("Per-user limits", ", ".join(limits) or "none")
+    info.add_row("Monthly budget", budget_text(vc))
     info.add_row("State", escape(VC_STOPS.get(vc.stop_policy, vc.stop_policy)))
     ctx.out.print(info)
     if not vc.quotas:
@@ -1136,7 +1174,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_output(add("nodes", cmd_nodes, "nodes and their GPUs"))
 
-    vcs = add("vcs", cmd_vcs, "your tenants' virtual clusters: quotas, GPUs in use, whether stopped")
+    vcs = add(
+        "vcs",
+        cmd_vcs,
+        "your tenants' virtual clusters: quotas, GPUs in use, monthly GPU-hour budget, whether stopped",
+    )
     vcs.add_argument("vc_name", nargs="?", metavar="NAME", help="one virtual cluster in detail")
     add_output(vcs)
 

@@ -196,6 +196,9 @@ class VirtualCluster(_Resource):
     max_memory_gb_per_user: int | None = None
     max_pending_jobs_per_user: int | None = None
     stop_policy: str = ""  # an admin's stop: "" (open), "hold" or "hold-and-drain"
+    gpu_hours_per_month: int | None = None  # its monthly GPU-hour budget; None: no budget
+    gpu_hours_this_month: float = 0.0  # held by its jobs since the start of this month (UTC)
+    budget_spent: bool = False  # none of its jobs starts until next month or a raised budget
     quotas: list[Quota] = []
 
 

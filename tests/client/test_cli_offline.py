@@ -7,7 +7,7 @@ import os
 import stat
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from gpuportal.client import (
     Unreachable,
     flatten_errors,
 )
-from gpuportal.models import DryRun, Job, JobDetail, LogLine
+from gpuportal.models import DryRun, Job, JobDetail, LogLine, VirtualCluster
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -322,3 +322,31 @@ def test_a_dry_run_verdict_reads_as_one_line() -> None:
     assert cli.verdict_line(blocked, now) == (
         "would wait: dependency, Waiting for job 4 (pending) to succeed; no estimated start"
     )
+
+
+def test_a_vcs_monthly_budget_reads_as_hours_used_of_it() -> None:
+    november = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+    # A portal without budgets sends none of the fields: the VC has no budget.
+    older = VirtualCluster.model_validate({"id": 1, "name": "vision", "quotas": []})
+    assert (older.gpu_hours_per_month, older.gpu_hours_this_month, older.budget_spent) == (None, 0.0, False)
+    assert cli.budget_cell(older) == "-"
+    assert cli.budget_text(older, november) == "none"
+
+    used = VirtualCluster(id=1, name="vision", gpu_hours_per_month=1000, gpu_hours_this_month=812.44)
+    assert cli.budget_cell(used) == "812.4 / 1,000 GPU-h"
+    assert cli.budget_text(used, november) == "812.4 of 1,000 GPU-hours used in November (UTC)"
+
+    spent = used.model_copy(update={"gpu_hours_this_month": 1002.5, "budget_spent": True})
+    assert cli.budget_cell(spent) == "1,002.5 / 1,000 GPU-h, spent"
+    assert cli.budget_text(spent, november) == (
+        "1,002.5 of 1,000 GPU-hours used in November (UTC): spent, none of its jobs starts until 2026-12-01"
+        " or until an admin raises it; running ones go on"
+    )
+
+
+def test_spent_budgets_start_over_on_the_first_of_the_next_month_in_utc() -> None:
+    assert cli.next_month_start(datetime(2026, 11, 20, 12, 0, tzinfo=UTC)) == date(2026, 12, 1)
+    assert cli.next_month_start(datetime(2026, 12, 31, 23, 59, tzinfo=UTC)) == date(2027, 1, 1)
+    # 20:00 on 30 November in New York is 1 December in UTC.
+    new_york = timezone(timedelta(hours=-5))
+    assert cli.next_month_start(datetime(2026, 11, 30, 20, 0, tzinfo=new_york)) == date(2027, 1, 1)

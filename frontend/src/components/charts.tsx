@@ -1,5 +1,6 @@
 // Small SVG charts: a quota bar, a stacked bar and a multi-series line chart.
 
+import type { VcBudget } from "../lib/budget";
 import type { ModelUse } from "../lib/cluster";
 import { formatClock, formatDuration } from "../lib/format";
 
@@ -24,6 +25,19 @@ export function QuotaBar({ inUse, guaranteed, borrowLimit, lendingLimit, label }
         <div className="quota-fill" style={{ width: pct(within) }} />
         <div className="quota-borrowed" style={{ left: pct(within), width: pct(borrowed) }} />
         <div className="quota-mark" style={{ left: pct(guaranteed) }} />
+      </div>
+    </div>
+  );
+}
+
+/** A monthly GPU-hour budget: the share used, in the warning color from 80 % and the danger
+ * color once spent. */
+export function BudgetBar({ budget, label }: { budget: VcBudget; label: string }) {
+  const text = `${label}: ${budget.text}, ${budget.percent} %`;
+  return (
+    <div className="budget-bar" role="img" aria-label={text} title={text}>
+      <div className="quota-track">
+        <div className={`budget-fill budget-${budget.level}`} style={{ width: `${budget.fillPercent}%` }} />
       </div>
     </div>
   );

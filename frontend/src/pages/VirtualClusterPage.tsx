@@ -1,9 +1,10 @@
 import { api, fetchAll, query } from "../api/client";
 import { useLive } from "../api/live";
 import type { Job, Page, VirtualCluster } from "../api/types";
-import { QuotaBar } from "../components/charts";
+import { BudgetBar, QuotaBar } from "../components/charts";
 import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/common";
 import { JobTable } from "../components/JobTable";
+import { vcBudget } from "../lib/budget";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
@@ -33,6 +34,7 @@ export function VirtualClustersPage() {
 }
 
 function VcQuotas({ vc }: { vc: VirtualCluster }) {
+  const budget = vcBudget(vc);
   return (
     <>
       <p className="muted small">
@@ -48,6 +50,23 @@ function VcQuotas({ vc }: { vc: VirtualCluster }) {
             ? "Stopped and drained by an admin: no job of it starts, and its running jobs were checkpointed and requeued."
             : "Stopped by an admin: no job of it starts until it is open again; running jobs go on."}
         </p>
+      )}
+      {budget?.level === "spent" && (
+        <p className="notice" role="status">
+          Budget spent: its jobs start again on {budget.resetsOn} (UTC), or sooner if an admin raises its monthly GPU-hour
+          budget; running jobs go on.
+        </p>
+      )}
+      {budget && (
+        <div className="budget">
+          <div className="budget-figures">
+            <span>Monthly GPU-hour budget</span>
+            <span>
+              {budget.text} · {budget.percent} %
+            </span>
+          </div>
+          <BudgetBar budget={budget} label={`${vc.name} monthly budget`} />
+        </div>
       )}
       {vc.description && <p>{vc.description}</p>}
       <div className="table-wrap">
