@@ -44,6 +44,7 @@ from gpuportal.models import (
     JobTemplate,
     LogLine,
     Quota,
+    TenantMember,
     VirtualCluster,
     Webhook,
 )
@@ -64,8 +65,13 @@ EXIT_CODES = {
         "the job failed, was cancelled or timed out (submit --follow, logs -f); shell: refused or cut off;"
         " webhooks test: the delivery failed"
     ),
-    USAGE: "bad usage or input: unknown option, unreadable file, a spec field the portal refused",
-    NOT_FOUND: "no such job, virtual cluster, webhook or template (another tenant's looks the same)",
+    USAGE: (
+        "bad usage or input: unknown option, unreadable file,"
+        " a spec field or change of members the portal refused"
+    ),
+    NOT_FOUND: (
+        "no such job, virtual cluster, webhook, template, tenant or member (another tenant's looks the same)"
+    ),
     AUTH: "not signed in, the token is invalid or expired, or not allowed",
     UNREACHABLE: "the portal cannot be reached or failed (HTTP 5xx)",
     CONFLICT: "the request does not fit the job's state (e.g. cancelling an ended job)",
@@ -1061,6 +1067,107 @@ def cmd_templates(ctx: Context) -> int:
     return OK
 
 
+# -- tenants and members ----------------------------------------------------------------
+
+# The roles a tenant's member may have, as the portal names them; `members add --role` and
+# `members set-role` take only these, so a typo is refused before anything is sent.
+ROLES = ("admin", "member", "viewer")
+MEMBER_ACTIONS = ("list", "add", "set-role", "remove")
+
+
+def cmd_tenants(ctx: Context) -> int:
+    """The tenants you belong to and your role in each: what `members TENANT` takes."""
+    tenants = ctx.client().tenants()
+    if ctx.args.output == "json":
+        print_json(ctx, dump(tenants))
+        return OK
+    if not tenants:
+        ctx.err.print("You belong to no tenant: a tenant admin or a cluster admin adds you to one.")
+        return OK
+    rows = [(escape(t.name), escape(t.display_name), escape(t.role)) for t in tenants]
+    ctx.out.print(listing(("TENANT", "DISPLAY NAME", "ROLE"), rows))
+    return OK
+
+
+def a_role(role: str) -> str:
+    """'an admin', 'a member', 'a viewer': a role in a sentence."""
+    return f"an {role}" if role[:1] in "aeiou" else f"a {role}"
+
+
+def member_refusal(what: str, error: BadRequest) -> BadRequest:
+    """A refused change of members as the CLI says it: a refusal that names no field (the last
+    admin's removal) is the message itself; field errors follow `what` on lines of their own."""
+    fields = {field: messages for field, messages in error.errors.items() if field != "non_field_errors"}
+    general = error.errors.get("non_field_errors", [])
+    if not fields and general:
+        message = " ".join(general)
+        return BadRequest(message, {"detail": [message]})
+    return BadRequest(f"the portal refused to {what}", error.errors)
+
+
+def member_table(members: Sequence[TenantMember]) -> Table:
+    """USER and ROLE; EMAIL too for a tenant's admins, the only ones the portal gives it to."""
+    if any(m.email is not None for m in members):
+        rows = [(escape(m.username), escape(m.role), escape(m.email or "-")) for m in members]
+        return listing(("USER", "ROLE", "EMAIL"), rows)
+    return listing(("USER", "ROLE"), [(escape(m.username), escape(m.role)) for m in members])
+
+
+def cmd_members(ctx: Context) -> int:
+    """A tenant's members, as on the web app's Members page: any member lists them, its admins
+    add members, change their roles and remove them."""
+    args, client = ctx.args, ctx.client()
+    tenant, action = args.tenant, args.members_action
+    if action == "list":
+        members = client.members(tenant)
+        if args.output == "json":
+            print_json(ctx, dump(members))
+        else:
+            ctx.out.print(member_table(members))
+        return OK
+    if action == "remove":
+        try:
+            client.remove_member(tenant, args.username)
+        except BadRequest as error:
+            raise member_refusal(f"remove {args.username} from {tenant}", error) from None
+        ctx.out.print(f"Removed {escape(args.username)} from {escape(tenant)}.")
+        return OK
+    if action == "add":
+        try:
+            member = client.add_member(tenant, args.username, args.role)
+        except BadRequest as error:
+            raise member_refusal(f"add {args.username} to {tenant}", error) from None
+        done = f"Added {member.username} to {tenant} as {a_role(member.role)}."
+    else:
+        try:
+            member = client.set_member_role(tenant, args.username, args.role)
+        except BadRequest as error:
+            raise member_refusal(f"make {args.username} {a_role(args.role)} of {tenant}", error) from None
+        done = f"{member.username} is now {a_role(member.role)} of {tenant}."
+    if args.output == "json":
+        print_json(ctx, member.model_dump(mode="json"))
+    else:
+        ctx.out.print(escape(done))
+    return OK
+
+
+def with_members_list_implied(argv: Sequence[str]) -> list[str]:
+    """`gpuportal members TENANT` is short for `gpuportal members list TENANT`: argparse knows
+    only the long form, so `list` is put in when what follows `members` names no action."""
+    args = list(argv)
+    if not args or args[0] != "members":
+        return args
+    rest = iter(args[1:])
+    for word in rest:
+        if word in ("-o", "--output"):
+            next(rest, None)  # the option's value is no action
+        elif word in ("-h", "--help"):
+            return args  # the help of `members` itself
+        elif not word.startswith("-"):
+            return args if word in MEMBER_ACTIONS else [args[0], "list", *args[1:]]
+    return [args[0], "list", *args[1:]]
+
+
 def job_id(value: str) -> int:
     if not value.isdigit():
         raise argparse.ArgumentTypeError(f"a job id is a number, not {value!r}")
@@ -1228,6 +1335,36 @@ def build_parser() -> argparse.ArgumentParser:
         "name", metavar="NAME", help="NAME, or OWNER/NAME (a tenant admin: a shared one)"
     )
 
+    add_output(add("tenants", cmd_tenants, "the tenants you belong to and your role in each"))
+
+    members = add("members", cmd_members, "a tenant's members; its admins add, remove and change their roles")
+    members.usage = (
+        "gpuportal members [list] TENANT [-o json]\n"
+        "       gpuportal members add TENANT USERNAME [--role ROLE] [-o json]\n"
+        "       gpuportal members set-role TENANT USERNAME ROLE [-o json]\n"
+        "       gpuportal members remove TENANT USERNAME"
+    )
+    # Its actions' usage lines start with this, not with the members usage above.
+    member_actions = members.add_subparsers(
+        dest="members_action", metavar="ACTION", required=True, prog="gpuportal members"
+    )
+    member_list = member_actions.add_parser("list", help="the tenant's members and their roles (the default)")
+    member_list.add_argument("tenant", metavar="TENANT")
+    add_output(member_list)
+    new_member = member_actions.add_parser("add", help="tenant admins: add an existing user to the tenant")
+    new_member.add_argument("tenant", metavar="TENANT")
+    new_member.add_argument("username", metavar="USERNAME")
+    new_member.add_argument("--role", choices=ROLES, default="member", help="(default member)")
+    add_output(new_member)
+    role_change = member_actions.add_parser("set-role", help="tenant admins: change a member's role")
+    role_change.add_argument("tenant", metavar="TENANT")
+    role_change.add_argument("username", metavar="USERNAME")
+    role_change.add_argument("role", metavar="ROLE", choices=ROLES, help="admin, member or viewer")
+    add_output(role_change)
+    removal = member_actions.add_parser("remove", help="tenant admins: remove a member (their jobs stay)")
+    removal.add_argument("tenant", metavar="TENANT")
+    removal.add_argument("username", metavar="USERNAME")
+
     for command in sub.choices.values():
         command.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
     return parser
@@ -1235,7 +1372,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(with_members_list_implied(sys.argv[1:] if argv is None else argv))
     ctx = Context(args)
     try:
         return int(args.handler(ctx))

@@ -31,6 +31,8 @@ from gpuportal.models import (
     Me,
     Node,
     PriorityClass,
+    Tenant,
+    TenantMember,
     UsageReport,
     VirtualCluster,
     Webhook,
@@ -500,6 +502,34 @@ class PortalClient:
         """Sends a test delivery at once; the webhook comes back with its outcome."""
         return Webhook.model_validate(self.request("POST", f"/webhooks/{webhook_id}/test/"))
 
+    # -- tenants and their members ------------------------------------------------------
+
+    def tenants(self) -> list[Tenant]:
+        """The tenants you belong to, by name, each with your own role in it."""
+        return self._parse(Tenant, self._pages("/tenants/", limit=None))
+
+    def members(self, tenant: str) -> list[TenantMember]:
+        """The members of one of your tenants, by user name; any member may list them. A tenant
+        you do not belong to raises :class:`NotFound`, exactly as one that does not exist."""
+        return self._parse(TenantMember, self._pages(members_path(tenant), limit=None))
+
+    def add_member(self, tenant: str, username: str, role: str = "member") -> TenantMember:
+        """Tenant admins: add an existing user account to the tenant. A user the portal does not
+        know, or one already a member, raises :class:`BadRequest` on ``username``."""
+        body = {"username": username, "role": role}
+        return TenantMember.model_validate(self.request("POST", members_path(tenant), json=body))
+
+    def set_member_role(self, tenant: str, username: str, role: str) -> TenantMember:
+        """Tenant admins: change a member's role. Demoting the tenant's last admin raises
+        :class:`BadRequest` on ``role``; a user who is not a member, :class:`NotFound`."""
+        path = members_path(tenant, username)
+        return TenantMember.model_validate(self.request("PATCH", path, json={"role": role}))
+
+    def remove_member(self, tenant: str, username: str) -> None:
+        """Tenant admins: remove a member (their jobs stay with the tenant). Removing the last
+        admin raises :class:`BadRequest` (``non_field_errors``)."""
+        self.request("DELETE", members_path(tenant, username))
+
     # -- job templates ------------------------------------------------------------------
 
     def templates(self, name: str | None = None) -> list[JobTemplate]:
@@ -515,6 +545,13 @@ class PortalClient:
 
     def delete_template(self, template_id: int) -> None:
         self.request("DELETE", f"/templates/{template_id}/")
+
+
+def members_path(tenant: str, username: str | None = None) -> str:
+    """``/tenants/NAME/members/`` or ``.../USERNAME/``, each part quoted: a user name may hold
+    characters such as ``@`` or ``+``."""
+    path = f"/tenants/{quote(tenant, safe='')}/members/"
+    return path if username is None else f"{path}{quote(username, safe='')}/"
 
 
 def spec_body(spec: str | dict[str, Any]) -> dict[str, Any]:

@@ -275,3 +275,22 @@ class JobTemplate(_Resource):
     tenant: str
     created_at: datetime | None = None
     updated_at: datetime | None = None
+
+
+class Tenant(_Resource):
+    """A tenant you belong to, with your own role in it (``admin``, ``member`` or ``viewer``)."""
+
+    name: str
+    display_name: str = ""
+    role: str
+    role_label: str = ""
+
+
+class TenantMember(_Resource):
+    """A member of one of your tenants. ``email`` is given to the tenant's admins only ("" when the
+    account has none) and is None for everyone else."""
+
+    username: str
+    email: str | None = None
+    role: str
+    role_label: str = ""

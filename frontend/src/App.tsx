@@ -9,6 +9,7 @@ import { ClusterPage } from "./pages/ClusterPage";
 import { DashboardPage } from "./pages/DashboardPage";
 import { JobDetailPage } from "./pages/JobDetailPage";
 import { JobListPage } from "./pages/JobListPage";
+import { MembersIndexPage, MembersPage } from "./pages/MembersPage";
 import { SignInPage } from "./pages/SignInPage";
 import { SubmitPage } from "./pages/SubmitPage";
 import { TokensPage } from "./pages/TokensPage";
@@ -72,18 +73,23 @@ export function App() {
   );
 }
 
-const NAV = [
+// `also`: another path prefix under which the item's pages live (a tenant's members page is
+// /tenants/NAME/members; /members opens one of them).
+const NAV: { href: string; label: string; also?: string }[] = [
   { href: "/", label: "Dashboard" },
   { href: "/jobs", label: "Jobs" },
   { href: "/submit", label: "Submit" },
   { href: "/cluster", label: "Cluster" },
   { href: "/vcs", label: "Virtual clusters" },
   { href: "/usage", label: "Usage" },
+  { href: "/members", label: "Members", also: "/tenants/" },
   { href: "/tokens", label: "Tokens & webhooks" },
 ];
 
-function isCurrent(href: string, path: string): boolean {
-  return href === "/" ? path === "/" : path === href || path.startsWith(`${href}/`);
+function isCurrent(item: { href: string; also?: string }, path: string): boolean {
+  const { href, also } = item;
+  if (href === "/") return path === "/";
+  return path === href || path.startsWith(`${href}/`) || (also !== undefined && path.startsWith(also));
 }
 
 function Shell({ me, signOut }: { me: Me; signOut: () => void }) {
@@ -108,7 +114,7 @@ function Shell({ me, signOut }: { me: Me; signOut: () => void }) {
           <ul>
             {NAV.map((item) => (
               <li key={item.href}>
-                <Link href={item.href} aria-current={isCurrent(item.href, path) ? "page" : undefined}>
+                <Link href={item.href} aria-current={isCurrent(item, path) ? "page" : undefined}>
                   {item.label}
                 </Link>
               </li>
@@ -139,6 +145,8 @@ function Page({ path }: { path: string }) {
   if (job?.[1]) return <JobDetailPage key={job[1]} id={Number(job[1])} />;
   const vc = path.match(/^\/vcs\/([^/]+)\/?$/);
   if (vc?.[1]) return <VirtualClusterPage key={vc[1]} name={decodeURIComponent(vc[1])} />;
+  const members = path.match(/^\/tenants\/([^/]+)\/members\/?$/);
+  if (members?.[1]) return <MembersPage key={members[1]} tenant={decodeURIComponent(members[1])} />;
   switch (path.replace(/\/$/, "") || "/") {
     case "/":
       return <DashboardPage />;
@@ -152,6 +160,8 @@ function Page({ path }: { path: string }) {
       return <VirtualClustersPage />;
     case "/usage":
       return <UsagePage />;
+    case "/members":
+      return <MembersIndexPage />;
     case "/tokens":
       return <TokensPage />;
     default:

@@ -58,3 +58,9 @@ export type JobTemplate = Schemas["JobTemplate"];
 export type UsageGroup = NonNullable<NonNullable<operations["usage_retrieve"]["parameters"]["query"]>["group"]>;
 export type UsageRow = Schemas["UsageRow"];
 export type UsageReport = Omit<Schemas["UsageReport"], "group"> & { group: UsageGroup };
+
+export type Role = Schemas["RoleEnum"];
+/** A tenant the user belongs to, with their own role in it. */
+export type Tenant = Schemas["Tenant"];
+/** A member of one of the user's tenants; `email` only for the tenant's admins, null for others. */
+export type Member = Schemas["Member"];

@@ -1,9 +1,9 @@
-import type { ReactNode } from "react";
+import type { Key, ReactNode } from "react";
 
 import type { Resource } from "../lib/useResource";
 import { Empty, ErrorBanner, Spinner } from "./common";
 
-export interface ResourceTableProps<T extends { id: number }> {
+export interface ResourceTableProps<T> {
   /** The list, as loaded by `useResource`. */
   items: Resource<T[]>;
   /** Read by screen readers only; the enclosing section's heading is the visible title. */
@@ -20,9 +20,13 @@ export interface ResourceTableProps<T extends { id: number }> {
   actionsClassName?: string;
 }
 
-/** A loaded list of the user's own things (API tokens, webhooks) as a table with an actions column,
- * with the list's load error (and a retry), a spinner until the first load, and an empty state. */
-export function ResourceTable<T extends { id: number }>({
+/** What tells the rows apart: an item's `id` when it has one (tokens, webhooks); other items (a
+ * tenant's members, by user name) must say. */
+type RowKey<T> = T extends { id: number } ? { rowKey?: (item: T) => Key } : { rowKey: (item: T) => Key };
+
+/** A loaded list (the user's API tokens and webhooks, a tenant's members) as a table with an actions
+ * column, with the list's load error (and a retry), a spinner until the first load, and an empty state. */
+export function ResourceTable<T>({
   items,
   caption,
   columns,
@@ -30,7 +34,10 @@ export function ResourceTable<T extends { id: number }>({
   renderCells,
   renderActions,
   actionsClassName,
-}: ResourceTableProps<T>) {
+  rowKey,
+}: ResourceTableProps<T> & RowKey<T>) {
+  // RowKey makes rowKey required unless T has a numeric id.
+  const keyOf = rowKey ?? ((item: T) => (item as { id: number }).id);
   return (
     <>
       <ErrorBanner error={items.error} onRetry={items.reload} />
@@ -55,7 +62,7 @@ export function ResourceTable<T extends { id: number }>({
             </thead>
             <tbody>
               {items.data.map((item) => (
-                <tr key={item.id}>
+                <tr key={keyOf(item)}>
                   {renderCells(item)}
                   <td className={actionsClassName}>{renderActions(item)}</td>
                 </tr>
