@@ -17,7 +17,6 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from portal.accounts.choices import Role
 from portal.cluster.models import VirtualCluster
 from portal.jobs.accounting import HOUR, allocated_gpu_s_by_vc
 
@@ -112,12 +111,6 @@ def notify_budgets(now: datetime) -> list[str]:
 
 def tenant_admins(vc_id: int) -> list[Any]:
     """The admins of the VC's tenant: who may ask a cluster admin to raise its budget."""
-    from django.contrib.auth import get_user_model
+    from portal.jobs.notifications import tenant_admins as admins_of
 
-    return list(
-        get_user_model()
-        .objects.filter(
-            memberships__tenant__virtual_clusters=vc_id, memberships__role=Role.ADMIN, is_active=True
-        )
-        .order_by("username")
-    )
+    return list(admins_of(VirtualCluster.objects.values_list("tenant_id", flat=True).get(pk=vc_id)))

@@ -12,6 +12,7 @@ from django.core.mail import send_mail
 
 from portal.accounts import webhooks
 from portal.accounts.choices import Role
+from portal.accounts.models import Membership
 from portal.jobs.models import Job
 
 STATE_WORDS = {
@@ -33,15 +34,28 @@ def job_url(job_id: int) -> str:
     return portal_url(f"/jobs/{job_id}")
 
 
+def tenant_admins(tenant_id: int) -> Any:
+    """The active admins of a tenant: who hears about its jobs and VCs beside their owners."""
+    from django.contrib.auth import get_user_model
+
+    admins = get_user_model().objects.filter(
+        memberships__tenant_id=tenant_id, memberships__role=Role.ADMIN, is_active=True
+    )
+    return admins.order_by("username")
+
+
+def still_member(job: Job) -> bool:
+    """Whether the job's owner may still hear about it: a member removed from the tenant keeps
+    no view of its jobs (theirs stay with the tenant), so no mail or webhook tells them either."""
+    return Membership.objects.filter(
+        tenant_id=job.tenant_id, user_id=job.owner_id, user__is_active=True
+    ).exists()
+
+
 def mail_job_state(job_id: int, state: str, reason: str) -> int:
     """Mails the owner that the job reached `state`; returns the number of mails sent (0 or 1)."""
-    job = (
-        Job.objects.select_related("owner", "virtual_cluster")
-        .only("name", "owner__email", "virtual_cluster__name")
-        .filter(pk=job_id)
-        .first()
-    )
-    if job is None or not settings.MAIL_ENABLED or not job.owner.email:
+    job = Job.objects.select_related("owner", "virtual_cluster").filter(pk=job_id).first()
+    if job is None or not settings.MAIL_ENABLED or not job.owner.email or not still_member(job):
         return 0
     words = STATE_WORDS.get(state, state)
     body = (
@@ -57,8 +71,9 @@ def mail_idle_job(job_id: int, message: str) -> int:
     job = Job.objects.select_related("owner", "virtual_cluster", "tenant").filter(pk=job_id).first()
     if job is None:  # deleted since
         return 0
-    admins = job.tenant.memberships.filter(role=Role.ADMIN).values_list("user__email", flat=True)
-    to = sorted({address for address in [job.owner.email, *admins] if address})
+    owner = [job.owner.email] if still_member(job) else []
+    admins = tenant_admins(job.tenant_id).values_list("email", flat=True)
+    to = sorted({address for address in [*owner, *admins] if address})
     if not settings.MAIL_ENABLED or not to:
         return 0
     body = (
@@ -102,10 +117,11 @@ def idle_job_event(job_id: int, message: str) -> tuple[int, dict[str, Any]] | No
 def _job_event(
     job_id: int, kind: str, words: str, state: str | None, reason: str
 ) -> tuple[int, dict[str, Any]] | None:
-    """The job is read when the notice is sent: one deleted since gets none, and an idle notice
-    (`state` None) tells the state the job is in by then."""
+    """The job is read when the notice is sent: one deleted since, or whose owner has left the
+    tenant since, gets none, and an idle notice (`state` None) tells the state the job is in by
+    then."""
     job = Job.objects.select_related("virtual_cluster").filter(pk=job_id).first()
-    if job is None:
+    if job is None or not still_member(job):
         return None
     vc = job.virtual_cluster.name
     payload = webhooks.event(

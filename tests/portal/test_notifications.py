@@ -77,3 +77,26 @@ def test_an_idle_job_mail_goes_to_the_owner_and_the_tenants_admins(
     [mail] = smtp.about(f"Job {job_id} (mail-me) is idle")
     assert mail["X-Envelope-To"] == "bob@example.org, vision-admin@example.org"
     assert "of bob in VC vision is idle: every GPU under 5 % utilization for 30 min." in mail.get_content()
+
+
+def test_a_member_removed_from_the_tenant_hears_nothing_more_of_their_jobs(
+    api_for: Any, users: Any, smtp: Any
+) -> None:
+    """Their jobs stay with the tenant, whose admins still hear of them; they no longer see the
+    tenant's jobs, so no mail or webhook body tells them of one either."""
+    from portal.jobs.notifications import idle_job_event, job_state_event
+
+    for name in ("bob", "vision-admin"):
+        users[name].email = f"{name}@example.org"
+        users[name].save(update_fields=["email"])
+    job_id = api_for("bob").post("/api/v1/jobs/", SPEC, format="json").json()["id"]
+    assert job_state_event(job_id, "failed", "exit code 1") is not None
+    Membership.objects.filter(user=users["bob"], tenant__name="vision").delete()
+
+    assert notifications.mail_job_state(job_id, "failed", "exit code 1") == 0
+    assert job_state_event(job_id, "failed", "exit code 1") is None
+    assert idle_job_event(job_id, "idle") is None
+    assert notifications.mail_idle_job(job_id, "idle: every GPU under 5 % utilization for 30 min") == 1
+    [mail] = smtp.about(f"Job {job_id} (mail-me) is idle")
+    assert mail["X-Envelope-To"] == "vision-admin@example.org"
+    assert smtp.about(f"Job {job_id} (mail-me) failed") == []
