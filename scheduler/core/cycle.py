@@ -237,7 +237,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
             prepare(ctx)
     # 3. Queue order; jobs of stopped VCs take no part (stopped_statuses).
     positions = queue_positions(snapshot.pending, plugins, ctx, profile)
-    stopped = {vc.name for vc in snapshot.vcs if vc.stop_policy or vc.budget_message}
+    stopped = stopped_vcs(snapshot)
     if stopped:
         positions = [i for i in positions if snapshot.pending[i].vc not in stopped]
     queue = [snapshot.pending[i] for i in positions]
@@ -325,6 +325,11 @@ def _pending_statuses(
         set_hints(entry, hints.get(job_id, no_hints))
         append(entry)
     return tuple(statuses)
+
+
+def stopped_vcs(snapshot: Snapshot) -> set[str]:
+    """VCs none of whose jobs may start: stopped by an admin, or with their budget spent."""
+    return {vc.name for vc in snapshot.vcs if vc.stop_policy or vc.budget_message}
 
 
 def stopped_statuses(snapshot: Snapshot, stopped: set[str]) -> tuple[PendingStatus, ...]:
@@ -551,6 +556,7 @@ class _CycleRun:
         self.plugins = plugins
         self.settings = profile.cycle
         self.holds = holds
+        self.stopped_vcs = stopped_vcs(ctx.snapshot)
         self.starts: list[Start] = []
         self.started: dict[str, str] = {}  # job id -> GPU model it got
         self.waiting: dict[str, tuple[float, str]] = {}  # job id -> (victims gone by, model)
@@ -1365,9 +1371,11 @@ class _CycleRun:
         cost nothing and come first. Rules for every plugin: whole gangs only, preemptible,
         past the minimum runtime, and for evictions of the same VC or borrowing (a guarantee
         is never taken for someone else's work). With `migrate` only the migration plugin is
-        asked, about every running job of any VC (it keeps few: see _try_preempt; a moved job
-        keeps its GPU count); otherwise all the others."""
+        asked, about every running job of any VC but a stopped one, whose moved job could not
+        start again (it keeps few: see _try_preempt; a moved job keeps its GPU count); otherwise
+        all the others."""
         ctx = self.ctx
+        unmovable = self.stopped_vcs if migrate else set()
         asked = [self._migrator] if migrate else self._evictors
         # Between jobs of one class in a VC with a policy of its own, only that policy asks.
         own_rules = None if migrate else self._vc_evictors.get(job.vc)
@@ -1382,6 +1390,8 @@ class _CycleRun:
             if same_vc_only and victim.vc != job.vc:
                 continue
             if same_user_only and victim.user != job.user:
+                continue
+            if victim.vc in unmovable and not victim.stopping:
                 continue
             if model not in models:
                 continue

@@ -352,6 +352,32 @@ def test_defrag_moves_another_vcs_job_inside_its_guarantee() -> None:
 
 
 @pytest.mark.parametrize(
+    ("stop_policy", "budget_message"), [("hold", ""), ("", "VC speech has used 12 of its 10 GPU-hours")]
+)
+def test_defrag_never_moves_a_job_of_a_stopped_vc(stop_policy: str, budget_message: str) -> None:
+    """A moved job of a VC that starts none of its jobs would wait in the queue until the VC
+    opens, so of the two jobs in the way only vision's own may move."""
+    now, later = 10_000.0, 100_000.0
+    snap = (
+        Snap()
+        .node("a", 4)
+        .node("b", 4)
+        .vc("speech", 4, borrow=4, stop_policy=stop_policy, budget_message=budget_message)
+        .vc("vision", 4, borrow=4)
+        .running("s", [("a", (0,))], vc="speech", last_checkpoint_at=now - 5, time_limit_s=later)
+        .running("v", [("b", (0,))], vc="vision", last_checkpoint_at=now - 10, time_limit_s=later)
+        .pending("wide", 4, vc="vision", submitted_at=now)
+    )
+    plan = decide(snap.build(), DEFRAG, now=now)
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == [("v", "defrag")]
+    open_snap = snap.build()
+    open_vcs = tuple(replace(vc, stop_policy="", budget_message="") for vc in open_snap.vcs)
+    # Open, speech's job is the cheaper move (it checkpointed more recently).
+    moved = decide(replace(open_snap, vcs=open_vcs), DEFRAG, now=now).preemptions
+    assert [(p.job_id, p.reason) for p in moved] == [("s", "defrag")]
+
+
+@pytest.mark.parametrize(
     ("c_busy", "moves"),
     [
         pytest.param((0, 1, 2), False, id="no-2-gpu-block-left-for-y: it stays"),
