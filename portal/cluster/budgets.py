@@ -4,8 +4,8 @@ A budget is checked before a job starts, never by stopping running work: a VC wh
 held its month's GPU-hours starts none until the month (UTC) turns or an admin raises the budget,
 and the jobs that run on may take it past the budget. That is Slurm's GrpTRESMins without its
 cancelling of running jobs, which would throw away work a budget was meant to ration. The hours
-are the usage report's allocated GPU time, so what a tenant reads on its usage page for the
-month is what its budget was held against.
+are the usage report's allocated GPU time, so the report for the month's UTC days gives what
+its budget was held against.
 """
 
 from __future__ import annotations

@@ -85,5 +85,11 @@ class JobTemplateAdmin(AuditedModelAdmin):
     def get_queryset(self, request: Any) -> Any:
         return super().get_queryset(request).select_related("owner", "tenant")
 
+    def get_readonly_fields(self, request: Any, obj: JobTemplate | None = None) -> list[str]:
+        # Sharing is its owner's choice: an admin may take a template back, never share one.
+        if obj is not None and not obj.shared:
+            return [*self.readonly_fields, "shared"]
+        return list(self.readonly_fields)
+
     def has_add_permission(self, request: Any) -> bool:
         return False

@@ -242,6 +242,10 @@ def test_cluster_admins_see_every_tenants_job_templates_and_change_only_their_wo
     )
     entry = AuditEntry.objects.get(action="admin.change", object_id=str(sweep.pk))
     assert entry.tenant == vision
+    # Sharing is the owner's choice: once private, the admin cannot share it again.
+    assert admin_client_.post(url, {"description": "a sweep", "shared": "on"}).status_code == 302
+    sweep.refresh_from_db()
+    assert sweep.shared is False
 
     for username in ["vision-admin", "alice"]:  # tenant users, admins of theirs too, are kept out
         client = Client()
