@@ -48,8 +48,11 @@ class VirtualClusterViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_serializer_context(self) -> dict[str, Any]:
         context = super().get_serializer_context()
-        context["usage"] = gpus_in_use(self.get_queryset())
-        context["budget_hours"] = budgets.gpu_hours_this_month(self.get_queryset(), timezone.now())
+        vcs = self.get_queryset()
+        if self.lookup_field in self.kwargs:  # one VC: count for it alone
+            vcs = vcs.filter(name=self.kwargs[self.lookup_field])
+        context["usage"] = gpus_in_use(vcs)
+        context["budget_hours"] = budgets.gpu_hours_this_month(vcs, timezone.now())
         return context
 
 
