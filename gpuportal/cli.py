@@ -1106,10 +1106,7 @@ def member_refusal(what: str, error: BadRequest) -> BadRequest:
 
 
 def member_table(members: Sequence[TenantMember]) -> Table:
-    """USER and ROLE; EMAIL too for a tenant's admins, the only ones the portal gives it to."""
-    if any(m.email is not None for m in members):
-        rows = [(escape(m.username), escape(m.role), escape(m.email or "-")) for m in members]
-        return listing(("USER", "ROLE", "EMAIL"), rows)
+    """USER and ROLE, for everyone: the portal gives no one the members' addresses."""
     return listing(("USER", "ROLE"), [(escape(m.username), escape(m.role)) for m in members])
 
 

@@ -515,13 +515,15 @@ class PortalClient:
 
     def add_member(self, tenant: str, username: str, role: str = "member") -> TenantMember:
         """Tenant admins: add an existing user account to the tenant. A user the portal does not
-        know, or one already a member, raises :class:`BadRequest` on ``username``."""
+        know (or whose account is deactivated), or one already a member, raises
+        :class:`BadRequest` on ``username``."""
         body = {"username": username, "role": role}
         return TenantMember.model_validate(self.request("POST", members_path(tenant), json=body))
 
     def set_member_role(self, tenant: str, username: str, role: str) -> TenantMember:
-        """Tenant admins: change a member's role. Demoting the tenant's last admin raises
-        :class:`BadRequest` on ``role``; a user who is not a member, :class:`NotFound`."""
+        """Tenant admins: change a member's role. Demoting the tenant's last admin (deactivated
+        accounts do not count) raises :class:`BadRequest` on ``role``; a user who is not a
+        member, :class:`NotFound`."""
         path = members_path(tenant, username)
         return TenantMember.model_validate(self.request("PATCH", path, json={"role": role}))
 

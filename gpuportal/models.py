@@ -287,10 +287,9 @@ class Tenant(_Resource):
 
 
 class TenantMember(_Resource):
-    """A member of one of your tenants. ``email`` is given to the tenant's admins only ("" when the
-    account has none) and is None for everyone else."""
+    """A member of one of your tenants, by user name, with their role. The portal gives no one
+    a member's address, not even the tenant's admins."""
 
     username: str
-    email: str | None = None
     role: str
     role_label: str = ""

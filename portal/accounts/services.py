@@ -128,16 +128,19 @@ def _check_role(role: str) -> None:
 
 
 def _keeps_an_admin(members: dict[str, Membership], leaving: Membership) -> bool:
-    return any(m.role == Role.ADMIN for m in members.values() if m.pk != leaving.pk)
+    """Whether an admin other than `leaving` remains who can act: a deactivated account cannot
+    sign in, so it manages nothing and does not count."""
+    return any(m.role == Role.ADMIN and m.user.is_active for m in members.values() if m.pk != leaving.pk)
 
 
 @transaction.atomic
 def add_member(tenant: Tenant, actor: Any, username: str, role: str) -> Membership:
-    """Adds an existing account to the tenant. Accounts are made by cluster admins (or single
-    sign-on), never here: a tenant admin may only let in someone the portal already knows."""
+    """Adds an existing, active account to the tenant. Accounts are made by cluster admins (or
+    single sign-on), never here: a tenant admin may only let in someone the portal already knows.
+    A deactivated account is refused exactly as an unknown name, so that no one learns of it."""
     _check_role(role)
     members = _locked_members(tenant, actor)
-    user = get_user_model().objects.filter(username=username).first()
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
     if user is None:
         raise MemberRefused(f"No user named {username!r}.", "username")
     already = f"{username} is already a member of {tenant.name}; change their role instead."
@@ -155,8 +158,9 @@ def add_member(tenant: Tenant, actor: Any, username: str, role: str) -> Membersh
 
 @transaction.atomic
 def change_member_role(tenant: Tenant, actor: Any, username: str, role: str) -> Membership:
-    """Gives a member another role; the tenant keeps at least one admin, so that someone can
-    still manage it without calling a cluster admin. Admins may demote themselves."""
+    """Gives a member another role; the tenant keeps at least one admin whose account is active,
+    so that someone can still manage it without calling a cluster admin. Admins may demote
+    themselves."""
     _check_role(role)
     members = _locked_members(tenant, actor)
     membership = _member(members, tenant, username)
@@ -176,7 +180,7 @@ def change_member_role(tenant: Tenant, actor: Any, username: str, role: str) -> 
 @transaction.atomic
 def remove_member(tenant: Tenant, actor: Any, username: str) -> None:
     """Takes a user out of the tenant. Their jobs stay with the tenant, whose admins manage them;
-    the user no longer sees them. Admins may remove themselves if another admin remains."""
+    the user no longer sees them. Admins may remove themselves if another active admin remains."""
     members = _locked_members(tenant, actor)
     membership = _member(members, tenant, username)
     if membership.role == Role.ADMIN and not _keeps_an_admin(members, membership):

@@ -183,7 +183,16 @@ async def test_pages_fit_a_phone_screen(live_stack: dict[str, Any], submit_as: A
     job = await submit_as("alice", name="phone-check")
     await page.set_viewport_size({"width": 390, "height": 844})
     await sign_in(page, live_stack["http"], "alice")
-    for path in ["/", "/jobs", f"/jobs/{job['id']}", "/submit", "/cluster", "/vcs/vision", "/tokens", "/members"]:
+    for path in [
+        "/",
+        "/jobs",
+        f"/jobs/{job['id']}",
+        "/submit",
+        "/cluster",
+        "/vcs/vision",
+        "/tokens",
+        "/members",
+    ]:
         await page.goto(live_stack["http"] + path)
         await expect(page.locator("main h1").first).to_be_visible()
         overflow = await page.evaluate("document.documentElement.scrollWidth - window.innerWidth")

@@ -62,5 +62,5 @@ export type UsageReport = Omit<Schemas["UsageReport"], "group"> & { group: Usage
 export type Role = Schemas["RoleEnum"];
 /** A tenant the user belongs to, with their own role in it. */
 export type Tenant = Schemas["Tenant"];
-/** A member of one of the user's tenants; `email` only for the tenant's admins, null for others. */
+/** A member of one of the user's tenants, by user name, with their role (no address, for anyone). */
 export type Member = Schemas["Member"];

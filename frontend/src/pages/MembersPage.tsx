@@ -176,7 +176,7 @@ export function MembersPage({ tenant }: { tenant: string }) {
         <ResourceTable
           items={members}
           caption={title}
-          columns={isAdmin ? ["User", "Email", "Role"] : ["User", "Role"]}
+          columns={["User", "Role"]}
           emptyText="No members."
           rowKey={(m) => m.username}
           renderCells={(m) => (
@@ -185,7 +185,6 @@ export function MembersPage({ tenant }: { tenant: string }) {
                 {m.username}
                 {m.username === me.username && <span className="hint"> (you)</span>}
               </td>
-              {isAdmin && <td>{m.email || "—"}</td>}
               <td>
                 {isAdmin ? (
                   <div className={roleErrors?.username === m.username ? "member-role has-error" : "member-role"}>

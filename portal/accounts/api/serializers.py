@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.accounts import webhooks
@@ -118,25 +117,19 @@ class TenantSerializer(serializers.ModelSerializer):
 
 
 class MemberSerializer(serializers.ModelSerializer):
+    # No email, not even for the tenant's admins: they may add any account, so an address shown
+    # to them would be any user's (add them, read it, remove them again).
     username = serializers.CharField(source="user.username", read_only=True)
-    email = serializers.SerializerMethodField(
-        help_text="Shown to the tenant's admins only (empty when the account has none); null for others."
-    )
     role_label = serializers.CharField(source="get_role_display", read_only=True)
 
     class Meta:
         model = Membership
-        fields = ["username", "email", "role", "role_label"]
+        fields = ["username", "role", "role_label"]
         read_only_fields = ["role"]
-
-    @extend_schema_field(serializers.CharField(allow_null=True))
-    def get_email(self, membership: Membership) -> str | None:
-        # Members and viewers see who is in the tenant, not how to reach them outside it.
-        return membership.user.email if self.context.get("show_email") else None
 
 
 class AddMemberSerializer(serializers.Serializer):
-    username = serializers.CharField(max_length=150, help_text="An existing user account.")
+    username = serializers.CharField(max_length=150, help_text="An existing, active user account.")
     role = serializers.ChoiceField(choices=Role.choices)
 
 

@@ -173,12 +173,7 @@ class TenantMemberViewSet(viewsets.GenericViewSet):
             .order_by("user__username")
         )
 
-    def get_serializer_context(self) -> dict[str, Any]:
-        return {**super().get_serializer_context(), "show_email": self.own.role == Role.ADMIN}
-
-    @extend_schema(
-        description="The tenant's members by user name, for any of them; `email` only for its admins."
-    )
+    @extend_schema(description="The tenant's members by user name, for any of them.")
     def list(self, request: Request, tenant: str) -> Response:
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(self.get_serializer(page, many=True).data)
@@ -186,7 +181,7 @@ class TenantMemberViewSet(viewsets.GenericViewSet):
     @extend_schema(
         request=AddMemberSerializer,
         responses={201: MemberSerializer},
-        description="Tenant admins: add an existing user account to the tenant with a role.",
+        description="Tenant admins: add an existing, active user account to the tenant with a role.",
     )
     def create(self, request: Request, tenant: str) -> Response:
         body = AddMemberSerializer(data=request.data)
