@@ -234,6 +234,21 @@ AUDITED = [
     ("post", "api/v1/webhooks/(?P<pk>[^/.]+)/test/", "alice", None, "webhook.test"),
     (
         "post",
+        "api/v1/tenants/<str:tenant>/members/",
+        "vision-admin",
+        {"username": "carol", "role": "viewer"},
+        "member.add",
+    ),
+    (
+        "patch",
+        "api/v1/tenants/<str:tenant>/members/<str:username>/",
+        "vision-admin",
+        {"role": "viewer"},
+        "member.role",
+    ),
+    ("delete", "api/v1/tenants/<str:tenant>/members/<str:username>/", "vision-admin", None, "member.remove"),
+    (
+        "post",
         "api/v1/nodes/(?P<name>[^/.]+)/state/",
         "admin",
         {"action": "cordon", "reason": "disk"},
@@ -267,6 +282,7 @@ def test_every_write_through_the_api_is_audited(
     ]
     pk = {"tokens": token, "webhooks": webhook, "templates": template}.get(route.split("/")[2], job)
     url = "/" + route.replace("(?P<pk>[^/.]+)", str(pk)).replace("(?P<name>[^/.]+)", "a100-node-1")
+    url = url.replace("<str:tenant>", "vision").replace("<str:username>", "bob")
     if body == "spec":
         body = small_job
     elif body == "template":
