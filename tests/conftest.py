@@ -497,3 +497,26 @@ def job_stories() -> str:
             moment = event.created_at.strftime("%H:%M:%S.%f")[:-3]
             text.append(f"  {moment} -> {event.to_state or '-'} ({event.actor_label}): {event.reason[:200]}")
     return "\n".join(text)
+
+
+@pytest.fixture
+def receiver(settings: Any) -> Iterator[Any]:
+    """A real HTTP server on loopback that webhooks may post to (private hosts allowed for it),
+    with the portal's links under https://portal.example.org."""
+    from tests.webhook_receiver import running_receiver
+
+    settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True
+    settings.PORTAL_URL = "https://portal.example.org"
+    with running_receiver() as running:
+        yield running
+
+
+@pytest.fixture
+def eager_tasks() -> Iterator[None]:
+    """Tasks queued after commit run at once in the test's process, retries included."""
+    from portal.celery import app
+
+    before = app.conf.task_always_eager, app.conf.task_eager_propagates
+    app.conf.task_always_eager = app.conf.task_eager_propagates = True
+    yield
+    app.conf.task_always_eager, app.conf.task_eager_propagates = before

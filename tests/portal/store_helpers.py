@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from portal.cluster.models import Node
+from portal.cluster.models import Node, VirtualCluster
 from portal.jobs.choices import JobState
 from portal.jobs.models import Job, JobAttempt
 from portal.jobs.services import transition_job
@@ -47,3 +47,22 @@ def placed_attempt(api_for: Any, command: str = "sleep 600") -> tuple[Node, JobA
     assert response.status_code == 201, response.json()
     assert run_cycle()["started"] == 1
     return node, JobAttempt.objects.get(job_id=response.json()["id"])
+
+
+def post_vc_change(client: Any, name: str = "vision", **fields: Any) -> Any:
+    """Posts the VC's change page in Django admin as a cluster admin would: its current values,
+    with `fields` changed (None posts an empty field), and no quota rows."""
+    vc = VirtualCluster.objects.get(name=name)
+    form = {
+        "tenant": vc.tenant_id,
+        "name": vc.name,
+        "description": vc.description,
+        "queueing_policy": vc.queueing_policy,
+        "stop_policy": vc.stop_policy,
+        "idle_policy": vc.idle_policy,
+        "allowed_mounts": "[]",
+        "quotas-TOTAL_FORMS": "0",
+        "quotas-INITIAL_FORMS": "0",
+        **{field: "" if value is None else str(value) for field, value in fields.items()},
+    }
+    return client.post(f"/admin/cluster/virtualcluster/{vc.pk}/change/", form)

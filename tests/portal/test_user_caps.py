@@ -16,27 +16,9 @@ from portal.jobs.models import Job
 from scheduler import core
 from scheduler.store import load_snapshot
 from scheduler.tasks import run_cycle
-from tests.portal.store_helpers import live_profile, submit
+from tests.portal.store_helpers import live_profile, post_vc_change, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def set_caps(client: Any, **caps: Any) -> Any:
-    """Vision's change page in Django admin, posted with these caps (others left empty)."""
-    vc = VirtualCluster.objects.get(name="vision")
-    form = {
-        "tenant": vc.tenant_id,
-        "name": vc.name,
-        "description": vc.description,
-        "queueing_policy": vc.queueing_policy,
-        "stop_policy": vc.stop_policy,
-        "idle_policy": vc.idle_policy,
-        "allowed_mounts": "[]",
-        "quotas-TOTAL_FORMS": "0",
-        "quotas-INITIAL_FORMS": "0",
-        **{name: "" if value is None else str(value) for name, value in caps.items()},
-    }
-    return client.post(f"/admin/cluster/virtualcluster/{vc.pk}/change/", form)
 
 
 def vcs_in_snapshot() -> dict[str, core.VirtualCluster]:
@@ -46,11 +28,11 @@ def vcs_in_snapshot() -> dict[str, core.VirtualCluster]:
 def test_an_admin_sets_the_caps_tenants_read_them_and_the_snapshot_carries_them(
     users: Any, api_for: Any, cluster_admin_client: Any
 ) -> None:
-    response = set_caps(cluster_admin_client, max_cpus_per_user=0, max_memory_gb_per_user=-1)
+    response = post_vc_change(cluster_admin_client, max_cpus_per_user=0, max_memory_gb_per_user=-1)
     assert response.status_code == 200  # the form again, with its errors
     assert response.context["adminform"].form.errors.keys() == {"max_cpus_per_user", "max_memory_gb_per_user"}
 
-    response = set_caps(cluster_admin_client, max_cpus_per_user=96, max_memory_gb_per_user=512)
+    response = post_vc_change(cluster_admin_client, max_cpus_per_user=96, max_memory_gb_per_user=512)
     assert response.status_code == 302, response.content.decode()[:2000]
     vcs = vcs_in_snapshot()
     assert (vcs["vision"].max_cpu_milli_per_user, vcs["vision"].max_memory_mib_per_user) == (
@@ -64,7 +46,7 @@ def test_an_admin_sets_the_caps_tenants_read_them_and_the_snapshot_carries_them(
     assert (shown["max_cpus_per_user"], shown["max_memory_gb_per_user"]) == (96, 512)
     assert alice.patch("/api/v1/virtual-clusters/vision/", {"max_cpus_per_user": 1000}).status_code == 405
 
-    set_caps(cluster_admin_client, max_cpus_per_user=None, max_memory_gb_per_user=None)
+    post_vc_change(cluster_admin_client, max_cpus_per_user=None, max_memory_gb_per_user=None)
     assert vcs_in_snapshot()["vision"].max_cpu_milli_per_user is None
 
 

@@ -8,7 +8,6 @@ webhooks (a real receiver on loopback)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -20,30 +19,17 @@ from portal.cluster.models import Node, VirtualCluster
 from portal.jobs.choices import JobState
 from portal.jobs.models import Allocation, Job
 from scheduler.tasks import run_cycle
-from tests.portal.store_helpers import live_profile, run, submit
-from tests.webhook_receiver import WebhookReceiver, running_receiver
+from tests.portal.store_helpers import live_profile, post_vc_change, run, submit
+from tests.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def change_budget(client: Any, gpu_hours: int | None) -> None:
     """Sets vision's budget as a cluster admin does, through the admin's change form."""
-    vc = VirtualCluster.objects.get(name="vision")
-    form = {
-        "tenant": vc.tenant_id,
-        "name": vc.name,
-        "description": vc.description,
-        "queueing_policy": vc.queueing_policy,
-        "stop_policy": vc.stop_policy,
-        "idle_policy": vc.idle_policy,
-        "gpu_hours_per_month": "" if gpu_hours is None else str(gpu_hours),
-        "allowed_mounts": "[]",
-        "quotas-TOTAL_FORMS": "0",
-        "quotas-INITIAL_FORMS": "0",
-    }
-    response = client.post(f"/admin/cluster/virtualcluster/{vc.pk}/change/", form)
+    response = post_vc_change(client, gpu_hours_per_month=gpu_hours)
     assert response.status_code == 302, response.content.decode()[:2000]
-    assert VirtualCluster.objects.get(pk=vc.pk).gpu_hours_per_month == gpu_hours
+    assert VirtualCluster.objects.get(name="vision").gpu_hours_per_month == gpu_hours
 
 
 def started(api_for: Any, user: str, name: str, vc: str) -> int:
@@ -119,39 +105,10 @@ def test_a_spent_budget_starts_none_of_the_vcs_jobs_until_an_admin_raises_it(
 
 
 def test_a_budget_below_one_gpu_hour_is_refused(cluster_admin_client: Any) -> None:
-    vc = VirtualCluster.objects.get(name="vision")
-    form = {
-        "tenant": vc.tenant_id,
-        "name": vc.name,
-        "queueing_policy": vc.queueing_policy,
-        "idle_policy": vc.idle_policy,
-        "gpu_hours_per_month": "0",
-        "allowed_mounts": "[]",
-        "quotas-TOTAL_FORMS": "0",
-        "quotas-INITIAL_FORMS": "0",
-    }
-    response = cluster_admin_client.post(f"/admin/cluster/virtualcluster/{vc.pk}/change/", form)
+    response = post_vc_change(cluster_admin_client, gpu_hours_per_month=0)
     assert response.status_code == 200  # the form again, with its error
     assert "Ensure this value is greater than or equal to 1." in response.content.decode()
-    assert VirtualCluster.objects.get(pk=vc.pk).gpu_hours_per_month is None
-
-
-@pytest.fixture
-def receiver(settings: Any) -> Iterator[WebhookReceiver]:
-    settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True  # the receiver is on loopback
-    settings.PORTAL_URL = "https://portal.example.org"
-    with running_receiver() as running:
-        yield running
-
-
-@pytest.fixture
-def eager_tasks() -> Iterator[None]:
-    from portal.celery import app
-
-    before = app.conf.task_always_eager, app.conf.task_eager_propagates
-    app.conf.task_always_eager = app.conf.task_eager_propagates = True
-    yield
-    app.conf.task_always_eager, app.conf.task_eager_propagates = before
+    assert VirtualCluster.objects.get(name="vision").gpu_hours_per_month is None
 
 
 def test_the_tenant_admins_are_told_at_80_and_at_100_percent_once_a_month(

@@ -13,27 +13,15 @@ from portal.cluster.models import Node, VirtualCluster
 from portal.jobs.choices import JobState
 from portal.jobs.models import Job
 from scheduler.tasks import run_cycle
-from tests.portal.store_helpers import live_profile, run, submit
+from tests.portal.store_helpers import live_profile, post_vc_change, run, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def stop(client: Any, policy: str) -> None:
-    vc = VirtualCluster.objects.get(name="vision")
-    form = {
-        "tenant": vc.tenant_id,
-        "name": vc.name,
-        "description": vc.description,
-        "queueing_policy": vc.queueing_policy,
-        "stop_policy": policy,
-        "idle_policy": vc.idle_policy,
-        "allowed_mounts": "[]",
-        "quotas-TOTAL_FORMS": "0",
-        "quotas-INITIAL_FORMS": "0",
-    }
-    response = client.post(f"/admin/cluster/virtualcluster/{vc.pk}/change/", form)
+    response = post_vc_change(client, stop_policy=policy)
     assert response.status_code == 302, response.content.decode()[:2000]
-    assert VirtualCluster.objects.get(pk=vc.pk).stop_policy == policy
+    assert VirtualCluster.objects.get(name="vision").stop_policy == policy
 
 
 def test_a_held_vc_starts_nothing_a_drained_one_empties_and_reopened_it_starts(

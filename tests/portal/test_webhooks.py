@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,31 +17,12 @@ from portal.jobs.models import Job
 from portal.jobs.services import mail_about_idle_job
 from portal.jobs.tasks import deliver_webhook, post_idle_job, post_job_state
 from tests.conftest import free_port
-from tests.webhook_receiver import WebhookReceiver, running_receiver
+from tests.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SPEC = {"name": "hooked", "vc": "vision", "flavor": "s-A100", "command": "sleep 60"}
 PUBLIC = "https://93.184.215.14/hooks/abc"  # an address literal: registration looks nothing up
-
-
-@pytest.fixture
-def receiver(settings: Any) -> Iterator[WebhookReceiver]:
-    settings.WEBHOOK_ALLOW_PRIVATE_HOSTS = True  # the receiver is on loopback
-    settings.PORTAL_URL = "https://portal.example.org"
-    with running_receiver() as running:
-        yield running
-
-
-@pytest.fixture
-def eager_tasks() -> Iterator[None]:
-    """Tasks queued after commit run at once in the test's process, retries included."""
-    from portal.celery import app
-
-    before = app.conf.task_always_eager, app.conf.task_eager_propagates
-    app.conf.task_always_eager = app.conf.task_eager_propagates = True
-    yield
-    app.conf.task_always_eager, app.conf.task_eager_propagates = before
 
 
 def add(client: Any, url: str, **fields: Any) -> Any:
