@@ -49,9 +49,9 @@ def placed_attempt(api_for: Any, command: str = "sleep 600") -> tuple[Node, JobA
     return node, JobAttempt.objects.get(job_id=response.json()["id"])
 
 
-def post_vc_change(client: Any, name: str = "vision", **fields: Any) -> Any:
-    """Posts the VC's change page in Django admin as a cluster admin would: its current values,
-    with `fields` changed (None posts an empty field), and no quota rows."""
+def vc_change_form(name: str = "vision", **fields: Any) -> dict[str, str]:
+    """The VC's change form in Django admin as a cluster admin would post it: its current values,
+    with `fields` changed (None posts an empty field), and no quota rows unless `fields` say."""
     vc = VirtualCluster.objects.get(name=name)
     form = {
         "tenant": vc.tenant_id,
@@ -63,6 +63,11 @@ def post_vc_change(client: Any, name: str = "vision", **fields: Any) -> Any:
         "allowed_mounts": "[]",
         "quotas-TOTAL_FORMS": "0",
         "quotas-INITIAL_FORMS": "0",
-        **{field: "" if value is None else str(value) for field, value in fields.items()},
+        **fields,
     }
-    return client.post(f"/admin/cluster/virtualcluster/{vc.pk}/change/", form)
+    return {field: "" if value is None else str(value) for field, value in form.items()}
+
+
+def post_vc_change(client: Any, name: str = "vision", **fields: Any) -> Any:
+    vc = VirtualCluster.objects.get(name=name)
+    return client.post(f"/admin/cluster/virtualcluster/{vc.pk}/change/", vc_change_form(name, **fields))

@@ -7,6 +7,7 @@ from django.test import Client
 
 from portal.accounts.models import AuditEntry
 from portal.cluster.models import Node, Quota
+from tests.portal.store_helpers import vc_change_form
 
 pytestmark = pytest.mark.django_db
 
@@ -121,15 +122,7 @@ def test_the_vc_page_refuses_a_lending_limit_above_the_guarantee_on_the_quota(ad
     vc = VirtualCluster.objects.get(name="speech")
     quotas = list(vc.quotas.order_by("gpu_model"))
     form: dict[str, object] = {
-        "tenant": vc.tenant_id,
-        "name": vc.name,
-        "description": vc.description,
-        "queueing_policy": vc.queueing_policy,
-        "stop_policy": vc.stop_policy,
-        "idle_policy": vc.idle_policy,
-        "allowed_mounts": "[]",
-        "quotas-TOTAL_FORMS": str(len(quotas)),
-        "quotas-INITIAL_FORMS": str(len(quotas)),
+        **vc_change_form("speech", **{"quotas-TOTAL_FORMS": len(quotas), "quotas-INITIAL_FORMS": len(quotas)})
     }
     for i, quota in enumerate(quotas):
         form.update({f"quotas-{i}-{field}": value for field, value in quota_form(quota).items()})
