@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
@@ -53,10 +52,13 @@ def spent_message(vc: VirtualCluster, gpu_hours: float, now: datetime) -> str:
     budget is not spent (or it has none)."""
     if not is_spent(vc, gpu_hours):
         return ""
-    month = month_start(now)
+    return _usage_text(vc, gpu_hours, now, "none of its jobs starts")
+
+
+def _usage_text(vc: VirtualCluster, gpu_hours: float, now: datetime, then: str) -> str:
     return (
         f"VC {vc.name} has used {gpu_hours:,.1f} of its {vc.gpu_hours_per_month:,} GPU-hours for "
-        f"{month:%B} (UTC): none of its jobs starts until {next_month_start(now):%Y-%m-%d} or until "
+        f"{month_start(now):%B} (UTC): {then} until {next_month_start(now):%Y-%m-%d} or until "
         "an admin raises its budget"
     )
 
@@ -70,13 +72,8 @@ def notice_pct(vc: VirtualCluster, gpu_hours: float) -> int:
 
 
 def notice_text(vc: VirtualCluster, gpu_hours: float, now: datetime) -> str:
-    spent = spent_message(vc, gpu_hours, now)
-    if spent:
-        return spent
-    return (
-        f"VC {vc.name} has used {gpu_hours:,.1f} of its {vc.gpu_hours_per_month:,} GPU-hours for "
-        f"{month_start(now):%B} (UTC): once it has used them all, none of its jobs starts until "
-        f"{next_month_start(now):%Y-%m-%d} or until an admin raises its budget"
+    return spent_message(vc, gpu_hours, now) or _usage_text(
+        vc, gpu_hours, now, "once it has used them all, none of its jobs starts"
     )
 
 
@@ -107,10 +104,3 @@ def notify_budgets(now: datetime) -> list[str]:
             transaction.on_commit(lambda vc_id=vc.pk, text=text: post_budget_notice.delay(vc_id, text))
         told.append(vc.name)
     return told
-
-
-def tenant_admins(vc_id: int) -> list[Any]:
-    """The admins of the VC's tenant: who may ask a cluster admin to raise its budget."""
-    from portal.jobs.notifications import tenant_admins as admins_of
-
-    return list(admins_of(VirtualCluster.objects.values_list("tenant_id", flat=True).get(pk=vc_id)))

@@ -12,7 +12,7 @@ from portal.accounts import webhooks
 from portal.cluster import budgets
 from portal.cluster.models import Node, VirtualCluster
 from portal.cluster.services import lost_nodes, mark_silent_nodes_not_ready
-from portal.jobs.notifications import portal_url
+from portal.jobs.notifications import portal_url, tenant_admins
 from portal.jobs.services import request_scheduling_cycle, requeue_jobs_of_lost_node
 from portal.jobs.tasks import MAIL_RETRY, post_to_webhooks
 from portal.lib.redis import get_redis
@@ -72,10 +72,10 @@ def check_budgets() -> Any:
 @shared_task(**MAIL_RETRY)
 def mail_budget_notice(vc_id: int, text: str) -> int:
     """Mails the admins of the VC's tenant who have an address; returns how many mails."""
-    to = [admin.email for admin in budgets.tenant_admins(vc_id) if admin.email]
-    if not settings.MAIL_ENABLED or not to:
+    vc = VirtualCluster.objects.filter(pk=vc_id).first()
+    to = [admin.email for admin in tenant_admins(vc.tenant_id) if admin.email] if vc else []
+    if vc is None or not settings.MAIL_ENABLED or not to:
         return 0
-    vc = VirtualCluster.objects.get(pk=vc_id)
     body = f"{text}.\n\n{vc_url(vc.name)}\n"
     return send_mail(f"VC {vc.name}: GPU-hour budget", body, None, to)
 
@@ -87,7 +87,7 @@ def post_budget_notice(self: Any, vc_id: int, text: str) -> int:
     if vc is None:
         return 0
     payload = webhooks.event(webhooks.VC_BUDGET, text, vc=vc.name, reason=text, url=vc_url(vc.name))
-    return sum(post_to_webhooks(self.request.id, admin.pk, payload) for admin in budgets.tenant_admins(vc_id))
+    return sum(post_to_webhooks(self.request.id, admin.pk, payload) for admin in tenant_admins(vc.tenant_id))
 
 
 def vc_url(name: str) -> str:

@@ -237,8 +237,8 @@ class Allocation(models.Model):
                 name="one_live_allocation_per_gpu",
             )
         ]
-        # The month's allocations (those held or released since it began), which every cycle
-        # counts while a VC has a GPU-hour budget (portal.cluster.budgets), without a scan of all.
+        # For the month's allocations (those held or released since it began), which every cycle
+        # counts while a VC has a GPU-hour budget (portal.cluster.budgets).
         indexes = [models.Index(fields=["released_at"], name="allocation_released_at")]
 
     def __str__(self) -> str:

@@ -242,7 +242,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
         positions = [i for i in positions if snapshot.pending[i].vc not in stopped]
     queue = [snapshot.pending[i] for i in positions]
     # 4.-6. Admission, placement, preemption, reservation.
-    run = _CycleRun(ctx, plugins, profile, holds)
+    run = _CycleRun(ctx, plugins, profile, holds, stopped)
     run.preemptions.extend(drained)
     run.leave_draining_nodes(drains)
     run.consider_all(queue)
@@ -549,14 +549,19 @@ class _CycleRun:
     """Mutable bookkeeping of one cycle. Lives only inside `decide`."""
 
     def __init__(
-        self, ctx: CycleContext, plugins: PluginSet, profile: Profile, holds: dict[str, list[GpuHold]]
+        self,
+        ctx: CycleContext,
+        plugins: PluginSet,
+        profile: Profile,
+        holds: dict[str, list[GpuHold]],
+        stopped_vcs: set[str],
     ) -> None:
         self.ctx = ctx
         self.state = ctx.state
         self.plugins = plugins
         self.settings = profile.cycle
         self.holds = holds
-        self.stopped_vcs = stopped_vcs(ctx.snapshot)
+        self.stopped_vcs = stopped_vcs
         self.starts: list[Start] = []
         self.started: dict[str, str] = {}  # job id -> GPU model it got
         self.waiting: dict[str, tuple[float, str]] = {}  # job id -> (victims gone by, model)
