@@ -326,6 +326,21 @@ SECURITY_ALERT_WINDOW_S = env_int("SECURITY_ALERT_WINDOW_S", 600)
 SHELL_MAX_SESSIONS_PER_USER = env_int("SHELL_MAX_SESSIONS_PER_USER", 4)
 SHELL_OPEN_TIMEOUT_S = env_int("SHELL_OPEN_TIMEOUT_S", 10)
 SHELL_IDLE_TIMEOUT_S = env_int("SHELL_IDLE_TIMEOUT_S", 1800)
+# Single sign-on through an OpenID Connect provider (Keycloak, Azure AD / Entra ID, Google, Okta,
+# Dex...), off while OIDC_ISSUER is empty. The provider must list
+# PORTAL_URL + /auth/oidc/callback/ as a redirect URI of the client. A first sign-in creates the
+# user (named by OIDC_USERNAME_CLAIM) unless OIDC_CREATE_USERS is false; tenant admins then add
+# them to their tenants. portal.accounts.oidc has the rules.
+OIDC_ISSUER = env_str("OIDC_ISSUER", "").rstrip("/")
+OIDC_CLIENT_ID = env_str("OIDC_CLIENT_ID", "")
+OIDC_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET", "")
+OIDC_SCOPES = env_str("OIDC_SCOPES", "openid profile email")
+OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_CREATE_USERS = env_bool("OIDC_CREATE_USERS", True)
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
+OIDC_TIMEOUT_S = env_int("OIDC_TIMEOUT_S", 10)
+if OIDC_ISSUER and not OIDC_CLIENT_ID:
+    raise ConfigError("OIDC_ISSUER is set but OIDC_CLIENT_ID is not: single sign-on needs both")
 
 # json: one object a line with request, task, job and attempt ids (for log shippers); text: for people.
 LOG_FORMAT = env_str("LOG_FORMAT", "text" if DEBUG else "json")

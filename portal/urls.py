@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from portal.accounts.views import oidc_callback, oidc_login
 from portal.agentgw.views import enroll
 from portal.lib.views import healthz
 from portal.metrics.views import metrics
@@ -19,6 +20,8 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api-auth/", include("rest_framework.urls")),
     path("agent/enroll/", enroll, name="agent-enroll"),
+    path("auth/oidc/login/", oidc_login, name="oidc-login"),
+    path("auth/oidc/callback/", oidc_callback, name="oidc-callback"),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
     path("", include("portal.web.urls")),

@@ -252,18 +252,22 @@ def live_stack(
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.fixture(scope="module")
-def shell_server(django_db_setup: Any, tmp_path_factory: Any) -> Iterator[str]:
-    """A real ASGI server (uvicorn, its own process) on the test database, without Celery: for
-    real websockets to the shell socket and the agent socket (tests/portal/test_shell.py, and
-    the `gpuportal shell` command in tests/client). Yields its host:port."""
+@contextlib.contextmanager
+def web_server(log_dir: Path, port: int | None = None, **extra_env: str) -> Iterator[str]:
+    """A real ASGI server (uvicorn, its own process) on the test database, without Celery, with
+    `extra_env` added to its settings. Yields its host:port."""
     from portal.devstack import port_open, portal_commands, wait_until
 
-    port = free_port()
-    log = tmp_path_factory.mktemp("shell-server") / "web.log"
-    env = {**os.environ, "DATABASE_URL": database_url_of_tests(), "DEBUG": "true", "PYTHONUNBUFFERED": "1"}
-    command = portal_commands("127.0.0.1", port, "unused", log.parent / "unused")["web"]
-    with open(log, "wb") as out:
+    port = port or free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url_of_tests(),
+        "DEBUG": "true",
+        "PYTHONUNBUFFERED": "1",
+        **extra_env,
+    }
+    command = portal_commands("127.0.0.1", port, "unused", log_dir / "unused")["web"]
+    with open(log_dir / "web.log", "wb") as out:
         web = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until(lambda: port_open(port), 30, "the web server")
@@ -274,6 +278,14 @@ def shell_server(django_db_setup: Any, tmp_path_factory: Any) -> Iterator[str]:
             web.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(web.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def shell_server(django_db_setup: Any, tmp_path_factory: Any) -> Iterator[str]:
+    """A real ASGI server for real websockets to the shell socket and the agent socket
+    (tests/portal/test_shell.py, and the `gpuportal shell` command in tests/client)."""
+    with web_server(tmp_path_factory.mktemp("shell-server")) as address:
+        yield address
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 
-from portal.accounts.models import ApiToken, AuditEntry, Membership, Tenant, TotpDevice, Webhook
+from portal.accounts.models import ApiToken, AuditEntry, Membership, OidcIdentity, Tenant, TotpDevice, Webhook
 from portal.accounts.services import revoke_api_token
 from portal.lib.admin import AuditedModelAdmin, ReadOnlyModelAdmin
 
@@ -116,6 +116,18 @@ class TotpDeviceAdmin(AuditedModelAdmin):
 
     def has_change_permission(self, request: Any, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(OidcIdentity)
+class OidcIdentityAdmin(AuditedModelAdmin):
+    """Which portal user each single sign-on account is. A first sign-in creates the user and this
+    link; to let a provider account sign in as an existing user (one whose name it shares, say),
+    add the link here with the provider's subject. Deleting a link stops that account's sign-ins."""
+
+    list_display = ["user", "subject", "issuer", "created_at", "last_login_at"]
+    search_fields = ["user__username", "subject"]
+    autocomplete_fields = ["user"]
+    readonly_fields = ["created_at", "last_login_at"]
 
 
 # Users and groups are managed here too, so their changes are audited like everything else.

@@ -193,3 +193,28 @@ class TotpDevice(models.Model):
 
     def __str__(self) -> str:
         return f"authenticator of {self.user}"
+
+
+class OidcIdentity(models.Model):
+    """The link between a portal user and an account at the single sign-on provider. Users are
+    found by the provider's subject, never by a name that matches: a provider account named
+    like an existing local user does not become that user unless a cluster admin links them
+    here."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identities"
+    )
+    issuer = models.URLField(max_length=300)
+    subject = models.CharField(max_length=255, help_text="The provider's `sub` claim for this account.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_login_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        verbose_name = "single sign-on identity"
+        verbose_name_plural = "single sign-on identities"
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="one_user_per_oidc_subject")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} at {self.issuer}"

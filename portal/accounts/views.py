@@ -1,22 +1,24 @@
-"""The second-factor pages of Django admin: enroll an authenticator, then give a code after the
-password at every sign-in. Rules live in portal.accounts.mfa."""
+"""The second-factor pages of Django admin (enroll an authenticator, then give a code after the
+password at every sign-in; rules in portal.accounts.mfa) and the single sign-on round trip
+(rules in portal.accounts.oidc)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
-from django.contrib.auth import REDIRECT_FIELD_NAME
+from django.contrib.auth import REDIRECT_FIELD_NAME, login
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.debug import sensitive_post_parameters
 
-from portal.accounts import mfa, totp
+from portal.accounts import mfa, oidc, totp
 from portal.lib.throttling import form_post_allowed
 
 WRONG_CODE = "That code is not valid, or it was used already. Wait for the next one."
@@ -93,3 +95,32 @@ def mfa_enroll(request: HttpRequest) -> HttpResponse:
     return _code_form(
         request, "admin/mfa_enroll.html", context, lambda code: mfa.confirm_enrollment(request, device, code)
     )
+
+
+def _sso_refused(request: HttpRequest, error: oidc.SsoRefused) -> HttpResponse:
+    context = {"message": str(error), "provider": settings.OIDC_PROVIDER_NAME}
+    return render(request, "accounts/sso_refused.html", context, status=400)
+
+
+@never_cache
+def oidc_login(request: HttpRequest) -> HttpResponse:
+    """Off to the sign-on provider; `next` is where to land afterwards."""
+    if not oidc.enabled():
+        raise Http404("Single sign-on is not set up.")
+    try:
+        return redirect(oidc.begin(request, request.GET.get("next")))
+    except oidc.SsoRefused as error:
+        return _sso_refused(request, error)
+
+
+@never_cache
+def oidc_callback(request: HttpRequest) -> HttpResponse:
+    """Back from the sign-on provider: sign the user in, or say why not."""
+    if not oidc.enabled():
+        raise Http404("Single sign-on is not set up.")
+    try:
+        user, next_path = oidc.complete(request, request.GET)
+    except oidc.SsoRefused as error:
+        return _sso_refused(request, error)
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    return redirect(next_path)

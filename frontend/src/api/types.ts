@@ -4,6 +4,7 @@ import type { components, operations } from "./schema";
 type Schemas = components["schemas"];
 
 export type Me = Schemas["Me"];
+export type Sso = Schemas["Sso"];
 export type Job = Schemas["Job"];
 export type JobDetail = Schemas["JobDetail"];
 export type JobAttempt = Schemas["JobAttempt"];

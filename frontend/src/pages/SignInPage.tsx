@@ -1,13 +1,20 @@
-import { type FormEvent, useState } from "react";
+import { type FormEvent, useEffect, useState } from "react";
 
 import { ApiError, api } from "../api/client";
-import type { Me } from "../api/types";
+import type { Me, Sso } from "../api/types";
 
 export function SignInPage({ onSignedIn }: { onSignedIn: (me: Me) => void }) {
   const [username, setUsername] = useState("");
   const [password, setPassword] = useState("");
   const [error, setError] = useState<string | null>(null);
   const [busy, setBusy] = useState(false);
+  const [sso, setSso] = useState<Sso | null>(null);
+
+  useEffect(() => {
+    api<Sso>("/api/v1/session/sso/", { quiet401: true })
+      .then(setSso)
+      .catch(() => setSso(null)); // the password form works without it
+  }, []);
 
   const submit = async (event: FormEvent) => {
     event.preventDefault();
@@ -56,7 +63,20 @@ export function SignInPage({ onSignedIn }: { onSignedIn: (me: Me) => void }) {
         <button type="submit" className="button primary" disabled={busy}>
           {busy ? "Signing in…" : "Sign in"}
         </button>
+        {sso?.enabled && (
+          <>
+            <p className="signin-or">or</p>
+            <a className="button" href={`${sso.login_url}?${new URLSearchParams({ next: landing() })}`}>
+              Sign in with {sso.name}
+            </a>
+          </>
+        )}
       </form>
     </main>
   );
+}
+
+/** The page that asked for a sign-in, to come back to from the sign-on provider. */
+function landing(): string {
+  return window.location.pathname + window.location.search;
 }

@@ -14,6 +14,7 @@ members = views.TenantMemberViewSet
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),
     path("session/", views.SessionView.as_view(), name="session"),
+    path("session/sso/", views.SsoView.as_view(), name="session-sso"),
     path(
         "tenants/<str:tenant>/members/",
         members.as_view({"get": "list", "post": "create"}, basename="tenant-member", detail=False),

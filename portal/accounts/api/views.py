@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.accounts import services, webhooks
+from portal.accounts import oidc, services, webhooks
 from portal.accounts.api.serializers import (
     AddMemberSerializer,
     ApiTokenSerializer,
@@ -234,6 +234,28 @@ def me_data(user: Any) -> dict[str, Any]:
         "memberships": user.memberships.select_related("tenant"),
     }
     return MeSerializer(data).data
+
+
+class SsoSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField()
+    name = serializers.CharField(help_text="What the sign-in page calls the provider.")
+    login_url = serializers.CharField(help_text="Open it in the browser, with `?next=PATH` to land there.")
+
+
+class SsoView(APIView):
+    """Whether the portal signs people in through an OpenID Connect provider, for the sign-in page."""
+
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses=SsoSerializer)
+    def get(self, request: Request) -> Response:
+        enabled = oidc.enabled()
+        data = {
+            "enabled": enabled,
+            "name": settings.OIDC_PROVIDER_NAME,
+            "login_url": oidc.login_path() if enabled else "",
+        }
+        return Response(SsoSerializer(data).data)
 
 
 class LoginSerializer(serializers.Serializer):
