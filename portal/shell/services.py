@@ -25,7 +25,8 @@ from urllib.parse import parse_qs
 from django.conf import settings
 from django.utils import timezone
 
-from portal.accounts.models import ApiToken
+from portal.accounts.choices import SUBMIT_ROLES
+from portal.accounts.models import ApiToken, Membership
 from portal.accounts.security import record_refusal
 from portal.accounts.services import record_audit
 from portal.agentgw.desired import agent_attempt_id
@@ -127,8 +128,10 @@ def authorize(user: Any, job_id: int) -> Job:
     if job.owner_id != user.pk:
         _refused(user, job_id, job, "not the job's owner")
         raise ShellRefused(CLOSE_FORBIDDEN, "only the job's owner may open a shell in it")
-    if not Job.objects.manageable_by(user).filter(pk=job.pk).exists():  # the owner, not a viewer
-        _refused(user, job_id, job, "a viewer of the job's tenant")
+    # The owner, a member or admin of the job's tenant now: not a viewer, and not a cluster admin
+    # by that right alone (a shell is inside the tenant's work, as the API docs say).
+    if not Membership.objects.filter(user=user, tenant_id=job.tenant_id, role__in=SUBMIT_ROLES).exists():
+        _refused(user, job_id, job, "not a member of the job's tenant, or only a viewer")
         raise ShellRefused(CLOSE_FORBIDDEN, "a viewer may not open a shell")
     return job
 

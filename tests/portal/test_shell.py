@@ -229,6 +229,25 @@ async def test_who_may_open_a_shell_and_what_the_others_are_told(users, paused_l
     await running.close()
 
 
+async def test_a_cluster_admin_owner_needs_a_members_role_in_the_tenant(users, paused_loop) -> None:  # type: ignore[no-untyped-def]
+    """Staff may submit to a tenant they only view (or do not belong to); a shell in that job is
+    still the tenant's work, so they get none, as a viewer owner gets none."""
+    from portal.accounts.models import Tenant
+
+    admin = users["admin"]
+    await Membership.objects.filter(user=admin).adelete()
+    vision = await Tenant.objects.aget(name="vision")
+    await Membership.objects.acreate(user=admin, tenant=vision, role="viewer")
+    running = await running_job(admin)
+    assert await answer(admin, running.job.pk) == ([], 4403)
+    await Membership.objects.filter(user=admin).adelete()
+    assert await answer(admin, running.job.pk) == ([], 4403)
+    denied = await audited("job.shell.open.denied", running.job.pk)
+    assert [e.actor_id for e in denied] == [admin.pk, admin.pk]
+    assert await audited("job.shell.open", running.job.pk) == []
+    await running.close()
+
+
 async def test_the_relay_between_browser_and_agent(users, paused_loop) -> None:  # type: ignore[no-untyped-def]
     running = await running_job(users["alice"])
     agent, other = running.agent(1), running.agent(0)
