@@ -61,6 +61,13 @@ def ends_access(scope: dict[str, Any], access_change: str) -> bool:
     return key is None or key == credential_key(scope)
 
 
+def ends_shell_access(scope: dict[str, Any], access_change: str, job_tenant_id: int) -> bool:
+    """As ends_access, for a shell in a job of `job_tenant_id`: a change of the user's membership
+    in another tenant leaves it open."""
+    tenant = json.loads(access_change).get("tenant")
+    return ends_access(scope, access_change) and (tenant is None or tenant == job_tenant_id)
+
+
 def credential_expiry(scope: dict[str, Any]) -> datetime | None:
     """When what signed the socket in stops signing anyone in: its API token's expiry, or its
     session's (as stored: a session's expiry moves only when the session is saved). None: never,

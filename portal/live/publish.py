@@ -75,13 +75,14 @@ def token_key(token_id: int) -> str:
     return f"token:{token_id}"
 
 
-def publish_access_change(user_id: int, session_key: str | None = None) -> None:
+def publish_access_change(user_id: int, session_key: str | None = None, tenant_id: int | None = None) -> None:
     """The user's open sockets close (or only those of `session_key`: a session's at a sign-out,
     a token's, token_key, when it is revoked), so that none goes on hearing of jobs the user may
     no longer see, nor typing into a shell with credentials that no longer hold; a browser still
-    signed in reconnects and subscribes to what it may see now. Sent after commit, as the change
-    it follows."""
-    payload = {"kind": "access", "session": session_key}
+    signed in reconnects and subscribes to what it may see now. A change of one membership names
+    its tenant: shells in other tenants' jobs stay open (one tenant's admins must not be able to
+    close what a user does in another tenant). Sent after commit, as the change it follows."""
+    payload = {"kind": "access", "session": session_key, "tenant": tenant_id}
     transaction.on_commit(lambda: _send([user_group(user_id)], payload))
 
 

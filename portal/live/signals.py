@@ -28,7 +28,7 @@ def signed_out(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
 @receiver(post_save, sender=Membership)
 @receiver(post_delete, sender=Membership)
 def membership_changed(sender: Any, instance: Membership, **kwargs: Any) -> None:
-    publish_access_change(instance.user_id)
+    publish_access_change(instance.user_id, tenant_id=instance.tenant_id)
 
 
 @receiver(post_save, sender=get_user_model())

@@ -36,7 +36,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from agents.protocol import ShellClose, ShellInput, ShellMessage, ShellOpen, ShellResize, encode
-from portal.accounts.websocket import credential_expiry, ends_access
+from portal.accounts.websocket import credential_expiry, ends_shell_access
 from portal.agentgw.outbox import node_group
 from portal.jobs.models import Job
 from portal.lib.db import DirectDispatch, database_sync_to_async
@@ -288,8 +288,9 @@ class ShellConsumer(DirectDispatch, AsyncWebsocketConsumer):
         await self.exit_and_close(None, reason, code)
 
     async def access_changed(self, text: str) -> None:
-        """As the live socket's (ends_access), saying in the audit entry which it was."""
-        if ends_access(self.scope, text):
+        """As the live socket's (ends_access), for this job's tenant (ends_shell_access), saying in
+        the audit entry which it was."""
+        if self.job is not None and ends_shell_access(self.scope, text, self.job.tenant_id):
             token = self.scope.get("api_token")
             revoked = token is not None and json.loads(text).get("session") is not None
             self.how = f"the token {token.name} was revoked" if revoked else "the user's access changed"

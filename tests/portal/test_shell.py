@@ -439,7 +439,14 @@ async def test_signing_out_closes_the_shells_of_that_session(users, paused_loop)
     closed = await next_shell_message(running.agent(0))
     assert closed.type == "shell_close" and closed.session in sessions
     assert await on_phone.receive_nothing(timeout=0.5)  # the phone's session is still signed in
-    # Losing the membership closes every shell of the user.
+    # Another tenant's admins adding and removing her there close nothing of vision's.
+    from portal.accounts.models import Tenant
+
+    speech = await Tenant.objects.aget(name="speech")
+    elsewhere = await Membership.objects.acreate(user=users["alice"], tenant=speech, role="member")
+    await elsewhere.adelete()
+    assert await on_phone.receive_nothing(timeout=0.5)
+    # Losing the membership of the job's tenant closes every shell of the user there.
     await Membership.objects.filter(user=users["alice"]).adelete()
     assert await frames_until_close(on_phone) == ([], 4403)
     await on_phone.disconnect()
