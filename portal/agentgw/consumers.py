@@ -176,11 +176,24 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
             log.info("node %s answered request %s: %s", node.name, message.request_id, message.type)
 
     async def _status(self, status: AttemptStatus) -> None:
+        """Records one replica's report. A report the job's state table has no move for (a bug,
+        since every report is meant to be foldable) is logged and dropped, its transaction rolled
+        back: raised here it would close the node's connection, and the hello's replay of the
+        same report would then refuse every reconnection, leaving all the node's jobs unheard."""
+        assert self.node is not None
         await ingest.flush()  # the telemetry sent before the report belongs to the attempt it reports on
         try:
             await database_sync_to_async(job_services.record_attempt_status)(self.node, status)
         except job_services.StaleReport as exc:
             await self._refused(exc)
+        except job_services.InvalidTransition:
+            log.exception(
+                "node %s: a report on %s (%s) moves its job nowhere allowed; dropped",
+                self.node.name,
+                status.attempt_id,
+                status.state.value,
+                extra={"node": self.node.name},
+            )
 
     async def _refused(self, exc: job_services.StaleReport) -> None:
         """A report on a replica this node does not run changes nothing, and is audited."""

@@ -512,7 +512,9 @@ for i, key in ipairs(KEYS) do
 end
 """
 
-# One node's report counts only for GPUs of that node: the join is on the node and the uuid.
+# One node's report counts only for GPUs of that node: the join is on the node and the uuid. A
+# sample belongs to the attempt using the GPU: not to a time-sliced one suspended on it, whose
+# allocation stays (parked) while another job takes its turn, or each sample would be stored twice.
 STORE_HISTORY_SQL = """
 WITH batch AS (
     SELECT (b ->> 'node')::bigint AS node_id, s.*
@@ -530,7 +532,7 @@ WITH batch AS (
         batch.power_w, batch.temperature_c, batch.energy_j, 0
     FROM batch
     JOIN cluster_gpu g ON g.node_id = batch.node_id AND g.uuid = batch.gpu_uuid
-    JOIN jobs_allocation a ON a.gpu_id = g.id AND a.released_at IS NULL
+    JOIN jobs_allocation a ON a.gpu_id = g.id AND a.released_at IS NULL AND NOT a.suspended
     RETURNING attempt_id
 )
 SELECT DISTINCT attempt.job_id FROM stored JOIN jobs_jobattempt attempt ON attempt.id = stored.attempt_id

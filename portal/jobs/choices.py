@@ -57,12 +57,26 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
             JobState.LOST,
         }
     ),
+    # A suspended job's process may still end: it exited just as it was frozen, or was killed
+    # while frozen. Its attempt ends as a running one's would (pending: a retry).
     JobState.SUSPENDED: frozenset(
-        {JobState.RUNNING, JobState.CHECKPOINTING, JobState.CANCELLED, JobState.TIMED_OUT, JobState.LOST}
+        {
+            JobState.RUNNING,
+            JobState.CHECKPOINTING,
+            JobState.PENDING,
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.TIMED_OUT,
+            JobState.LOST,
+        }
     ),
+    # -> pending from checkpointing: a replica failed on its own before it was stopped, and
+    # retries remain.
     JobState.CHECKPOINTING: frozenset(
         {
             JobState.PREEMPTED,
+            JobState.PENDING,
             JobState.RUNNING,
             JobState.SUCCEEDED,
             JobState.FAILED,

@@ -667,6 +667,7 @@ def cancel_job(job: Job, actor: Any, reason: str = "cancelled by user") -> Job:
         JobState.CANCELLED,
         actor=actor,
         reason=reason,
+        on_hold=False,  # an ended job waits for no release
         **ended_pending_fields(reason),
     )
     if was_active:
@@ -839,11 +840,13 @@ def change_time_limit(job: Job, actor: Any, seconds: int) -> Job:
     owner may lower it, an admin of its tenant (or a cluster admin) also raise it, never past
     its flavor's limit. A running job past a lowered limit is stopped at the next check, as at
     any limit; a raised one is warned again before it."""
-    from portal.jobs.spec import duration_text
+    from portal.jobs.spec import MAX_DURATION_S, TOO_LONG, duration_text
 
     job = Job.objects.select_for_update().get(pk=job.pk)
     if job.state in TERMINAL_STATES:
         raise InvalidTransition(f"Job {job.pk} {job.state}; its time limit no longer applies.")
+    if seconds > MAX_DURATION_S:  # what a spec may give; more overflows the column (a 500)
+        raise JobRejected("time_limit", TOO_LONG)
     flavor = Flavor.objects.filter(name=job.spec.get("flavor") or "").only("max_runtime_hours").first()
     ceiling = flavor.max_runtime_hours * 3600 if flavor is not None else None
     if ceiling is not None and seconds > ceiling:
@@ -873,6 +876,9 @@ def release_job(job: Job, actor: Any) -> Job:
     from its newest checkpoint, as after a preemption. One released before its pause has stopped
     it is requeued once it has, as after a preemption."""
     job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.state in TERMINAL_STATES:
+        # Nothing is left to start; a release would only write a misleading event.
+        raise InvalidTransition(f"Job {job.pk} has already ended ({job.state}).")
     if not job.on_hold:
         raise InvalidTransition(f"Job {job.pk} is not held.")
     paused = is_paused(job)
@@ -1034,12 +1040,26 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
     label = f"agent {node.name}"
     now = timezone.now()
     reported = [s for s in states if s is not None]
+    ended = [s for s in reported if s["state"] in ("exited", "vanished")]
+    failed = [s for s in reported if s["state"] == "exited" and s["reason"] in ("failed", "start_failed")]
+    all_succeeded = len(reported) == replicas and all(
+        s["state"] == "exited" and s["reason"] == "succeeded" for s in reported
+    )
     if job.state == JobState.CHECKPOINTING:
         # Preemption: once every replica has ended (checkpointed, stopped, or failing on the
-        # signal), the job goes back to the queue and resumes from its checkpoint.
-        ended = [s for s in reported if s["state"] in ("exited", "vanished")]
-        all_ended = len(ended) == replicas
-        if all_ended and transition_job(job, JobState.PREEMPTED, label=label, reason="all replicas stopped"):
+        # signal), the job goes back to the queue and resumes from its checkpoint. An agent
+        # reports "succeeded" or "failed" only for a command that ended on its own before the
+        # agent began to stop it (agents.agent._fold: once it has, every exit is "stopped" or
+        # "checkpointed"), so such an end is the job's own: a job whose every replica finished
+        # is done, not run again, and one that failed counts the failure, as it would have a
+        # moment earlier, instead of being rerun as preempted.
+        if len(ended) < replicas:
+            return
+        if all_succeeded:
+            _succeed(job, attempt, label)
+        elif failed:
+            _fail_on_replica(job, attempt, failed[0], label)
+        elif transition_job(job, JobState.PREEMPTED, label=label, reason="all replicas stopped"):
             end_attempt(job, attempt, AttemptState.STOPPED, None, "preempted")
             asked = job.events.filter(to_state=JobState.CHECKPOINTING).order_by("-created_at").first()
             if (
@@ -1051,7 +1071,6 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
             reason = asked.data.get("preemption") if asked is not None else None
             requeue_job(job, *REQUEUED_AFTER.get(reason, ("requeued after preemption", PENDING_REQUEUED)))
         return
-    ended = [s for s in reported if s["state"] in ("exited", "vanished")]
     if job.state == JobState.SCHEDULED and ended:
         # An end reported before any start (a start failure, a reordered or replayed report)
         # still passes through starting: no end is a transition allowed from scheduled.
@@ -1067,16 +1086,9 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         ):
             end_attempt(job, attempt, AttemptState.STOPPED, None, "time limit reached")
         return
-    failed = [s for s in reported if s["state"] == "exited" and s["reason"] in ("failed", "start_failed")]
     vanished = [s for s in reported if s["state"] == "vanished"]
     if failed:
-        first = failed[0]
-        message = f"replica on {first['node']} exited with code {first['exit_code']}"
-        if first["reason"] == "start_failed":
-            message = f"replica on {first['node']} could not start: {first['message']}"
-        fail_or_retry(
-            job, attempt, first["exit_code"], message, label, permanent=first["reason"] == "start_failed"
-        )
+        _fail_on_replica(job, attempt, failed[0], label)
         return
     if vanished:
         message = f"replica on {vanished[0]['node']} vanished"
@@ -1084,19 +1096,8 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
             end_attempt(job, attempt, AttemptState.LOST, None, message)
             requeue_lost_job(job, message)
         return
-    if len(reported) == replicas and all(
-        s["state"] == "exited" and s["reason"] == "succeeded" for s in reported
-    ):
-        if transition_job(
-            job,
-            JobState.SUCCEEDED,
-            label=label,
-            reason="all replicas exited 0",
-            finished_at=now,
-            exit_code=0,
-            end_reason="succeeded",
-        ):
-            end_attempt(job, attempt, AttemptState.SUCCEEDED, 0, "succeeded")
+    if all_succeeded:
+        _succeed(job, attempt, label)
         return
     if len(ended) == replicas:
         fail_or_retry(job, attempt, None, "the replicas stopped without finishing", label, permanent=False)
@@ -1119,6 +1120,32 @@ def _advance_job(job: Job, attempt: JobAttempt, node: Node) -> None:
         transition_job(job, JobState.STARTING, label=label, reason="the agent is starting it")
 
 
+def _succeed(job: Job, attempt: JobAttempt, label: str) -> None:
+    """Every replica exited 0 on its own: the job is done. An ended job is held no more (it may
+    have been paused while it finished), so that nothing can release it."""
+    if transition_job(
+        job,
+        JobState.SUCCEEDED,
+        label=label,
+        reason="all replicas exited 0",
+        finished_at=timezone.now(),
+        exit_code=0,
+        end_reason="succeeded",
+        on_hold=False,
+    ):
+        end_attempt(job, attempt, AttemptState.SUCCEEDED, 0, "succeeded")
+
+
+def _fail_on_replica(job: Job, attempt: JobAttempt, failed: dict[str, Any], label: str) -> None:
+    """A replica failed on its own (or could not start, which no retry mends)."""
+    message = f"replica on {failed['node']} exited with code {failed['exit_code']}"
+    if failed["reason"] == "start_failed":
+        message = f"replica on {failed['node']} could not start: {failed['message']}"
+    fail_or_retry(
+        job, attempt, failed["exit_code"], message, label, permanent=failed["reason"] == "start_failed"
+    )
+
+
 def retry_backoff_s(retries: dict[str, Any], used: int) -> int:
     """The wait before retry `used + 1`: the spec's backoff, doubled after each retry used, as
     for flapping services, yet never longer than a day however many retries are allowed."""
@@ -1137,6 +1164,9 @@ def fail_or_retry(
         used = retries.get("limit", 0) - job.retries_left
         backoff = retry_backoff_s(retries, used)
         reason = f"{message}; retry {used + 1} of {retries.get('limit', 0)} in {backoff} s"
+        code, pending_message = PENDING_BACKOFF, reason
+        if job.on_hold:  # failed while its pause stopped it: it waits held, as after a preemption
+            code, pending_message = PENDING_HELD, message_once_held(job)
         if transition_job(
             job,
             JobState.PENDING,
@@ -1144,8 +1174,8 @@ def fail_or_retry(
             reason=reason,
             retries_left=job.retries_left - 1,
             not_before=now + timedelta(seconds=backoff),
-            pending_reason=PENDING_BACKOFF,
-            pending_message=reason,
+            pending_reason=code,
+            pending_message=pending_message,
         ):
             end_attempt(job, attempt, AttemptState.FAILED, exit_code, message)
         return
@@ -1159,6 +1189,7 @@ def fail_or_retry(
         finished_at=now,
         exit_code=exit_code,
         end_reason=message,
+        on_hold=False,  # as in _succeed
     ):
         end_attempt(job, attempt, AttemptState.FAILED, exit_code, message)
 
@@ -1197,7 +1228,11 @@ def record_job_event(job: Job, label: str, reason: str, data: dict[str, Any] | N
 def requeue_job(job: Job, reason: str, code: str = PENDING_REQUEUED) -> None:
     """Puts a lost or preempted job back in the queue with its original submit time. A job held
     while it ran (paused, or held while it stopped) comes back held, with its hold's message, so
-    that it is not ranked again until it is released."""
+    that it is not ranked again until it is released.
+
+    Why the portal asked the ended attempt to stop (a time limit, say) goes with it: kept, it
+    would make the next attempt's reports look like that stop's (a running one ignored, an exit
+    taken for a timeout). Only a pause outlives the attempt, until the job is released."""
     message = reason
     if job.on_hold:
         code, message, reason = PENDING_HELD, message_once_held(job), f"{reason}; held until released"
@@ -1208,6 +1243,7 @@ def requeue_job(job: Job, reason: str, code: str = PENDING_REQUEUED) -> None:
         reason=reason,
         pending_reason=code,
         pending_message=message,
+        stop_reason=job.stop_reason if job.stop_reason == PAUSED else "",
     )
 
 
@@ -1425,7 +1461,15 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
                     record_job_event(job, "portal", f"time limit reached in {int(left)} s")
                     counts["warned"] += 1
             elif left <= 0 and not job.stop_reason:
-                if Job.objects.filter(pk=job.pk, stop_reason="").update(stop_reason="time-limit"):
+                # Only while the attempt read above still runs: a job that was stopped, requeued
+                # or ended meanwhile must not carry this stop into its next attempt or its end.
+                stopping = Job.objects.filter(
+                    pk=job.pk,
+                    version=job.version,
+                    stop_reason="",
+                    state__in=[JobState.RUNNING, JobState.SUSPENDED],
+                )
+                if stopping.update(stop_reason="time-limit"):
                     grace = float((job.spec.get("checkpoint") or {}).get("grace_seconds", 30))
                     for replica, node_id in attempt.allocations.values_list("replica", "node_id").distinct():
                         request = StopRequest(
@@ -1436,6 +1480,14 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
                     counts["stopping"] += 1
             elif left <= -force_after_s and job.stop_reason == "time-limit":
                 job = Job.objects.select_for_update().get(pk=job.pk)
+                # Read again under the lock: preempted, requeued or ended since, it is not this
+                # attempt's to time out.
+                if (
+                    job.state not in (JobState.RUNNING, JobState.SUSPENDED)
+                    or job.stop_reason != "time-limit"
+                    or job.current_attempt() != attempt
+                ):
+                    continue
                 if transition_job(
                     job,
                     JobState.TIMED_OUT,

@@ -41,6 +41,11 @@ NOTIFY_STATES = ["running", "succeeded", "failed", "cancelled", "timed-out", "pr
 # the value must be given again.
 SECRET_MASK = "********"
 MAX_COMMAND_BYTES = 65536
+# The longest duration a spec may give (a time limit, spread_after): a year. A job's time limit is
+# stored in an integer column (at most 2**31 - 1 s, some 68 years), and a longer one failed its
+# insert with a 500; a year is far past any flavor's limit and any real wait.
+MAX_DURATION_S = 365 * 24 * 3600
+TOO_LONG = "A duration is at most 365d (a year)."
 
 
 # The VC a spec names (with its tenant, and whether the user belongs to that tenant), the flavor,
@@ -75,7 +80,8 @@ class StrictSerializer(serializers.Serializer):
 
 
 def parse_duration(value: Any) -> int:
-    """Seconds from an int or a string like '36h', '1d12h', '90m', '600s'."""
+    """Seconds from an int or a string like '36h', '1d12h', '90m', '600s', at most MAX_DURATION_S:
+    a longer time limit would overflow its column, a 500 instead of the user's 400."""
     if isinstance(value, bool):
         raise serializers.ValidationError("Give a duration such as 3600, '90m', '36h' or '2d'.")
     if isinstance(value, int):
@@ -86,12 +92,16 @@ def parse_duration(value: Any) -> int:
             raise serializers.ValidationError(
                 f"{value!r} is not a duration such as 3600, '90m', '36h' or '2d'."
             )
+        if any(g and len(g) > len(str(MAX_DURATION_S)) for g in match.groups()):
+            raise serializers.ValidationError(TOO_LONG)  # and int() refuses 4300 digits or more
         d, h, m, s = (int(g) if g else 0 for g in match.groups())
         seconds = ((d * 24 + h) * 60 + m) * 60 + s
     else:
         raise serializers.ValidationError("Give a duration such as 3600, '90m', '36h' or '2d'.")
     if seconds <= 0:
         raise serializers.ValidationError("The duration must be positive.")
+    if seconds > MAX_DURATION_S:
+        raise serializers.ValidationError(TOO_LONG)
     return seconds
 
 

@@ -54,6 +54,22 @@ def test_a_held_job_waits_until_released(api_for: Any, paused_loop: Any) -> None
     assert {"job.hold", "job.release"} <= actions
 
 
+def test_a_cancelled_held_job_is_not_held_and_cannot_be_released(api_for: Any, paused_loop: Any) -> None:
+    """A release of an ended job used to succeed: it wrote 'released: it may start again' on a
+    cancelled job, which still read held."""
+    alice = api_for("alice")
+    job_id = submit(alice, "held", flavor="s-A100")
+    assert alice.post(f"/api/v1/jobs/{job_id}/hold/").status_code == 200
+    cancelled = alice.post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert cancelled.status_code == 200 and cancelled.json()["on_hold"] is False
+    released = alice.post(f"/api/v1/jobs/{job_id}/release/")
+    assert released.status_code == 409
+    assert released.json()["detail"] == f"Job {job_id} has already ended (cancelled)."
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.on_hold) == (JobState.CANCELLED, False)
+    assert not job.events.filter(reason__startswith="released").exists()
+
+
 def test_hold_and_release_reach_open_pages_at_once(api_for: Any, paused_loop: Any) -> None:
     """A page following the job hears the hold and the release over Redis, without waiting for
     its next poll (the hub forwards what arrives on the job's channel to its browsers)."""

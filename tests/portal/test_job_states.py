@@ -27,7 +27,15 @@ EXPECTED_PATHS = [
     ("cancelled", "running", False),
     ("preempted", "running", False),
     ("running", "pending", True),
-    ("suspended", "succeeded", False),
+    # A suspended job's program may still end (it exited as it was frozen, or was killed while
+    # frozen): its attempt ends as a running one's would. Before, the report raised.
+    ("suspended", "succeeded", True),
+    ("suspended", "failed", True),
+    ("suspended", "pending", True),
+    ("suspended", "scheduled", False),
+    # A job that failed on its own while being preempted is retried, not preempted.
+    ("checkpointing", "pending", True),
+    ("checkpointing", "succeeded", True),
 ]
 
 

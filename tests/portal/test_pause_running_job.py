@@ -392,3 +392,72 @@ def test_a_hold_made_while_a_cycle_decides_keeps_that_cycle_from_starting_the_jo
     run_cycle()
     job.refresh_from_db()
     assert (job.state, job.on_hold, job.pending_reason) == (JobState.PENDING, True, "held")
+
+
+def preempted(job: Job) -> Job:
+    """The scheduler preempts the running job: it checkpoints and stops, then queues again."""
+    now = time.time()
+    with transaction.atomic():
+        loaded = store.load_snapshot(now)
+        preemption = core.Preemption(core.JobId(str(job.pk)), "priority", "preempted", 30.0, core.JobId(""))
+        assert store.apply_plan(core.Plan(preemptions=(preemption,)), loaded, now)["preempted"] == 1
+    job.refresh_from_db()
+    return job
+
+
+@pytest.mark.parametrize("stopped_by", ["preemption", "pause"])
+def test_a_job_that_finishes_while_it_is_being_stopped_succeeds_and_is_not_run_again(
+    api_for: Any, users: dict[str, Any], node: Node, stopped_by: str
+) -> None:
+    """Its command exited 0 on its own before the agent acted on the checkpoint request (the
+    agent then reports 'succeeded'; once it acts, every exit is 'stopped' or 'checkpointed').
+    It used to be requeued as preempted and run again from its last checkpoint."""
+    agents = ScriptedAgents()
+    job = running(api_for, agents, checkpoint=CHECKPOINT)
+    job = preempted(job) if stopped_by == "preemption" else hold(job, users["alice"])
+    assert job.state == JobState.CHECKPOINTING
+
+    agents.end(job, ExitReason.SUCCEEDED, 0)
+    job.refresh_from_db()
+    assert (job.state, job.exit_code, job.on_hold) == (JobState.SUCCEEDED, 0, False)
+    assert job.events.filter(from_state=JobState.CHECKPOINTING, to_state=JobState.SUCCEEDED).exists()
+    assert not job.events.filter(to_state=JobState.PREEMPTED).exists()
+    assert JobAttempt.objects.get(job=job).state == AttemptState.SUCCEEDED
+    assert not Allocation.objects.filter(attempt__job=job, released_at__isnull=True).exists()
+    assert run_cycle()["started"] == 0 and job.attempts.count() == 1
+    with pytest.raises(services.InvalidTransition, match="has already ended"):
+        services.release_job(job, users["alice"])
+
+
+@pytest.mark.parametrize("stopped_by", ["preemption", "pause"])
+def test_a_job_that_fails_on_its_own_while_it_is_being_stopped_counts_the_failure(
+    api_for: Any, users: dict[str, Any], node: Node, stopped_by: str
+) -> None:
+    """A failure of its own, like a success, is no preemption: it takes a retry (a paused job
+    still waits held for its release), instead of being rerun for free as preempted."""
+    agents = ScriptedAgents()
+    job = running(api_for, agents, checkpoint=CHECKPOINT, retries={"limit": 1, "backoff_seconds": 60})
+    job = preempted(job) if stopped_by == "preemption" else hold(job, users["alice"])
+
+    agents.end(job, ExitReason.FAILED, 3)
+    job.refresh_from_db()
+    assert (job.state, job.retries_left) == (JobState.PENDING, 0)
+    assert job.pending_reason == ("backoff" if stopped_by == "preemption" else "held")
+    assert job.on_hold is (stopped_by == "pause")
+    retried = job.events.get(from_state=JobState.CHECKPOINTING)
+    assert (retried.to_state, retried.reason) == (
+        JobState.PENDING,
+        "replica on a100-node-1 exited with code 3; retry 1 of 1 in 60 s",
+    )
+    assert JobAttempt.objects.get(job=job).state == AttemptState.FAILED
+
+    # Its last attempt fails the same way: the job fails.
+    if stopped_by == "pause":
+        job = release(job, users["alice"])
+    Job.objects.filter(pk=job.pk).update(not_before=None)
+    assert run_cycle()["started"] == 1
+    agents.converge()
+    job = preempted(Job.objects.get(pk=job.pk))
+    agents.end(job, ExitReason.FAILED, 3)
+    job.refresh_from_db()
+    assert (job.state, job.exit_code, job.on_hold) == (JobState.FAILED, 3, False)

@@ -180,6 +180,30 @@ def test_list_filters_and_pagination(api_for, small_job) -> None:  # type: ignor
     assert alice.get("/api/v1/jobs/?state=bogus").status_code == 400
 
 
+@pytest.mark.parametrize("text", ["²", "1" * 30, str(2**63), "9" * 5000])
+def test_a_search_for_any_digits_answers(api_for, small_job, text) -> None:  # type: ignore[no-untyped-def]
+    """Digits int() refuses ("²" is a digit to str.isdigit) and numbers past a bigint were a 500."""
+    alice = api_for("alice")
+    assert alice.post("/api/v1/jobs/", small_job, format="json").status_code == 201
+    response = alice.get("/api/v1/jobs/", {"q": text})
+    assert response.status_code == 200 and response.json()["count"] == 0
+
+
+@pytest.mark.parametrize("ordering", ["priority", "queue_position"])
+def test_pages_of_a_tied_ordering_list_every_job_once(api_for, ordering) -> None:  # type: ignore[no-untyped-def]
+    """300 jobs of one priority, none placed yet: without a unique last key PostgreSQL ordered
+    the ties differently on each page, so some jobs were listed twice and others never. Ties go
+    newest first, as the list does without an ordering."""
+    alice = api_for("alice")
+    job = {"name": "arr", "vc": "vision", "flavor": "s-A100", "command": "true"}
+    assert alice.post("/api/v1/jobs/bulk/", {"job": job, "array": 300}, format="json").status_code == 201
+    seen: list[int] = []
+    for offset in range(0, 300, 20):
+        page = alice.get("/api/v1/jobs/", {"ordering": ordering, "limit": 20, "offset": offset}).json()
+        seen += [j["id"] for j in page["results"]]
+    assert seen == sorted(Job.objects.values_list("id", flat=True), reverse=True)
+
+
 @pytest.mark.parametrize(
     ("query", "field"),
     [

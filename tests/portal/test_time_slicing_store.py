@@ -209,3 +209,54 @@ def test_a_job_of_the_suspended_jobs_tenant_may_use_its_gpus(two_running) -> Non
         assert apply_plan(plan, loaded, now)["started"] == 1
     assert gpus(own, suspended=False) == parked_gpus
     assert state(sliced) == "suspended"
+
+
+@pytest.mark.parametrize(
+    ("reason", "exit_code", "ended"),
+    [(ExitReason.SUCCEEDED, 0, "succeeded"), (ExitReason.FAILED, 1, "failed")],
+)
+def test_a_suspended_job_whose_program_ends_ends_as_a_running_one(  # type: ignore[no-untyped-def]
+    two_running, reason, exit_code, ended
+) -> None:
+    """A frozen process may still end (it exited just as it was suspended, or was killed while
+    frozen). The report used to raise (suspended -> succeeded was not in the table), which
+    closed the agent's connection, and its hello replayed the same report on every reconnect.
+    The parked allocations go with the attempt, so the GPUs hold only the job that took its turn."""
+    alice, sliced, _ = two_running
+    waiting = submit(alice, "waiting", time_sliceable=True)
+    run_cycle(every_cycle_a_new_turn())
+    assert state(sliced) == "suspended"
+    turn_gpus = gpus(waiting, suspended=False)
+
+    ScriptedAgents().end(Job.objects.get(pk=sliced), reason, exit_code)
+    assert state(sliced) == ended
+    attempt = JobAttempt.objects.get(job_id=sliced)
+    assert (attempt.state, attempt.exit_code) == (ended, exit_code)
+    assert not gpus(sliced, suspended=True) and not gpus(sliced, suspended=False)
+    assert Job.objects.get(pk=sliced).events.filter(from_state="suspended", to_state=ended).exists()
+    assert state(waiting) == "scheduled" and gpus(waiting, suspended=False) == turn_gpus
+
+
+def test_a_gpu_sample_counts_for_the_job_using_it_not_the_one_suspended_on_it(two_running) -> None:  # type: ignore[no-untyped-def]
+    """While two time-sliced jobs take turns on the same GPUs, each sample belongs to the job
+    whose turn it is; it used to be stored for the suspended one as well (its allocation is
+    parked, not released), doubling both jobs' utilization and energy history."""
+    from django.utils import timezone
+
+    from agents.protocol import GpuSample
+    from portal.cluster.models import Gpu
+    from portal.cluster.services import store_telemetry
+    from portal.jobs.models import TelemetrySample
+
+    alice, sliced, _ = two_running
+    waiting = submit(alice, "waiting", time_sliceable=True)
+    run_cycle(every_cycle_a_new_turn())
+    assert state(sliced) == "suspended"
+    node_name, index = sorted(gpus(waiting, suspended=False))[0]
+    gpu = Gpu.objects.get(node__name=node_name, index=index)
+
+    store_telemetry(
+        [(gpu.node_id, [GpuSample(gpu_uuid=gpu.uuid, time=timezone.now(), utilization_pct=80.0)])]
+    )
+    stored = TelemetrySample.objects.filter(gpu_uuid=gpu.uuid)
+    assert list(stored.values_list("attempt__job_id", flat=True)) == [waiting]

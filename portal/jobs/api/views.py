@@ -61,13 +61,29 @@ def refusals_as_api_errors() -> Iterator[None]:
         raise DRFPermissionDenied(str(exc)) from exc
 
 
+class StableOrderingFilter(OrderingFilter):
+    """The ordering asked for, then the newest id first: many jobs share a priority or a queue
+    position (none, once running), and PostgreSQL orders such ties differently from one query
+    to the next, so pages of a tied ordering repeated some jobs and skipped others. Without an
+    ordering asked for, the model's (newest first, then the id) applies."""
+
+    def get_ordering(self, request: Request, queryset: Any, view: Any) -> list[str] | None:
+        ordering = super().get_ordering(request, queryset, view)
+        if not ordering:
+            return None
+        fields = list(ordering)
+        if not {"id", "-id"} & set(fields):
+            fields.append("-id")
+        return fields
+
+
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Jobs of your tenants. POST a job spec (JSON or YAML) to submit."""
 
     filterset_class = JobFilterSet
     throttle_classes = [WriteThrottle]
     throttle_scope = "submit"
-    filter_backends = [DjangoFilterBackend, OrderingFilter]
+    filter_backends = [DjangoFilterBackend, StableOrderingFilter]
     ordering_fields = ["queue_position", "submitted_at", "priority", "id"]
     changes_nothing = False  # true for the dry run: see portal.accounts.security
 

@@ -27,6 +27,7 @@ from portal.accounts.services import create_api_token
 from portal.cluster.models import Gpu, Node
 from portal.cluster.services import issue_node_token
 from portal.jobs.models import Job, LogLine
+from tests.portal.test_time_slicing_store import two_running  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -380,3 +381,76 @@ async def test_output_with_nul_bytes_is_kept_and_the_connection_stays(users, pau
     assert lines == ["\rprogress 50%\rprogress 100%", "\ufffdnul \x1b[31mred\x1b[0m", "after"]
     await one.disconnect()
     await two.disconnect()
+
+
+@pytest.fixture
+def suspended_job(two_running) -> tuple[str, str, int]:  # type: ignore[no-untyped-def]  # noqa: F811
+    """A time-sliced job suspended for another's turn: its node's name, its replica's agent-side
+    attempt id, and its id."""
+    from portal.agentgw.desired import agent_attempt_id
+    from portal.jobs.models import Allocation, JobAttempt
+    from scheduler.tasks import run_cycle
+    from tests.portal.store_helpers import submit
+    from tests.portal.test_time_slicing_store import every_cycle_a_new_turn, state
+
+    alice, sliced, _ = two_running
+    submit(alice, "waiting", time_sliceable=True)
+    run_cycle(every_cycle_a_new_turn())
+    assert state(sliced) == "suspended"
+    attempt = JobAttempt.objects.get(job_id=sliced)
+    node = Allocation.objects.filter(attempt=attempt).first().node
+    return node.name, agent_attempt_id(attempt, 0), sliced
+
+
+async def hello_replaying_an_exit(node_name: str, attempt_id: str, job_id: int) -> Any:
+    """The node's agent reconnects and its hello lists the replica as exited 0; returns the
+    first message the portal answers with."""
+    from agents.protocol.messages import ReportedAttempt
+
+    node = await Node.objects.aget(name=node_name)
+    uuids = {g.index: g.uuid async for g in Gpu.objects.filter(node=node)}
+    communicator, connected, _ = await connect(await sync_to_async(issue_node_token)(node, None))
+    assert connected
+    greeting = hello(node_name, uuids)
+    greeting.attempts.append(
+        ReportedAttempt(
+            attempt_id=attempt_id,
+            job_id=str(job_id),
+            state=AttemptState.EXITED,
+            generation=5,
+            exit_code=0,
+            reason=ExitReason.SUCCEEDED,
+        )
+    )
+    await communicator.send_to(text_data=encode(greeting))
+    answer = decode_from_portal(await communicator.receive_from(timeout=10))
+    await communicator.disconnect()
+    return answer
+
+
+async def test_a_hello_replaying_the_exit_of_a_suspended_job_is_welcomed(suspended_job) -> None:  # type: ignore[no-untyped-def]
+    """The exit of a frozen process ends its job. It used to raise (no move from suspended to
+    succeeded), which closed the connection, and every hello replayed it: the node was never
+    welcomed again."""
+    node_name, attempt_id, job_id = suspended_job
+    assert (await hello_replaying_an_exit(node_name, attempt_id, job_id)).type == "welcome"
+    assert (await Job.objects.aget(pk=job_id)).state == "succeeded"
+
+
+async def test_a_report_the_state_table_refuses_is_dropped_and_the_node_stays_connected(
+    suspended_job, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A safety net: should a report ever call for a move the table lacks (as suspended ->
+    succeeded once did), that report is dropped and logged, and the node is still welcomed and
+    heard, rather than losing its connection on each try."""
+    from portal.jobs.choices import ALLOWED_TRANSITIONS, JobState
+    from portal.jobs.models import JobAttempt
+
+    node_name, attempt_id, job_id = suspended_job
+    monkeypatch.setitem(
+        ALLOWED_TRANSITIONS, JobState.SUSPENDED, frozenset({JobState.RUNNING, JobState.CANCELLED})
+    )
+    assert (await hello_replaying_an_exit(node_name, attempt_id, job_id)).type == "welcome"
+    assert (await Job.objects.aget(pk=job_id)).state == "suspended"
+    attempt = await JobAttempt.objects.aget(job_id=job_id)
+    assert "0" not in attempt.replica_states  # the report's transaction was rolled back
