@@ -131,6 +131,7 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
         {"alice": 204, "bob": 404, "victor": 404, "carol": 404, None: 401},
     ),
     ("get", "/api/v1/session/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    ("get", "/api/v1/session/sso/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 200}),
     ("get", "/api/v1/usage/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/me/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/tenants/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
