@@ -344,9 +344,9 @@ def pending_job(
     pc = spec["priority"]
     after = sorted(set(spec.get("after", [])))
     after_type = spec.get("after_type", DependencyType.OK)
-    if after and ("after", after_type, *after) not in checked:  # a job array names them once
-        check_dependencies(user, after, after_type)
-        checked[("after", after_type, *after)] = True
+    if after and ("after", vc.tenant_id, after_type, *after) not in checked:  # an array names them once
+        check_dependencies(user, vc.tenant_id, after, after_type)
+        checked[("after", vc.tenant_id, after_type, *after)] = True
     return Job(
         pk=job_id,
         after=after,
@@ -389,11 +389,16 @@ def jobs_text(job_ids: Sequence[int], limit: int = 5) -> str:
     return f"jobs {', '.join(shown[:-1])} and {shown[-1]}"
 
 
-def check_dependencies(user: Any, job_ids: Sequence[int], after_type: str = DependencyType.OK) -> None:
-    """Raises JobRejected unless every job of a spec's `after` is one the user may see and the
-    job could still start: for `ok` none has ended without succeeding, for `notok` not all of
-    them have succeeded. A job of another tenant reads as one that does not exist."""
-    states = dict(Job.objects.for_user(user).filter(pk__in=job_ids).values_list("pk", "state"))
+def check_dependencies(
+    user: Any, tenant_id: int, job_ids: Sequence[int], after_type: str = DependencyType.OK
+) -> None:
+    """Raises JobRejected unless every job of a spec's `after` is one of the new job's tenant
+    that the user may see and the job could still start: for `ok` none has ended without
+    succeeding, for `notok` not all of them have succeeded. A job of another tenant reads as one
+    that does not exist, even to a user of both: the waiting job's reason and events name its
+    jobs to everyone in its tenant, who must not learn of another tenant's."""
+    visible = Job.objects.for_user(user).filter(pk__in=job_ids, tenant_id=tenant_id)
+    states = dict(visible.values_list("pk", "state"))
     for job_id in job_ids:
         state = states.get(job_id)
         if state is None:

@@ -75,7 +75,7 @@ def test_a_job_waits_for_its_dependencies_and_starts_once_they_succeeded(
 
 
 def test_only_jobs_the_submitter_may_see_and_that_may_still_succeed_can_be_named(
-    api_for: Any, paused_loop: Any
+    api_for: Any, users: Any, paused_loop: Any
 ) -> None:
     alice, carol = api_for("alice"), api_for("carol")
     theirs = carol.post(
@@ -97,6 +97,15 @@ def test_only_jobs_the_submitter_may_see_and_that_may_still_succeed_can_be_named
         assert refused.status_code == 400 and refused.json() == {"after": [message]}, refused.json()
     assert post(alice, "waits", after=["x"]).json()["after"]
     assert post(alice, "waits", after=list(range(1, 66))).json()["after"]
+    assert Job.objects.count() == before
+    # Nor a job of another tenant the submitter also belongs to: the waiting job's reason and
+    # events, which everyone of its tenant reads, would name it.
+    from portal.accounts.models import Membership, Tenant
+
+    Membership.objects.create(user=users["alice"], tenant=Tenant.objects.get(name="speech"), role="viewer")
+    assert api_for("alice").get(f"/api/v1/jobs/{theirs}/").status_code == 200  # she sees it
+    refused = post(alice, "waits", after=[theirs])
+    assert refused.status_code == 400 and refused.json() == {"after": [f"No job {theirs}."]}
     assert Job.objects.count() == before
 
 
