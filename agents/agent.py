@@ -110,6 +110,10 @@ log = logging.getLogger("agents")
 OUTBOX_LIMIT = 20_000
 OUTBOX_LOG_BYTES = 64 * 1024 * 1024
 LOST_LOGS_READ_TIMEOUT_S = 60.0
+# Log text one attempt's pump holds before it hands it to the outbox itself, without waiting for
+# the monitor round: a job that writes fast (or a long log read again after a restart) would
+# otherwise pile up lines in memory between two rounds.
+LOG_BUFFER_CHARS = 4 * 1024 * 1024
 WELCOME_TIMEOUT_S = 30.0
 REMEMBERED_REQUESTS = 1000
 # Shell output waiting in the outbox, in characters and in shell messages; beyond either,
@@ -195,6 +199,11 @@ class Agent:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.starting: set[str] = set()  # attempts between record and runtime.start
         self.busy: set[str] = set()  # attempts the agent is stopping or checkpointing right now
+        # The stops a desired set began, which run outside the reconcile lock: a stop may take
+        # the attempt's whole grace period (up to an hour), and other tenants' attempts on the
+        # node must not wait for it. Only a start that needs their GPUs waits for them.
+        self.stopping: dict[str, asyncio.Task[None]] = {}
+        self.resending: asyncio.Task[None] | None = None  # the resend of lost log lines under way
         # The last checkpoint marker seen per running attempt, and attempts whose newer marker's
         # manifest is being built: checkpoints a job saves on its own are reported too.
         self.markers: dict[str, MarkerIdentity | None] = {}
@@ -289,8 +298,7 @@ class Agent:
         log.info("connected to the portal as node %s", first.node_id)
         # 3.
         loops = [asyncio.create_task(self._sender(connection)), asyncio.create_task(self._heartbeat_loop())]
-        if self.lost_logs:
-            self._spawn(self._resend_lost_logs())
+        self._maybe_resend_lost_logs()
         try:
             # 4.
             async for text in connection:
@@ -362,6 +370,7 @@ class Agent:
             with _logged("monitor"):
                 await self.refresh()
                 self.flush_logs()
+                self._maybe_resend_lost_logs()
                 self.scan_for_checkpoints()
                 self.shells.close_idle()
             if loop.time() >= next_resync:
@@ -454,14 +463,15 @@ class Agent:
             return f"attempt {attempt_id} is not running on this node"
         if record.state != AttemptState.RUNNING:
             return f"attempt {attempt_id} is {record.state}"
-        if attempt_id in self.busy:
+        if self._is_busy(attempt_id):
             return f"attempt {attempt_id} is being stopped or checkpointed"
         return None
 
-    def _spawn(self, awaitable: Awaitable[None]) -> None:
+    def _spawn(self, awaitable: Awaitable[None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(awaitable)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self.tasks.discard(task)
@@ -614,14 +624,38 @@ class Agent:
 
     async def _pump_logs(self, attempt_id: str) -> None:
         async def pump(stream: Any) -> None:
+            held = 0  # text read since this pump last handed its lines on (an upper bound)
             async for line in self.runtime.logs(attempt_id, stream):
                 self.log_buffers.setdefault(attempt_id, []).append(line)
+                held += len(line.text) + 1
+                if held >= LOG_BUFFER_CHARS:
+                    self.flush_logs()
+                    held = 0
+                    await self._room_for_logs()
 
         results = await asyncio.gather(*(pump(stream) for stream in LOG_STREAMS), return_exceptions=True)
         for result in results:
             if isinstance(result, Exception) and not isinstance(result, RuntimeFailure):
                 log.warning("log stream of %s ended: %s", attempt_id, result)
         self.flush_logs()
+
+    async def _room_for_logs(self) -> None:
+        """While connected, wait until the outbox holds at most half its log text: a pump that
+        reads faster than the portal takes its lines is held back rather than having them
+        dropped (and read again later). Disconnected, nothing waits; the outbox drops the oldest."""
+        while self.connected and self.outbox_log_bytes > OUTBOX_LOG_BYTES // 2:
+            await asyncio.sleep(0.05)
+
+    def _maybe_resend_lost_logs(self) -> None:
+        """Start the resend of lost lines while connected, once the outbox has drained below half
+        its log limit, unless one runs already. Lines the outbox dropped during a session (a burst
+        of output the connection could not keep up with) are so sent in this session, not only
+        after the next reconnect."""
+        if not self.lost_logs or not self.connected or self.outbox_log_bytes > OUTBOX_LOG_BYTES // 2:
+            return
+        if self.resending is not None and not self.resending.done():
+            return
+        self.resending = self._spawn(self._resend_lost_logs())
 
     async def _resend_lost_logs(self) -> None:
         """Read the lines the outbox dropped again from the runtime, which keeps an attempt's
@@ -675,7 +709,10 @@ class Agent:
     # ------------------------------------------------------------------ desired set
 
     async def apply_desired(self, desired: DesiredSet) -> None:
-        """Converge to a desired set: stops first (GPUs freed), then everything else in order."""
+        """Converge to a desired set: stops first, then everything else in order.
+
+        Stops run as tasks of their own (see ``stopping``), so the lock is not held for a grace
+        period; a start whose GPUs an attempt still being stopped holds waits for that stop."""
         async with self.reconcile_lock:
             if desired.revision < self.newest_revision:
                 log.info(
@@ -686,20 +723,21 @@ class Agent:
                 return
             await self.refresh()
             local = [
-                LocalAttempt(r.attempt_id, r.state, r.grace_s, busy=r.attempt_id in self.busy)
+                LocalAttempt(r.attempt_id, r.state, r.grace_s, busy=self._is_busy(r.attempt_id))
                 for r in self.store.all()
             ]
             actions = reconcile(desired.attempts, local)
-            stops = [action for action in actions if isinstance(action, Stop)]
-            await asyncio.gather(
-                *(self.stop_attempt(s.attempt_id, s.grace_s, ExitReason.STOPPED) for s in stops)
-            )
+            for action in actions:
+                if isinstance(action, Stop):
+                    self._spawn_stop(action.attempt_id, action.grace_s)
             for action in actions:
                 if isinstance(action, Start):
                     # In the background: an image pull may take minutes, and the sets that come
                     # meanwhile (one that cancels this attempt, say) must not wait for it.
                     self.record_start(action.attempt)
-                    self._spawn(self.start_attempt(action.attempt))
+                    self._spawn(
+                        self.start_attempt(action.attempt, self._stops_holding_gpus_of(action.attempt))
+                    )
                 elif isinstance(action, Checkpoint):
                     if self.claim_checkpoint(action.attempt_id) is None:
                         self._spawn(self._checkpoint_quietly(action.attempt_id))
@@ -718,6 +756,31 @@ class Agent:
                     await self.remove_attempt(action.attempt_id)
             await self.refresh()
 
+    def _is_busy(self, attempt_id: str) -> bool:
+        return attempt_id in self.busy or attempt_id in self.stopping
+
+    def _spawn_stop(self, attempt_id: str, grace_s: float) -> None:
+        """Stop an attempt in a task of its own, noted in ``stopping`` at once (synchronously), so
+        that a desired set applied meanwhile leaves it alone and a start needing its GPUs waits."""
+        task = self._spawn(self.stop_attempt(attempt_id, grace_s, ExitReason.STOPPED))
+        self.stopping[attempt_id] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            if self.stopping.get(attempt_id) is task:
+                del self.stopping[attempt_id]
+
+        task.add_done_callback(done)
+
+    def _stops_holding_gpus_of(self, attempt: DesiredAttempt) -> list[asyncio.Task[None]]:
+        """The stops under way of attempts that hold any of ``attempt``'s GPUs."""
+        wanted = {gpu.uuid for gpu in attempt.gpus}
+        held = []
+        for attempt_id, task in self.stopping.items():
+            record = self.store.get(attempt_id)
+            if record is not None and wanted.intersection(record.gpu_uuids):
+                held.append(task)
+        return held
+
     def record_start(self, attempt: DesiredAttempt) -> None:
         """Synchronous, so that the record exists before any other reconcile looks for it."""
         record = AttemptRecord(
@@ -727,14 +790,20 @@ class Agent:
         self.send(self._status(record))
         self.starting.add(attempt.attempt_id)
 
-    async def start_attempt(self, attempt: DesiredAttempt) -> None:
-        """Start an attempt that record_start recorded."""
+    async def start_attempt(
+        self, attempt: DesiredAttempt, after: list[asyncio.Task[None]] | None = None
+    ) -> None:
+        """Start an attempt that record_start recorded, once the stops in ``after`` (of attempts
+        holding its GPUs) ended: the GPUs must be free before it starts."""
         try:
+            if after:
+                await asyncio.wait(after)
             await self._prepare_resume(attempt)
             record = self.store.get(attempt.attempt_id)
             if record is None or record.state != AttemptState.STARTING:
-                # Stopped while its checkpoint was checked: the runtime has not heard of it yet,
-                # so the stop found nothing to stop, and starting it now would run a cancelled job.
+                # Stopped while it waited for its GPUs or its checkpoint was checked: the runtime
+                # has not heard of it yet, so the stop found nothing to stop, and starting it now
+                # would run a cancelled job.
                 raise RuntimeFailure("stopped before it started")
             if attempt.checkpoint_dir is not None:
                 self.markers[attempt.attempt_id] = marker_identity(Path(attempt.checkpoint_dir))
@@ -861,7 +930,7 @@ class Agent:
             )
         # Refused only while the agent itself is busy with the attempt; a stop or checkpoint
         # that an agent restart interrupted may be asked for again.
-        busy = record.attempt_id in self.busy or record.state == AttemptState.STARTING
+        busy = self._is_busy(record.attempt_id) or record.state == AttemptState.STARTING
         if busy and isinstance(request, SuspendRequest | ResumeRequest):
             return RequestReject(
                 request_id=request.id,
@@ -895,7 +964,7 @@ class Agent:
         if record is None or record.state not in CHECKPOINTABLE_STATES:
             state = record.state if record is not None else "unknown"
             return f"attempt {attempt_id} cannot be checkpointed: it is {state} on this node"
-        if attempt_id in self.busy:
+        if self._is_busy(attempt_id):
             return f"attempt {attempt_id} is already being stopped or checkpointed"
         if record.spec is None or record.spec.checkpoint_dir is None:
             return f"attempt {attempt_id} has no checkpoint directory"

@@ -28,6 +28,8 @@ Contract with the job (documented in docs/agent.md):
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -49,6 +51,12 @@ MANIFEST_DIR = ".manifests"
 MANIFEST_VERSION = 1
 # A checkpoint with more files than this is refused: its manifest would not fit a message.
 MAX_MANIFEST_FILES = 10_000
+# A marker is a few hundred bytes; a larger one is refused unread rather than read into memory
+# (a job could point it at something endless).
+MAX_MARKER_BYTES = 64 * 1024
+# Reading a new marker and measuring its checkpoint may take at least this long, even when the
+# grace period is nearly over; after that the checkpoint wait gives up and the job is stopped.
+MARKER_READ_MIN_S = 10.0
 # Test hook: with this variable set to N seconds the agent pauses that long in the middle of
 # building a manifest (after the first file) and creates MANIFEST_PAUSE_FLAG in the checkpoint
 # directory first, so a fault test can kill it there. Never set it in production.
@@ -127,19 +135,20 @@ def write_marker(checkpoint_dir: str | Path, step: int, path: str) -> Path:
 
 
 def marker_identity(checkpoint_dir: Path) -> MarkerIdentity | None:
+    """The marker entry itself (lstat: a link is not followed to whatever it names)."""
     try:
-        stat = (checkpoint_dir / MARKER_NAME).stat()
+        info = os.lstat(checkpoint_dir / MARKER_NAME)
     except FileNotFoundError:
         return None
-    return MarkerIdentity(inode=stat.st_ino, mtime_ns=stat.st_mtime_ns)
+    return MarkerIdentity(inode=info.st_ino, mtime_ns=info.st_mtime_ns)
 
 
 def read_marker(checkpoint_dir: Path) -> FoundCheckpoint:
     """Parse the marker and measure the checkpoint it names; raises BadMarkerError."""
-    marker_path = checkpoint_dir / MARKER_NAME
+    payload, modified = _read_marker_bytes(checkpoint_dir / MARKER_NAME)
     try:
-        marker = CheckpointMarker.model_validate_json(marker_path.read_bytes())
-    except (OSError, ValidationError) as error:
+        marker = CheckpointMarker.model_validate_json(payload)
+    except ValidationError as error:
         raise BadMarkerError(f"checkpoint marker is not valid: {error}") from error
     root = Path(os.path.realpath(checkpoint_dir))
     target = Path(os.path.realpath(root / marker.path))
@@ -147,7 +156,7 @@ def read_marker(checkpoint_dir: Path) -> FoundCheckpoint:
         raise BadMarkerError(f"checkpoint path {marker.path!r} is outside the checkpoint directory")
     if not target.exists():
         raise BadMarkerError(f"checkpoint path {marker.path!r} does not exist")
-    taken = marker.time or datetime.fromtimestamp(marker_path.stat().st_mtime, UTC)
+    taken = marker.time or datetime.fromtimestamp(modified, UTC)
     return FoundCheckpoint(
         path=target,
         size_bytes=_size(target),
@@ -156,6 +165,40 @@ def read_marker(checkpoint_dir: Path) -> FoundCheckpoint:
         metric=marker.metric,
         metric_mode=marker.metric_mode,
     )
+
+
+def _read_marker_bytes(marker_path: Path) -> tuple[bytes, float]:
+    """The marker's bytes and modification time; raises BadMarkerError.
+
+    The job owns the directory and may put anything under the marker's name. The root agent
+    must never follow a link (it would read a host file, and its text would end up in the
+    reason sent to the portal), never wait on a FIFO (the read would block for ever and the
+    job would keep its GPUs), and never read an endless device into memory: so the marker is
+    opened without following links and without blocking, and must be a small regular file.
+    """
+    try:
+        fd = os.open(marker_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        reason = "it is a symbolic link" if error.errno == errno.ELOOP else error.strerror
+        raise BadMarkerError(f"checkpoint marker cannot be read: {reason}") from error
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BadMarkerError("checkpoint marker is not a regular file")
+        if info.st_size > MAX_MARKER_BYTES:
+            raise BadMarkerError(f"checkpoint marker is larger than {MAX_MARKER_BYTES} bytes")
+        chunks = []
+        size = 0
+        while chunk := os.read(fd, MAX_MARKER_BYTES + 1 - size):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_MARKER_BYTES:  # grew while it was read
+                raise BadMarkerError(f"checkpoint marker is larger than {MAX_MARKER_BYTES} bytes")
+        return b"".join(chunks), info.st_mtime
+    except OSError as error:
+        raise BadMarkerError(f"checkpoint marker cannot be read: {error.strerror}") from error
+    finally:
+        os.close(fd)
 
 
 async def wait_for_new_marker(
@@ -168,21 +211,33 @@ async def wait_for_new_marker(
     """Wait until a marker different from ``before`` appears; None on timeout.
 
     Also stops waiting when the job ends (``still_running`` returns False): a job that
-    saves and exits on the signal is the common case.
+    saves and exits on the signal is the common case. Reading the marker is bounded too (by
+    what is left of ``timeout_s``, at least MARKER_READ_MIN_S): the job is stopped when its
+    grace period ends even if its checkpoint directory hangs (a stuck network filesystem);
+    raises BadMarkerError then.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
         current = marker_identity(checkpoint_dir)
         if current is not None and current != before:
-            return await asyncio.to_thread(read_marker, checkpoint_dir)  # walks the checkpoint
+            return await _read_marker_bounded(checkpoint_dir, max(deadline - loop.time(), MARKER_READ_MIN_S))
         if loop.time() >= deadline or not await still_running():
             # One last look: the job may have written the marker just before exiting.
             current = marker_identity(checkpoint_dir)
             if current is not None and current != before:
-                return await asyncio.to_thread(read_marker, checkpoint_dir)
+                return await _read_marker_bounded(checkpoint_dir, MARKER_READ_MIN_S)
             return None
         await asyncio.sleep(poll_s)
+
+
+async def _read_marker_bounded(checkpoint_dir: Path, timeout_s: float) -> FoundCheckpoint:
+    """read_marker off the event loop (it walks the checkpoint), given up after ``timeout_s``;
+    a thread stuck in the filesystem is left behind, the agent goes on."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(read_marker, checkpoint_dir), timeout_s)
+    except TimeoutError:
+        raise BadMarkerError(f"checkpoint marker could not be read within {timeout_s:g}s") from None
 
 
 def _size(path: Path) -> int:
@@ -250,13 +305,33 @@ def publish_manifest(checkpoint_dir: Path, manifest: Manifest) -> PublishedManif
 
     The file is named by its own hash: replicas on several hosts share the directory and save
     the same step, each with its own marker time, so a name by step and path alone would let
-    one replica's manifest replace the one the portal committed for the other."""
-    directory = Path(checkpoint_dir) / MANIFEST_DIR
-    directory.mkdir(exist_ok=True)
+    one replica's manifest replace the one the portal committed for the other.
+
+    The job owns the checkpoint directory and could make ``.manifests`` a link to any host
+    directory: it is used only when it is a real directory, opened without following links,
+    and the manifest is written and renamed through that directory's descriptor. Raises
+    ManifestError when ``.manifests`` is not a directory, OSError when writing fails."""
     payload = manifest.model_dump_json().encode()
     digest = hashlib.sha256(payload).hexdigest()
     name = f"{manifest.step}-{digest[:16]}.json"
-    _atomic_write(directory / name, payload)
+    checkpoint_fd = os.open(checkpoint_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(MANIFEST_DIR, 0o755, dir_fd=checkpoint_fd)
+        try:
+            manifests_fd = os.open(
+                MANIFEST_DIR,
+                os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                dir_fd=checkpoint_fd,
+            )
+        except OSError as error:  # ELOOP (a link) or ENOTDIR (a file, a pipe)
+            raise ManifestError(f"{MANIFEST_DIR} in the checkpoint directory is not a directory") from error
+    finally:
+        os.close(checkpoint_fd)
+    try:
+        _atomic_write(manifests_fd, name, payload)
+    finally:
+        os.close(manifests_fd)
     return PublishedManifest(
         manifest=manifest,
         relative_path=f"{MANIFEST_DIR}/{name}",
@@ -304,7 +379,11 @@ def point_marker_at(checkpoint_dir: Path, manifest: Manifest) -> None:
     marker = {"step": manifest.step, "path": manifest.path, "time": manifest.time.isoformat()}
     if manifest.metric is not None:
         marker |= {"metric": manifest.metric, "metric_mode": manifest.metric_mode}
-    _atomic_write(directory / MARKER_NAME, json.dumps(marker).encode())
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _atomic_write(directory_fd, MARKER_NAME, json.dumps(marker).encode())
+    finally:
+        os.close(directory_fd)
 
 
 def _walk(directory: Path) -> list[Path]:
@@ -319,30 +398,40 @@ def _walk(directory: Path) -> list[Path]:
 
 
 def _hash_file(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
+    """Size and sha256 of a regular file. Opened without blocking and checked on the open
+    descriptor: the job may swap a checked file for a FIFO, whose read would never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ManifestError(f"{path.name} is not a regular file")
+        digest = hashlib.sha256()
+        size = 0
         while chunk := handle.read(1024 * 1024):
             digest.update(chunk)
             size += len(chunk)
     return size, digest.hexdigest()
 
 
-def _atomic_write(target: Path, payload: bytes) -> None:
+def _atomic_write(directory_fd: int, name: str, payload: bytes) -> None:
     """Temporary file, fsync, rename, fsync of the directory: a crash leaves the old file or the
-    whole new one. The temporary name is unique because replicas share the directory."""
-    temporary = target.parent / f".{target.name}.{uuid4().hex}.tmp"
-    with open(temporary, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, target)
-    _fsync_directory(target.parent)
+    whole new one. The temporary name is unique because replicas share the directory.
 
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+    Everything goes through the directory's descriptor, and the temporary file is created new
+    (O_EXCL, O_NOFOLLOW): the job that owns the directory cannot redirect the write with a
+    link. The rename replaces a link named ``name`` itself, never what it points to."""
+    temporary = f".{name}.{uuid4().hex}.tmp"
+    fd = os.open(
+        temporary,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o644,
+        dir_fd=directory_fd,
+    )
     try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
+    os.rename(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+    os.fsync(directory_fd)

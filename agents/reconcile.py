@@ -16,8 +16,9 @@ A pure function, run on every desired set (so after every reconnect too). The ru
                                     interrupted, is not busy: it is stopped again)
 - not desired, ended here        -> Report once more, then Remove (forget it)
 
-Stops come first in the returned list: the agent finishes them before it starts anything,
-so GPUs freed by a stop are free before an attempt that was given them starts.
+Stops come first in the returned list. The agent begins them before it starts anything, each
+in a task of its own, and a start that was given a GPU of an attempt still being stopped waits
+for that stop: GPUs freed by a stop are free before an attempt that was given them starts.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ import docker
 import docker.auth
 import docker.errors
 import docker.utils
+import requests.exceptions
 from docker.types import DeviceRequest
 from docker.types import Mount as DockerMount
 
@@ -524,19 +525,52 @@ class DockerRuntime:
             try:
                 container = await _engine(self.client.containers.create, **config)
             except RuntimeFailure as error:
+                if not isinstance(error.__cause__, docker.errors.APIError):
+                    # The engine was not heard (a timeout): it may have created it all the same.
+                    await self._remove_created(attempt.attempt_id)
                 raise RuntimeFailure(f"cannot create the container: {error}") from error
-            if stopped.done():
-                with contextlib.suppress(RuntimeFailure):
-                    await _engine(container.remove, force=True)
-                raise RuntimeFailure("stopped before its container started")
             try:
-                await _engine(container.start)
-            except RuntimeFailure as error:
+                if stopped.done():
+                    raise RuntimeFailure("stopped before its container started")
+                try:
+                    await _engine(container.start)
+                except RuntimeFailure as error:
+                    raise RuntimeFailure(f"cannot start the container: {error}") from error
+            except BaseException:
+                # Whatever ended the start (a refusal, a timeout, a cancel), no container is
+                # left behind in "created": nobody would ever start, stop or wait for it.
                 with contextlib.suppress(RuntimeFailure):
                     await _engine(container.remove, force=True)
-                raise RuntimeFailure(f"cannot start the container: {error}") from error
+                raise
         finally:
             del self._starting[attempt.attempt_id]
+
+    def _abandoned(self, container: Any) -> bool:
+        """A container still "created" that no start() of this runtime is busy with: left by an
+        agent that died or timed out between create and start. It never runs; it is removed."""
+        return container.status == "created" and _attempt_label(container) not in self._starting
+
+    async def _remove_abandoned(self, attempt_id: str) -> bool:
+        """Remove the attempt's container if it is abandoned; whether it was."""
+        if attempt_id in self._starting:
+            return False
+        return await self._remove_created(attempt_id)
+
+    async def _remove_created(self, attempt_id: str) -> bool:
+        """Remove the attempt's container if it is in "created"; whether it was. Best effort:
+        an engine that cannot be reached leaves it to the next look."""
+        try:
+            container = await self._container(attempt_id)
+            if container.status != "created":
+                return False
+            log.warning("removing the container of %s, created but never started", attempt_id)
+            await _engine(container.remove, force=True)
+        except UnknownAttemptError:
+            return True  # gone already
+        except RuntimeFailure as error:
+            log.warning("cannot remove the container of %s: %s", attempt_id, error)
+            return False
+        return True
 
     async def _ensure_image(self, attempt_id: str, image: str, stopped: asyncio.Future[None]) -> None:
         """Make sure the engine has the image, as the pull policy says; raises ImagePullError.
@@ -578,6 +612,8 @@ class DockerRuntime:
             return False
         except docker.errors.APIError as error:
             raise RuntimeFailure(f"cannot look up image {reference}: {error.explanation or error}") from error
+        except requests.exceptions.RequestException as error:
+            raise RuntimeFailure(f"cannot look up image {reference}: {error}") from error
         return True
 
     async def _pull(self, pull: _Pull) -> None:
@@ -657,10 +693,21 @@ class DockerRuntime:
 
     async def list_attempts(self) -> list[ObservedAttempt]:
         containers = await self._list({"label": f"{LABEL_MANAGED}=true"})
-        self._attempt_by_container = {
-            container.id: container.attrs["Config"]["Labels"][LABEL_ATTEMPT] for container in containers
-        }
-        return [_observe(container.attrs) for container in containers]
+        self._attempt_by_container = {container.id: _attempt_label(container) for container in containers}
+        return [self._observe(container) for container in containers]
+
+    def _observe(self, container: Any) -> ObservedAttempt:
+        """An abandoned container (see :meth:`_abandoned`) is shown as vanished, not as starting
+        for ever: it will never run, and the portal should place the job again."""
+        observed = _observe(container.attrs)
+        if self._abandoned(container):
+            return ObservedAttempt(
+                attempt_id=observed.attempt_id,
+                job_id=observed.job_id,
+                state=AttemptState.VANISHED,
+                gpu_uuids=observed.gpu_uuids,
+            )
+        return observed
 
     def attempt_of_pid(self, pid: int) -> str | None:
         """A container's processes carry its id in their cgroup paths (cgroup v1 and v2 alike)."""
@@ -713,6 +760,8 @@ class DockerRuntime:
             if stopped is not None:
                 return None  # not created yet, and now it never will be
             raise
+        if await self._remove_abandoned(attempt_id):
+            return None  # it never ran: nothing to stop, and no exit code
         if container.status == "paused":
             await _engine(container.unpause)  # a frozen container cannot handle SIGTERM
         if _observe(container.attrs).state.is_live:
@@ -720,9 +769,14 @@ class DockerRuntime:
         return await self.wait(attempt_id)
 
     async def wait(self, attempt_id: str) -> int | None:
-        # Polled rather than a blocking wait, so no worker thread is held for the container's life.
+        """The exit code once the container ended. Polled rather than a blocking wait, so no
+        worker thread is held for the container's life. An abandoned container (see
+        :meth:`_abandoned`) would wait for ever: it is removed, and there is no exit code."""
         while True:
             container = await self._container(attempt_id)
+            if self._abandoned(container):
+                await self._remove_abandoned(attempt_id)
+                return None
             observed = _observe(container.attrs)
             if not observed.state.is_live:
                 return observed.exit_code
@@ -786,7 +840,7 @@ class DockerRuntime:
             container = await self._container(attempt_id)
         except UnknownAttemptError:
             return
-        if _observe(container.attrs).state.is_live:
+        if self._observe(container).state.is_live:
             raise RuntimeFailure(f"attempt {attempt_id} is still running; stop it first")
         await _engine(container.remove, force=True)
 
@@ -803,6 +857,10 @@ class DockerRuntime:
                 return await asyncio.to_thread(self.client.containers.list, all=True, filters=filters)
             except docker.errors.NotFound:
                 await asyncio.sleep(POLL_S / 5)
+            except docker.errors.APIError as error:
+                raise RuntimeFailure(f"cannot list containers: {error.explanation or error}") from error
+            except requests.exceptions.RequestException as error:
+                raise RuntimeFailure(f"cannot reach the Docker engine: {error}") from error
         raise RuntimeFailure("containers keep disappearing while being listed")
 
 
@@ -937,13 +995,21 @@ class ExecShell:
 
 
 async def _engine(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call the engine in a worker thread; its errors become the runtime's errors."""
+    """Call the engine in a worker thread; its errors become the runtime's errors. So do the
+    transport's (a timeout, a refused socket): the agent handles RuntimeFailure, and any other
+    error would end the task that called, leaving its attempt starting or stopping for ever."""
     try:
         return await asyncio.to_thread(function, *args, **kwargs)
     except docker.errors.NotFound as error:
         raise UnknownAttemptError(str(error.explanation or error)) from error
     except docker.errors.APIError as error:
         raise RuntimeFailure(str(error.explanation or error)) from error
+    except requests.exceptions.RequestException as error:
+        raise RuntimeFailure(f"cannot reach the Docker engine: {error}") from error
+
+
+def _attempt_label(container: Any) -> str:
+    return str(container.attrs["Config"]["Labels"][LABEL_ATTEMPT])
 
 
 def _observe(attrs: dict[str, Any]) -> ObservedAttempt:

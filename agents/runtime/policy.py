@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from agents.protocol import DesiredAttempt
 
@@ -192,12 +192,15 @@ def resolve_checkpoint_dir(path: str, policy: HostPolicy) -> Path:
 
 
 def _normalize_target(target: str) -> str:
+    """The target as the engine resolves it: empty and ``.`` components dropped. Built from
+    the components by hand, since PurePosixPath keeps a leading ``//`` (POSIX lets it mean
+    something else) while the engine reads ``//etc`` as ``/etc``: the check must see that."""
     if not target.startswith("/") or "\\" in target or "\x00" in target:
         raise PolicyError(f"mount target {target!r} is not a clean absolute path")
-    parts = PurePosixPath(target).parts
+    parts = [part for part in target.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise PolicyError(f"mount target {target!r} contains '..'")
-    normalized = str(PurePosixPath(*parts))
+    normalized = "/" + "/".join(parts)
     for forbidden in FORBIDDEN_TARGETS:
         if normalized == forbidden or (forbidden != "/" and normalized.startswith(forbidden + "/")):
             raise PolicyError(f"mount target {target!r} covers a system directory")

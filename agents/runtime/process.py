@@ -60,6 +60,7 @@ SHELL_DRAIN_S = 0.1
 POLL_S = 0.05
 SIGKILL_EXIT_CODE = 128 + signal.SIGKILL
 START_TIMEOUT_S = 30.0
+LOG_READ_BYTES = 1 << 16  # read from a log file at a time, with a turn of the event loop after each
 
 
 class ProcessRuntime:
@@ -169,10 +170,14 @@ class ProcessRuntime:
         with open(path, "rb") as file:
             while True:
                 ended = not self._observe(record).state.is_live  # checked before reading: no lost tail
-                data = file.read(1 << 16)
+                data = file.read(LOG_READ_BYTES)
                 if data:
                     for line in numbering.feed(data):
                         yield line
+                    # A job that writes fast (or a long log read again after a restart) always has
+                    # more: without this the loop would never give the event loop a turn, and
+                    # heartbeats, telemetry and every other attempt would stop.
+                    await asyncio.sleep(0)
                     continue
                 if ended:
                     for line in numbering.finish():
@@ -211,6 +216,8 @@ class ProcessRuntime:
         record = _read_json(directory / "record.json")
         if record is not None and self._observe(record).state.is_live:
             raise RuntimeFailure(f"attempt {attempt_id} is still running; stop it first")
+        if record is not None:
+            _kill_leftovers(record["pid"], record["start_ticks"])
         self._children.pop(attempt_id, None)
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -243,6 +250,8 @@ class ProcessRuntime:
             "gpu_uuids": tuple(record["gpu_uuids"]),
         }
         if process_state in (None, "Z"):
+            # Before the reap: while the wrapper is a zombie its pid cannot be reused.
+            _kill_leftovers(record["pid"], record["start_ticks"])
             self._reap(attempt_id, record["pid"])
             if exit_record is not None:
                 return ObservedAttempt(
@@ -439,6 +448,22 @@ def _environment_of(record: dict[str, Any]) -> dict[str, str]:
 def _kill_group(pid: int, signum: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signum)
+
+
+def _kill_leftovers(pid: int, start_ticks: int) -> None:
+    """SIGKILL what is left of an ended attempt's process group: a command that exits by itself
+    may leave background children running (and holding its GPUs) in the group.
+
+    The group's id is the wrapper's pid. Linux never hands out a number still in use as a
+    process group id, so while leftovers live the number is theirs; once the wrapper is gone
+    and no leftover remains, a new process may get it and lead a group of its own. So the group
+    is killed only when no process has that pid or the one that has it is still the wrapper
+    (same start time, a zombie); a process with another start time means the number was reused
+    and the group is someone else's."""
+    fields = stat_fields(pid)
+    if fields is not None and int(fields[19]) != start_ticks:
+        return
+    _kill_group(pid, signal.SIGKILL)
 
 
 def _start_ticks(pid: int) -> int:

@@ -165,6 +165,27 @@ def test_mounts_stay_inside_allowed_roots(tmp_path: Path) -> None:
     assert os.path.realpath(data / "escape") == "/etc"
 
 
+@pytest.mark.parametrize(
+    "target", ["//proc", "//dev/x", "//etc", "///sys", "//usr/lib", "/./etc", "/.//proc/1", "//"]
+)
+def test_mount_targets_are_checked_as_the_engine_reads_them(tmp_path: Path, target: str) -> None:
+    """Docker reads ``//etc`` as ``/etc``; PurePosixPath keeps the leading ``//``, so such a
+    target slipped past the check and a job could mount over the container's /etc, /sys or /dev."""
+    policy = HostPolicy(volume_roots=(VolumeRoot(tmp_path),))
+    with pytest.raises(PolicyError, match="system directory"):
+        resolve_mount(str(tmp_path), target, True, policy)
+
+
+def test_clean_mount_targets_are_normalized(tmp_path: Path) -> None:
+    policy = HostPolicy(volume_roots=(VolumeRoot(tmp_path),))
+    for target, normalized in (
+        ("//data", "/data"),
+        ("/data//set/./x/", "/data/set/x"),
+        ("/etcetera", "/etcetera"),
+    ):
+        assert resolve_mount(str(tmp_path), target, True, policy).target == normalized
+
+
 def test_the_most_specific_volume_root_decides_and_checkpoints_stay_below_their_root(tmp_path: Path) -> None:
     shared, scratch = tmp_path / "shared", tmp_path / "shared" / "scratch"
     scratch.mkdir(parents=True)

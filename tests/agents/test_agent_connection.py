@@ -195,6 +195,112 @@ async def test_output_the_outbox_dropped_in_an_outage_is_sent_again_once_the_por
     assert agent.lost_logs == {}
 
 
+LOUD_AT_ONCE = """
+import os, sys, time
+go = sys.argv[1]
+while not os.path.exists(go):
+    time.sleep(0.02)
+sys.stdout.write("".join(f"line {i:04d} written faster than the outbox takes it\\n" for i in range(2000)))
+sys.stdout.flush()
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.asyncio
+async def test_output_the_outbox_dropped_while_connected_is_sent_again_in_the_same_session(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst larger than the outbox is trimmed even while the portal is connected; the lines
+    it dropped are read again once the outbox has drained, not only after a reconnect."""
+    monkeypatch.setattr("agents.agent.OUTBOX_LOG_BYTES", 4000)  # about 60 lines
+    go = tmp_path / "go"
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        portal.desired = [
+            make_attempt("att-1", command=[PY, "-c", LOUD_AT_ONCE, str(go)], gpus=[gpu(agent, 0)])
+        ]
+        async with running(agent):
+            await wait_for(lambda: portal.last_status("att-1") is not None)
+            go.touch()
+            await wait_for(lambda: agent.outbox_dropped > 0)
+            await wait_for(lambda: len(portal.log_lines("att-1")) == 2000)
+            assert agent.sessions == 1  # no reconnect was needed
+    lines = portal.log_lines("att-1")
+    assert [lines[i] for i in range(2000)] == [
+        f"line {i:04d} written faster than the outbox takes it" for i in range(2000)
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_log_pump_hands_on_its_lines_without_waiting_for_the_monitor(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a pump holds in memory is bounded: a job writing fast (or a long log read again
+    after a restart) must not pile up lines until the next monitor round flushes them."""
+    monkeypatch.setattr("agents.agent.LOG_BUFFER_CHARS", 1000)
+    go = tmp_path / "go"
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        agent.config = dataclasses.replace(agent.config, monitor_interval_s=3600)  # no flush by the monitor
+        portal.desired = [
+            make_attempt("att-1", command=[PY, "-c", LOUD_AT_ONCE, str(go)], gpus=[gpu(agent, 0)])
+        ]
+        async with running(agent):
+            await wait_for(lambda: portal.last_status("att-1") is not None)
+            go.touch()
+            await wait_for(lambda: len(portal.log_lines("att-1")) >= 1900)
+            held = sum(len(line.text) + 1 for lines in agent.log_buffers.values() for line in lines)
+            assert held < 2 * 1000
+
+
+IGNORES_SIGTERM = """
+import signal, time
+signal.signal(signal.SIGTERM, lambda signum, frame: None)
+print("up", flush=True)
+while True:
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_long_stop_holds_back_only_the_starts_that_need_its_gpus(state_dir: Path) -> None:
+    """A stop may take the attempt's grace period (up to an hour); other tenants' attempts on
+    the node must start meanwhile, and only one given the stopping attempt's GPU waits for it."""
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        stubborn = make_attempt(
+            "att-stubborn", command=[PY, "-c", IGNORES_SIGTERM], gpus=[gpu(agent, 0)], grace_period_s=600
+        )
+        portal.desired = [stubborn]
+        async with running(agent):
+            await wait_for(lambda: portal.log_lines("att-stubborn").get(0) == "up")
+            other = make_attempt("att-other", command=[PY, "-c", FOREVER], gpus=[gpu(agent, 1)])
+            successor = make_attempt("att-successor", command=[PY, "-c", FOREVER], gpus=[gpu(agent, 0)])
+            await portal.set_desired([other, successor])
+            await wait_for(lambda: portal.last_status("att-stubborn").state == AttemptState.STOPPING)
+            await wait_for(
+                lambda: (
+                    (s := portal.last_status("att-other")) is not None and s.state == AttemptState.RUNNING
+                ),
+                timeout_s=10,
+            )
+            await portal.set_desired([other, successor])  # a later set is applied meanwhile too
+            await asyncio.sleep(0.5)
+            assert portal.last_status("att-stubborn").state == AttemptState.STOPPING
+            assert portal.last_status("att-successor").state == AttemptState.STARTING  # its GPU is held
+            assert not (state_dir / "process" / "att-successor").exists()
+            await portal.send(StopRequest(attempt_id="att-stubborn", grace_period_s=0))
+            await wait_for(
+                lambda: (
+                    (s := portal.last_status("att-successor")) is not None and s.state == AttemptState.RUNNING
+                )
+            )
+            stopped = portal.last_status("att-stubborn")
+            assert (stopped.state, stopped.exit_code) == (AttemptState.EXITED, 137)
+            assert stopped.time <= portal.last_status("att-successor").time
+
+
 @pytest.mark.asyncio
 async def test_a_restarted_agent_reattaches_stops_what_moved_and_reports_what_vanished(
     state_dir: Path, tmp_path: Path

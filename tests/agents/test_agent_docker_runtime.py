@@ -13,6 +13,7 @@ import os
 from collections.abc import Awaitable
 from pathlib import Path
 
+import docker
 import pytest
 from agent_builders import collect_logs, docker_agent, eventually, make_attempt
 from fake_portal import TOKEN, FakePortal, wait_for
@@ -163,6 +164,10 @@ async def test_policy_violations_create_no_container(engine, policy: HostPolicy)
         await runtime.start(_attempt("dk-bad", "true", mounts=[Mount(source="/var/run", target="/x")]))
     with pytest.raises(PolicyError, match="reserved"):
         await runtime.start(_attempt("dk-bad", "true", env={"LD_PRELOAD": "/x.so"}))
+    data = str(policy.volume_roots[0].path)
+    for target in ("//etc", "//sys", "//dev/shm"):  # the engine reads these as /etc, /sys, /dev/shm
+        with pytest.raises(PolicyError, match="system directory"):
+            await runtime.start(_attempt("dk-bad", "true", mounts=[Mount(source=data, target=target)]))
     assert not engine.containers.list(all=True, sparse=True, filters={"name": "gpuportal-dk-bad"})
 
 
@@ -218,6 +223,35 @@ async def test_stop_kills_a_container_that_ignores_sigterm(engine, policy: HostP
     await runtime.start(_attempt("dk-stubborn", "trap '' TERM; echo ready; while true; do sleep 0.05; done"))
     await eventually(lambda: _logs_start_with(runtime, "dk-stubborn", "ready"))
     assert await bounded(runtime.stop("dk-stubborn", grace_s=1)) == 137
+
+
+@pytest.mark.asyncio
+async def test_a_container_left_created_is_removed_instead_of_waited_for(engine, policy: HostPolicy) -> None:
+    """An agent killed (or timed out) between create and start leaves a container in "created".
+    It never runs, so a stop or a wait for it would never end, and the stop is awaited while
+    the agent holds its reconcile lock: the node would stop applying desired sets."""
+    runtime = DockerRuntime(engine, policy, request_gpus=False)
+    for attempt_id in ("dk-created-1", "dk-created-2"):
+        plan = prepare(_attempt(attempt_id, "sleep 100"), policy, CHECKPOINT_TARGET)
+        await asyncio.to_thread(engine.containers.create, **container_config(plan, request_gpus=False))
+    observed = {item.attempt_id: item.state for item in await runtime.list_attempts()}
+    assert observed["dk-created-1"] == observed["dk-created-2"] == AttemptState.VANISHED
+    assert await bounded(runtime.stop("dk-created-1", grace_s=1)) is None
+    assert await bounded(runtime.wait("dk-created-2")) is None
+    assert not engine.containers.list(all=True, sparse=True, filters={"name": "gpuportal-dk-created"})
+
+
+@pytest.mark.asyncio
+async def test_an_unreachable_engine_is_a_runtime_failure(policy: HostPolicy, tmp_path: Path) -> None:
+    """Transport errors (a refused socket, a timeout) are not APIErrors; the agent handles
+    RuntimeFailure only, and any other error would leave the attempt starting for ever."""
+    client = docker.DockerClient(base_url=f"unix://{tmp_path}/no-engine.sock", version="1.43")
+    runtime = DockerRuntime(client, policy, request_gpus=False)
+    with pytest.raises(RuntimeFailure, match="cannot look up image"):
+        await runtime.start(_attempt("dk-nowhere", "true"))
+    for operation in (runtime.list_attempts(), runtime.stop("dk-nowhere", 1), runtime.wait("dk-nowhere")):
+        with pytest.raises(RuntimeFailure, match="cannot reach the Docker engine"):
+            await operation
 
 
 @pytest.mark.asyncio

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -290,3 +292,61 @@ async def test_a_sigkill_request_still_leaves_an_exit_code(runtime: ProcessRunti
     await eventually(lambda: _first_line_is_ready(runtime))
     await runtime.signal("att-1", "SIGKILL")
     assert await runtime.wait("att-1") == 137
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan may wait a moment for its reaper)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return text[text.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.asyncio
+async def test_background_children_of_a_command_that_exited_are_killed(
+    runtime: ProcessRuntime, tmp_path: Path
+) -> None:
+    """A command that ends by itself may leave children in its group; they must not keep
+    running (and holding the attempt's GPUs) after the attempt is reported ended."""
+    child_pid = tmp_path / "child.pid"
+    script = f"sleep 4242 & echo $! > {child_pid}; echo main done"
+    await runtime.start(make_attempt(command=["sh", "-c", script]))
+    assert await runtime.wait("att-1") == 0
+    pid = int(child_pid.read_text())
+    try:
+        await eventually(lambda: _not_running(pid))
+        assert (await observed(runtime, "att-1")).exit_code == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def _not_running(pid: int) -> bool:
+    return not _running(pid)
+
+
+@pytest.mark.asyncio
+async def test_reading_a_long_log_gives_the_event_loop_turns(runtime: ProcessRuntime) -> None:
+    """Without a turn between reads, a job that writes fast (``yes``) or a long log read again
+    after a restart holds the event loop: no heartbeats, no other attempt served."""
+    script = "import sys\nline = 'x' * 99 + '\\n'\nsys.stdout.write(line * 40_000)\n"  # about 4 MB
+    await runtime.start(make_attempt(command=[PY, "-c", script]))
+    assert await runtime.wait("att-1") == 0
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count_turns())
+    await asyncio.sleep(0)
+    turns_before = turns
+    lines = 0
+    async for _ in runtime.logs("att-1", "stdout"):  # what the agent's log pump does
+        lines += 1
+    counter.cancel()
+    assert lines == 40_000
+    assert turns - turns_before >= 4_000_000 // (1 << 16) // 2  # about one per 64 KiB read

@@ -4,6 +4,7 @@ checks before an attempt resumes from one (docs/agent.md, Checkpoints)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ from test_agent_connection import gpu, make_agent, running, state_dir  # noqa: F
 from agents.checkpoint import (
     MANIFEST_DIR,
     MARKER_NAME,
+    BadMarkerError,
     FoundCheckpoint,
     ManifestError,
     build_manifest,
@@ -192,6 +194,58 @@ def test_verify_refuses_a_manifest_path_outside_the_directory(tmp_path: Path) ->
 
 
 # ----------------------------------------------------------------------------- the agent
+
+
+def test_a_manifest_directory_that_is_not_a_real_directory_is_refused(tmp_path: Path) -> None:
+    """The job owns the checkpoint directory: a ``.manifests`` link must not make the (root)
+    agent write into a host directory, nor a file in its place be written through."""
+    directory, outside = tmp_path / "job", tmp_path / "host-dir"
+    outside.mkdir()
+    make_checkpoint(directory)
+    manifest = build_manifest(directory, found(directory, "step-7"))
+    os.symlink(outside, directory / MANIFEST_DIR)
+    with pytest.raises(ManifestError, match="is not a directory"):
+        publish_manifest(directory, manifest)
+    assert list(outside.iterdir()) == []
+    os.unlink(directory / MANIFEST_DIR)
+    (directory / MANIFEST_DIR).write_text("a file")
+    with pytest.raises(ManifestError, match="is not a directory"):
+        publish_manifest(directory, manifest)
+    os.unlink(directory / MANIFEST_DIR)
+    # A link planted under the manifest's own name is replaced, not written through.
+    (directory / MANIFEST_DIR).mkdir()
+    victim = outside / "victim"
+    victim.write_text("host file")
+    name = publish_manifest(directory, manifest).relative_path
+    os.unlink(directory / name)
+    os.symlink(victim, directory / name)
+    publish_manifest(directory, manifest)
+    assert victim.read_text() == "host file"
+    assert not (directory / name).is_symlink()
+
+
+def test_the_marker_is_read_only_as_a_small_regular_file(tmp_path: Path) -> None:
+    """A link is not followed (a host file's text would reach the agent's log and the portal),
+    and a device is not read (``/dev/zero`` would be read into memory without end)."""
+    directory = tmp_path / "job"
+    directory.mkdir()
+    (directory / "step-1").write_bytes(b"x")
+    secret = tmp_path / "shadow"
+    secret.write_text('{"step": 1, "path": "SECRET-HASH-VALUE"}')
+    os.symlink(secret, directory / MARKER_NAME)
+    with pytest.raises(BadMarkerError) as refused:
+        read_marker(directory)
+    assert "SECRET" not in str(refused.value) and "symbolic link" in str(refused.value)
+    os.unlink(directory / MARKER_NAME)
+    os.symlink("/dev/zero", directory / MARKER_NAME)
+    with pytest.raises(BadMarkerError, match="symbolic link"):
+        read_marker(directory)
+    os.unlink(directory / MARKER_NAME)
+    (directory / MARKER_NAME).write_text(json.dumps({"step": 1, "path": "step-1", "pad": "x" * 70_000}))
+    with pytest.raises(BadMarkerError, match="larger than"):
+        read_marker(directory)
+    write_marker(directory, 1, "step-1")
+    assert read_marker(directory).step == 1
 
 
 SAVE_ON_SIGNAL = """
@@ -379,3 +433,47 @@ async def test_a_checkpoint_linking_out_of_its_directory_is_refused_and_the_job_
             assert not (directory / MANIFEST_DIR).exists()
             await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
             assert portal.last_status("att-1").reason == ExitReason.STOPPED
+
+
+FIFO_MARKER = """
+import os, signal, time
+directory = os.environ["GPUPORTAL_CHECKPOINT_DIR"]
+def save(signum, frame):
+    os.mkfifo(os.path.join(directory, "checkpoint.json"))
+signal.signal(signal.SIGUSR1, save)
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_fifo_marker_neither_blocks_the_agent_nor_keeps_the_job_running(
+    state_dir: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Reading a FIFO blocks until someone writes to it: the checkpoint flow would wait for
+    ever, and the job would never be stopped and keep its GPUs."""
+    directory = tmp_path / "ckpt" / "job-1"
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        portal.desired = [
+            make_attempt("att-1", command=[PY, "-c", FIFO_MARKER], checkpoint_dir=str(directory))
+        ]
+        async with running(agent):
+            try:
+                await wait_for(lambda: portal.log_lines("att-1").get(0) == "ready")
+                await portal.send(CheckpointRequest(attempt_id="att-1", grace_period_s=2))
+                await wait_for(lambda: portal.of_type(RequestReject), timeout_s=10)
+                (reject,) = portal.of_type(RequestReject)
+                assert reject.reason == "checkpoint marker is not a regular file"
+                await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
+                assert portal.last_status("att-1").reason == ExitReason.STOPPED
+            finally:
+                _unblock_readers(directory / MARKER_NAME)
+
+
+def _unblock_readers(fifo: Path) -> None:
+    """A reader stuck on the FIFO (before the fix) gets its end of file, so the test ends."""
+    with contextlib.suppress(OSError):  # no FIFO, or nobody reads it
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
