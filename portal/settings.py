@@ -238,8 +238,15 @@ CELERY_TASK_ALWAYS_EAGER = False
 
 CELERY_BEAT_SCHEDULE = {
     "check-node-heartbeats": {"task": "portal.cluster.tasks.check_node_heartbeats", "schedule": 10.0},
-    # The safety net: changes request cycles themselves, this catches anything they missed.
-    "schedule-cycle": {"task": "scheduler.tasks.schedule_cycle", "schedule": 5.0},
+    # The safety net: changes request cycles themselves, this catches anything they missed. It
+    # never waits for a cycle in progress, and one a busy worker did not take within a period is
+    # dropped (the next one comes then), so slow cycles do not pile these up.
+    "schedule-cycle": {
+        "task": "scheduler.tasks.schedule_cycle",
+        "schedule": 5.0,
+        "kwargs": {"from_beat": True},
+        "options": {"expires": 5.0},
+    },
     "check-time-limits": {"task": "portal.jobs.tasks.check_time_limits", "schedule": 5.0},
     "check-idle-jobs": {"task": "portal.jobs.tasks.check_idle_jobs", "schedule": 60.0},
     "check-budgets": {"task": "portal.cluster.tasks.check_budgets", "schedule": 60.0},

@@ -21,10 +21,25 @@ from agents.protocol import CheckpointRequest, StopRequest, encode
 from portal.agentgw.desired import agent_attempt_id
 from portal.agentgw.outbox import desired_set_changed, send_request
 from portal.cluster import budgets
+from portal.cluster.choices import NodeState
 from portal.cluster.models import Flavor, Gpu, Node, Quota, VirtualCluster
-from portal.jobs.choices import ACTIVE_STATES, PENDING_MOVED, TERMINAL_STATES, AttemptState, JobState
+from portal.jobs.choices import (
+    ACTIVE_STATES,
+    PENDING_MOVED,
+    PENDING_REQUEUED,
+    TERMINAL_STATES,
+    AttemptState,
+    JobState,
+)
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt
-from portal.jobs.services import transition_job, transition_jobs
+from portal.jobs.services import (
+    REQUEUED_AFTER,
+    end_attempt,
+    report_failed_checkpoint,
+    requeue_job,
+    transition_job,
+    transition_jobs,
+)
 from scheduler import core
 from scheduler.core.service_history import FINISHED_LOOKBACK, FINISHED_PER_WIDTH
 
@@ -185,7 +200,9 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
                     attained_gpu_s=job.total_gpus * max(0.0, now - started[job.pk]),
                     last_checkpoint_at=epoch(job.last_checkpoint),
                     checkpointable=bool((job.spec.get("checkpoint") or {}).get("enabled")),
-                    stopping=job.state == JobState.CHECKPOINTING,
+                    # Told to stop already: preempted, or at its time limit (stop_reason), so a
+                    # second preemption in its grace window would only stop it twice.
+                    stopping=job.state == JobState.CHECKPOINTING or bool(job.stop_reason),
                     slice_started_at=slice_started.get(job.pk),
                     **common,
                 )
@@ -313,7 +330,7 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
             starts.append((job, start))
         elif job := unchanged(start.job_id, JobState.SUSPENDED):
             resumes.append((job, start))
-    started = start_jobs(starts, loaded)
+    started = start_jobs(still_placeable(starts, loaded), loaded)
     resumed = sum(resume_job(job, start, now) for job, start in resumes)
     preempted = 0
     # A victim's events name the job it was preempted for only if that job is of its tenant.
@@ -334,6 +351,52 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
         "resumed": resumed,
         "pending": len(plan.pending),
     }
+
+
+Starts = list[tuple[Job, core.Start]]
+
+
+def still_placeable(starts: Starts, loaded: LoadedState) -> Starts:
+    """The starts whose nodes are still ready and trusted and whose GPUs are still healthy, with
+    those nodes and GPUs locked FOR SHARE until the cycle commits.
+
+    The snapshot was read without locks: a node revoked, cordoned or drained, or a GPU that
+    failed, after it was read would otherwise get a job that nothing ever moves away (revoke_node
+    and record_gpu_health requeue only the allocations they can see). With the rows locked, such
+    a change either committed before (and is seen here, so the start is dropped; the next cycle
+    places the job elsewhere) or waits for this cycle to commit and then sees its allocations.
+    Lock order: the jobs (locked by apply_plan), then nodes, then GPUs, each in id order, as the
+    allocation inserts and desired_set_changed already take them after the jobs."""
+    if not starts:
+        return starts
+    node_ids = sorted({loaded.node_ids[r.node] for _, start in starts for r in start.placement})
+    gpu_ids = sorted(
+        {loaded.gpu_ids[(r.node, i)] for _, start in starts for r in start.placement for i in r.gpu_indices}
+    )
+    # A row lock that waited for a writer returns the row as that writer committed it.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {Node._meta.db_table} WHERE id = ANY(%s) AND state = %s AND revoked_at IS NULL "
+            "ORDER BY id FOR SHARE",
+            [node_ids, NodeState.READY],
+        )
+        usable_nodes = {row[0] for row in cursor.fetchall()}
+        cursor.execute(
+            f"SELECT id FROM {Gpu._meta.db_table} WHERE id = ANY(%s) AND healthy ORDER BY id FOR SHARE",
+            [gpu_ids],
+        )
+        healthy_gpus = {row[0] for row in cursor.fetchall()}
+    kept = []
+    for job, start in starts:
+        if all(
+            loaded.node_ids[r.node] in usable_nodes
+            and all(loaded.gpu_ids[(r.node, i)] in healthy_gpus for i in r.gpu_indices)
+            for r in start.placement
+        ):
+            kept.append((job, start))
+        else:
+            logger.info("start of job %s dropped: its node or GPU changed since the snapshot", job.pk)
+    return kept
 
 
 def placement_text(start: core.Start) -> str:
@@ -508,19 +571,64 @@ def preempt_job(
     ):
         return False
     attempt = job.current_attempt()
-    checkpoint = job.spec.get("checkpoint") or {}
-    checkpointable = bool(checkpoint.get("enabled"))
-    # The job's own grace (how long it needs to save), never longer than the profile allows.
-    grace = min(preemption.grace_period_s, float(checkpoint.get("grace_seconds", preemption.grace_period_s)))
+    grace = stop_grace_s(job, preemption.grace_period_s)
+    checkpointable = bool((job.spec.get("checkpoint") or {}).get("enabled"))
     replicas = list(attempt.allocations.values_list("replica", "node_id").distinct()) if attempt else []
     for replica, node_id in replicas:
         message_type = CheckpointRequest if checkpointable else StopRequest
         request = message_type(attempt_id=agent_attempt_id(attempt, replica), grace_period_s=grace)
         send_request(node_id, encode(request))
-    # The desired set says it too (checkpoint_and_stop), so a request lost with a connection
-    # still ends in a checkpoint, not a kill.
+    # The desired set says it too (checkpoint_and_stop, or leaving the attempt out: stop), so a
+    # request lost with a connection still ends in a checkpoint, not a kill, or in a stop.
     desired_set_changed(node_id for _, node_id in replicas)
     return True
+
+
+def stop_grace_s(job: Job, profile_grace_s: float) -> float:
+    """The job's own grace (how long it needs to save), never longer than the profile allows."""
+    return min(
+        profile_grace_s, float((job.spec.get("checkpoint") or {}).get("grace_seconds", profile_grace_s))
+    )
+
+
+def end_overdue_stops(now: datetime, force_after_s: int, profile_grace_s: float) -> list[int]:
+    """Ends the preemptions (and pauses, drains) whose agents did not confirm the stop within the
+    grace period (the job's, at most `profile_grace_s`, as preempt_job gave it) plus
+    `force_after_s`: checkpointing -> preempted -> pending, the attempt ended and its GPUs
+    freed, as if the agents had reported the stop. The time-limit check ends a job
+    whose stop went unconfirmed the same way (enforce_time_limits' forced path).
+
+    Without it a lost stop, a failed one, or an agent that never answers, left the job
+    'checkpointing' forever, holding GPUs, and the job it was preempted for waited behind it. A
+    node that went silent is handled sooner, as lost (check_node_heartbeats); an attempt that
+    still runs is not desired any more, so its agent stops it when it hears from the portal.
+    Run by beat's scheduling task (scheduler.tasks.schedule_cycle). Returns the requeued job ids."""
+    requeued = []
+    stopping = Job.objects.filter(state=JobState.CHECKPOINTING).order_by("pk")
+    for job_id in stopping.values_list("pk", flat=True):
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job_id)
+            asked = job.events.filter(to_state=JobState.CHECKPOINTING).order_by("-created_at", "-id").first()
+            if job.state != JobState.CHECKPOINTING or asked is None:
+                continue
+            grace = stop_grace_s(job, profile_grace_s)
+            overdue = (now - asked.created_at).total_seconds() - grace - force_after_s
+            if overdue < 0:
+                continue
+            attempt = job.current_attempt()
+            why = f"the agents did not confirm the stop within {grace:g} + {force_after_s} s"
+            if not transition_job(job, JobState.PREEMPTED, label="portal", reason=why):
+                continue
+            cause = asked.data.get("preemption")
+            if attempt is not None:
+                end_attempt(job, attempt, AttemptState.STOPPED, None, f"preempted; {why}")
+                saved = attempt.checkpoints.filter(created_at__gte=asked.created_at).exists()
+                if (job.spec.get("checkpoint") or {}).get("enabled") and not saved:
+                    report_failed_checkpoint(job, attempt, "portal", cause or "preemption")
+            message, code = REQUEUED_AFTER.get(cause, ("requeued after preemption", PENDING_REQUEUED))
+            requeue_job(job, f"{message} ({why})", code)
+            requeued.append(job.pk)
+    return requeued
 
 
 def suspend_job(job: Job, suspend: core.Suspend) -> bool:

@@ -8,12 +8,13 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils import timezone
 
 from portal.jobs.services import settle_dependencies
 from portal.lib.redis import get_redis
 from portal.metrics.cycle_timing import record_cycle_duration
 from scheduler import core
-from scheduler.store import apply_plan, load_snapshot
+from scheduler.store import apply_plan, end_overdue_stops, load_snapshot
 
 CYCLE_LOCK = 0x6770_7363  # the advisory lock id: one cycle at a time across workers
 PAUSE_KEY = "scheduler:paused"
@@ -74,9 +75,19 @@ def run_cycle(
 
 
 @shared_task(acks_late=False)
-def schedule_cycle() -> dict[str, Any] | None:
+def schedule_cycle(from_beat: bool = False) -> dict[str, Any] | None:
+    """A requested cycle queues behind one in progress: it must see the change that asked for
+    it. Beat's cycle (`from_beat`) is only the safety net, so it does not wait: while a cycle
+    holds the lock it returns None at once. Waiting, beat's tasks piled up behind a slow cycle,
+    each holding a worker (the beat entry's expiry drops those a busy worker never took).
+
+    Beat's task also ends the stops whose agents never confirmed them (end_overdue_stops)."""
     if loop_paused():
         return {"paused": True}
+    if from_beat:
+        profile_grace_s = load_profile().cycle.grace_period_s
+        end_overdue_stops(timezone.now(), settings.TIME_LIMIT_FORCE_AFTER_S, profile_grace_s)
+        return run_cycle(unless_paused=True)
     # From here on a new request queues another cycle: this one may start too early to see it.
     get_redis().delete(QUEUED_KEY)
     return run_cycle(wait=True, unless_paused=True)

@@ -96,6 +96,15 @@ def desired_attempt(
     )
 
 
+def must_stop(job: Job) -> bool:
+    """A preempted (or paused, or drained) job without checkpointing: it is stopped, not
+    checkpointed. Its attempt leaves the desired set, which the agent reads as "stop it" (SIGTERM,
+    then SIGKILL after its grace period) on every set it applies, so the stop is level-triggered
+    like checkpoint_and_stop: an agent that missed the one-shot StopRequest (it was not connected)
+    still stops the attempt when it reconnects, and its report of the end requeues the job."""
+    return job.state == JobState.CHECKPOINTING and not (job.spec.get("checkpoint") or {}).get("enabled")
+
+
 def desired_set_for(node: Node) -> DesiredSet:
     revision = Node.objects.values_list("desired_revision", flat=True).get(pk=node.pk)
     allocations = (
@@ -109,6 +118,8 @@ def desired_set_for(node: Node) -> DesiredSet:
     grouped: dict[tuple[int, int], list[Allocation]] = defaultdict(list)
     attempts: dict[int, JobAttempt] = {}
     for allocation in allocations:
+        if must_stop(allocation.attempt.job):
+            continue  # left out: the agent stops what is not desired
         grouped[(allocation.attempt_id, allocation.replica)].append(allocation)
         attempts[allocation.attempt_id] = allocation.attempt
     nodes = replica_nodes(list(attempts))

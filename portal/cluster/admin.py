@@ -114,6 +114,10 @@ class GpuInline(admin.TabularInline):
         "healthy",
         "health_reason",
     ]
+    # As on the GPU's own page: health changes through the agent's reports and the "Return to
+    # service" action only. Editable here, saving the node wrote back the health the page showed,
+    # returning a GPU that failed meanwhile to service without an event or an audit entry.
+    readonly_fields = ["healthy", "health_reason"]
 
 
 def node_action(action: str, description: str) -> Any:
@@ -140,8 +144,30 @@ class NodeAdmin(AuditedModelAdmin):
     ]
     list_filter = ["state", "rack"]
     search_fields = ["name"]
-    readonly_fields = ["last_heartbeat_at", "agent_version", "revoked_at", "reported_gpus"]
+    # What the portal and the agent keep up to date is shown, never posted back: saving the page
+    # wrote back the state and desired revision it showed (a revision going back makes the
+    # agent skip desired sets). State changes go through the actions; cpu and memory_gb are
+    # what the agent's hello reports.
+    readonly_fields = [
+        "state",
+        "cpu",
+        "memory_gb",
+        "desired_revision",
+        "last_heartbeat_at",
+        "agent_version",
+        "revoked_at",
+        "reported_gpus",
+    ]
     inlines = [GpuInline]
+
+    def save_model(self, request: Any, obj: Node, form: Any, change: bool) -> None:
+        """Writes only the fields the admin changed: the row was read when the form was posted,
+        and its other columns (heartbeat, state, revision) may have moved on since."""
+        if change:
+            obj.save(update_fields=form.changed_data)
+        else:
+            super().save_model(request, obj, form, change)
+
     actions = [
         node_action("cordon", "Cordon: take no new jobs"),
         node_action("drain", "Drain: take no new jobs and move jobs away"),

@@ -77,11 +77,15 @@ def mark_silent_nodes_not_ready(now: datetime, silent_after_s: int) -> list[str]
 
 
 def lost_nodes(now: datetime, lost_after_s: int) -> list[str]:
-    """Not-ready nodes silent for `lost_after_s` that still hold live allocations."""
+    """Nodes silent for `lost_after_s` that still hold live allocations, whatever their state.
+
+    A cordoned or draining node is lost like a not-ready one: its jobs cannot stop or report
+    there, so they would hold their GPUs (drained ones 'checkpointing', cordoned ones 'running')
+    forever. The node keeps the state an admin gave it; only its jobs are requeued."""
     from portal.jobs.models import Allocation
 
     cutoff = now - timedelta(seconds=lost_after_s)
-    silent = Node.objects.filter(state=NodeState.NOT_READY).filter(
+    silent = Node.objects.filter(
         models.Q(last_heartbeat_at__lt=cutoff) | models.Q(last_heartbeat_at__isnull=True)
     )
     held = Allocation.objects.filter(released_at__isnull=True, node__in=silent).values_list(
@@ -311,7 +315,8 @@ def _claimed_gpus(known: dict[int, Gpu], reported: list[GpuInfo]) -> list[GpuInf
 
 def _take_inventory(node: Node, known: dict[int, Gpu], gpus: list[GpuInfo], reported: list[GpuInfo]) -> None:
     """Writes `gpus` (of the agent's `reported` inventory, whose topology ids they share) over the
-    node's `known` GPUs, matched by index; known GPUs the agent no longer reports go unhealthy."""
+    node's `known` GPUs, matched by index; known GPUs the agent no longer reports go unhealthy.
+    Jobs on GPUs that are unhealthy now are requeued. The caller holds the node's row lock."""
     nvlink = _topology_ids([g.topology.nvlink_group for g in reported])
     pcie = _topology_ids([g.topology.pcie_switch for g in reported])
     actor = f"agent {node.name}"
@@ -348,6 +353,23 @@ def _take_inventory(node: Node, known: dict[int, Gpu], gpus: list[GpuInfo], repo
     Gpu.objects.filter(pk__in=[gpu.pk for gpu in missing]).update(
         healthy=False, health_reason="not reported by the agent"
     )
+    requeue_holders_of_failed_gpus(node)
+
+
+def requeue_holders_of_failed_gpus(node: Node) -> list[int]:
+    """Requeues the jobs that hold an unhealthy GPU of the node, as record_gpu_health does for a
+    GPU that fails while it runs. A hello is where an agent restarted after a crash or a reboot
+    first says a card failed; telemetry then keeps saying so, but record_gpu_health acts only on
+    GPUs still held healthy, so without this the job kept its dead GPU. Returns the job ids."""
+    from portal.jobs.models import Allocation
+    from portal.jobs.services import requeue_jobs_holding
+
+    held = Allocation.objects.filter(node=node, released_at__isnull=True, gpu__healthy=False)
+    requeued = []
+    for gpu in Gpu.objects.filter(pk__in=held.values("gpu_id")).order_by("index"):
+        reason = f"GPU {gpu.uuid} on {node.name} failed: {gpu.health_reason}"
+        requeued += requeue_jobs_holding(held.filter(gpu=gpu), reason)
+    return requeued
 
 
 @transaction.atomic

@@ -46,13 +46,22 @@ class ScriptedAgents:
 
     def converge(self) -> None:
         for node in Node.objects.filter(state=NodeState.READY):
-            for desired in desired_set_for(node).attempts:
+            desired_set = desired_set_for(node).attempts
+            # Not desired but still live here (a stop without a checkpoint): SIGTERM, then gone.
+            wanted = {desired.attempt_id for desired in desired_set}
+            live = Allocation.objects.filter(node=node, released_at__isnull=True)
+            for attempt_id, job_id, replica in live.values_list(
+                "attempt_id", "attempt__job_id", "replica"
+            ).distinct():
+                if f"{attempt_id}.{replica}" not in wanted:
+                    self.report(
+                        node, f"{attempt_id}.{replica}", job_id, AttemptState.EXITED, ExitReason.STOPPED, 143
+                    )
+            for desired in desired_set:
                 job_id, attempt_id = int(desired.job_id), desired.attempt_id
                 if Job.objects.values_list("state", flat=True).get(pk=job_id) == JobState.CHECKPOINTING:
                     if desired.checkpoint_and_stop:
                         self.report(node, attempt_id, job_id, AttemptState.EXITED, ExitReason.CHECKPOINTED, 0)
-                    else:  # a stop request: SIGTERM, then the container is gone
-                        self.report(node, attempt_id, job_id, AttemptState.EXITED, ExitReason.STOPPED, 143)
                 elif desired.run_state == "suspended":
                     self.report(node, attempt_id, job_id, AttemptState.SUSPENDED)
                 else:

@@ -3,11 +3,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django import forms
 from django.test import Client
+from django.utils import timezone
 
+from agents.protocol import GpuSample
 from portal.accounts.models import AuditEntry
-from portal.cluster.models import Node, Quota
-from tests.portal.store_helpers import vc_change_form
+from portal.cluster.models import Gpu, Node, Quota
+from portal.cluster.services import record_gpu_health
+from tests.portal.store_helpers import placed_attempt, run, vc_change_form
 
 pytestmark = pytest.mark.django_db
 
@@ -245,3 +249,60 @@ def test_cluster_admins_see_every_tenants_job_templates_and_change_only_their_wo
         client.force_login(users[username])
         response = client.get(url)
         assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def posted_as_shown(response: Any) -> dict[str, Any]:
+    """What a browser posts back for a change page (and its inlines) as it was shown."""
+    context = response.context
+    shown = [context["adminform"].form]
+    data: dict[str, Any] = {}
+    for inline in context["inline_admin_formsets"]:
+        management = inline.formset.management_form
+        data.update({management.add_prefix(name): management[name].value() for name in management.fields})
+        shown.extend(inline.formset.forms)
+    for form in shown:
+        for name, field in form.fields.items():
+            value = form[name].value()
+            if isinstance(field, forms.BooleanField):
+                if value:
+                    data[form.add_prefix(name)] = "on"
+            else:
+                data[form.add_prefix(name)] = "" if value is None else value
+    return data
+
+
+def test_saving_a_node_page_keeps_what_changed_since_it_was_shown(
+    admin_client_, api_for, paused_loop
+) -> None:  # type: ignore[no-untyped-def]
+    """The node's state, desired revision, CPUs and memory and its GPUs' health are the portal's
+    and the agent's: shown, never posted back. A page opened before a job was placed there and a
+    GPU failed must not set the revision back (the agent would skip desired sets) nor return the
+    GPU to service."""
+    node = Node.objects.get(name="a100-node-1")
+    url = f"/admin/cluster/node/{node.pk}/change/"
+    page = admin_client_.get(url)
+    assert page.status_code == 200
+    assert not {"state", "desired_revision", "cpu", "memory_gb"} & set(page.context["adminform"].form.fields)
+    node, attempt = placed_attempt(api_for)  # the revision moves on; the node is made ready
+    run(attempt.job_id)
+    gpu = Gpu.objects.get(node=node, index=7)
+    record_gpu_health(
+        node, [GpuSample(gpu_uuid=gpu.uuid, time=timezone.now(), healthy=False, health_reason="xid 48")]
+    )
+    Node.objects.filter(pk=node.pk).update(cpu=128, memory_gb=1024)  # as the agent's hello says
+    before = Node.objects.get(pk=node.pk)
+
+    data = posted_as_shown(page)
+    data["rack"] = "rack-9"
+    response = admin_client_.post(url, data)
+    assert response.status_code == 302, response.content.decode()[-2000:]
+
+    after = Node.objects.get(pk=node.pk)
+    assert after.rack == "rack-9"
+    assert (after.state, after.desired_revision, after.cpu, after.memory_gb) == (
+        before.state,
+        before.desired_revision,
+        128,
+        1024,
+    )
+    assert Gpu.objects.values_list("healthy", "health_reason").get(pk=gpu.pk) == (False, "xid 48")

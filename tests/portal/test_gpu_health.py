@@ -4,19 +4,23 @@ needs a reboot drains the node, so its other jobs move away."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
+from django.db import transaction
 
 from agents.protocol import GpuSample, Hello, utc_now
 from portal.accounts.models import AuditEntry
 from portal.cluster.models import Gpu, GpuHealthEvent, Node
 from portal.cluster.services import accept_reported_gpus, record_gpu_health, record_hello
 from portal.jobs.choices import JobState
-from portal.jobs.models import Job
-from scheduler.tasks import run_cycle
+from portal.jobs.models import Allocation, Job
+from scheduler import core
+from scheduler.store import apply_plan, load_snapshot
+from scheduler.tasks import load_profile, run_cycle
 from tests.portal.agentgw.test_agent_consumer import hello as agent_hello
-from tests.portal.store_helpers import live_profile, run, submit
+from tests.portal.store_helpers import live_profile, placed_attempt, run, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -117,3 +121,54 @@ def test_an_xid_the_gpu_recovers_from_leaves_the_node_alone(api_for: Any, paused
     record_gpu_health(node, [failure(gpu, 48)])
     node.refresh_from_db()
     assert node.state == "ready"
+
+
+@pytest.mark.parametrize("how", ["reported failed", "not reported"])
+def test_a_gpu_that_fails_at_hello_loses_its_job(api_for: Any, paused_loop: Any, how: str) -> None:
+    """An agent that restarts (its jobs' processes survive) and finds the job's GPU failed, or
+    gone: the job is requeued as when the GPU fails while it runs."""
+    node = Node.objects.get(name=NODE)
+    uuids = {i: f"GPU-{NODE}-{i}" for i in range(8)}
+    record_hello(node, hello(uuids))
+    node, attempt = placed_attempt(api_for)
+    run(attempt.job_id)
+    index = Allocation.objects.filter(attempt=attempt).order_by("gpu__index").first().gpu.index
+
+    if how == "reported failed":
+        record_hello(node, hello(uuids, {index: "xid 79: fell off the bus"}))
+        reason = "xid 79: fell off the bus"
+    else:
+        record_hello(node, hello({i: u for i, u in uuids.items() if i != index}))
+        reason = "not reported by the agent"
+
+    gpu = Gpu.objects.get(node=node, index=index)
+    assert (gpu.healthy, gpu.health_reason) == (False, reason)
+    job = Job.objects.get(pk=attempt.job_id)
+    assert job.state == JobState.PENDING
+    assert job.events.filter(to_state="lost", reason=f"GPU {gpu.uuid} on {NODE} failed: {reason}").exists()
+    assert not Allocation.objects.filter(attempt=attempt, released_at__isnull=True).exists()
+    # The agent's later samples change nothing more: the GPU was taken out once.
+    assert record_gpu_health(node, [failure(gpu, 79)]) == []
+
+
+def test_no_job_starts_on_a_gpu_that_failed_between_the_snapshot_and_the_plan(
+    api_for: Any, paused_loop: Any
+) -> None:
+    Node.objects.exclude(name=NODE).update(state="cordoned")
+    Node.objects.filter(name=NODE).update(state="ready")
+    job_id = submit(api_for("alice"), "x", flavor="s-A100")
+    now = time.time()
+    with transaction.atomic():
+        loaded = load_snapshot(now)
+        plan = core.decide(loaded.snapshot, load_profile(), now)
+    [start] = plan.starts
+    node = Node.objects.get(name=NODE)
+    gpu = Gpu.objects.get(node=node, index=start.placement[0].gpu_indices[0])
+    record_gpu_health(node, [failure(gpu)])  # commits meanwhile
+
+    with transaction.atomic():
+        assert apply_plan(plan, loaded, now)["started"] == 0
+    assert Job.objects.get(pk=job_id).state == JobState.PENDING
+    assert not Allocation.objects.exists()
+    assert run_cycle()["started"] == 1  # the next cycle places it on a healthy GPU
+    assert not Allocation.objects.filter(gpu=gpu).exists()
