@@ -74,7 +74,7 @@ def _verdict(user: Any, spec: dict[str, Any]) -> Verdict:
         hypothetical = dataclasses.replace(queued_job(job), id=DRY_RUN_ID)
         snapshot = dataclasses.replace(loaded.snapshot, pending=(*loaded.snapshot.pending, hypothetical))
         plan = core.decide(snapshot, load_profile(), now)
-    return verdict_of(plan, now)
+    return verdict_of(plan, snapshot, now)
 
 
 def waiting_for_dependencies(job: Job) -> Verdict | None:
@@ -91,7 +91,7 @@ def waiting_for_dependencies(job: Job) -> Verdict | None:
     return Verdict(would_start_now=False, reason=PENDING_DEPENDENCY, message=message, estimated_start=None)
 
 
-def verdict_of(plan: core.Plan, now: float) -> Verdict:
+def verdict_of(plan: core.Plan, snapshot: core.Snapshot, now: float) -> Verdict:
     """The job's part of the plan: a start, or its pending status and place in the queue."""
     start = next((s for s in plan.starts if s.job_id == DRY_RUN_ID), None)
     if start is not None:
@@ -110,7 +110,7 @@ def verdict_of(plan: core.Plan, now: float) -> Verdict:
             placement=where,
             borrowed_gpus=start.borrowed_gpus,
         )
-    positions = queue_numbers(plan.pending)
+    positions = queue_numbers(plan.pending, snapshot)
     for status, position in zip(plan.pending, positions, strict=True):
         if status.job_id == DRY_RUN_ID:
             return Verdict(

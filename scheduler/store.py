@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -343,7 +343,7 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
         same_tenant = job is not None and tenant_of.get(preemption.for_job) == job.tenant_id
         if job is not None and preempt_job(job, preemption, name_preemptor=same_tenant):
             preempted += 1
-    record_pending_statuses(plan.pending)
+    record_pending_statuses(plan.pending, loaded.snapshot)
     return {
         "started": started,
         "preempted": preempted,
@@ -489,7 +489,7 @@ def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> i
     return len(moved)
 
 
-def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
+def record_pending_statuses(statuses: tuple[core.PendingStatus, ...], snapshot: core.Snapshot) -> None:
     """Reason, message, estimated start, queue position and what-if hints of every job left
     pending (or suspended, waiting for its next turn), in one statement; a job that left those
     states meanwhile, or was held (its reason says so), is not touched."""
@@ -508,7 +508,7 @@ def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
                 [st.reason.value for st in statuses],
                 [st.message[:500] for st in statuses],
                 [from_epoch(st.estimated_start) for st in statuses],
-                queue_numbers(statuses),
+                queue_numbers(statuses, snapshot),
                 [json.dumps([hint_data(h) for h in st.hints]) for st in statuses],
             ],
         )
@@ -517,17 +517,24 @@ def record_pending_statuses(statuses: tuple[core.PendingStatus, ...]) -> None:
 OUT_OF_QUEUE = (core.ReasonCode.VC_STOPPED, core.ReasonCode.BUDGET_SPENT)
 
 
-def queue_numbers(statuses: tuple[core.PendingStatus, ...]) -> list[int | None]:
-    """Each waiting job's place in the queue, 1 first; none for a job of a stopped VC (by an
-    admin or by its spent budget), which is in no queue until the VC is open."""
+def queue_numbers(statuses: tuple[core.PendingStatus, ...], snapshot: core.Snapshot) -> list[int | None]:
+    """Each waiting job's place in the queue among the waiting jobs of its own tenant, 1 first,
+    in the cluster's order; none for a job of a stopped VC (by an admin or by its spent budget),
+    which is in no queue until the VC is open. Counted per tenant, because a place counted over
+    the whole cluster would tell anyone how many jobs other tenants have waiting."""
+    tenant_of_vc = {vc.name: vc.tenant or vc.name for vc in snapshot.vcs}
+    tenant_of_job = {
+        job.id: tenant_of_vc.get(job.vc, job.vc) for job in (*snapshot.pending, *snapshot.running)
+    }
     numbers: list[int | None] = []
-    place = 0
+    places: Counter[str] = Counter()
     for status in statuses:
         if status.reason in OUT_OF_QUEUE:
             numbers.append(None)
         else:
-            place += 1
-            numbers.append(place)
+            tenant = tenant_of_job.get(status.job_id, "")
+            places[tenant] += 1
+            numbers.append(places[tenant])
     return numbers
 
 

@@ -222,3 +222,18 @@ def test_dry_runs_are_throttled_on_their_own(api_for: Any, monkeypatch: Any) -> 
     assert [alice.post(URL, SMALL, format="json").status_code for _ in range(3)] == [200, 200, 429]
     assert api_for("bob").post(URL, SMALL, format="json").status_code == 200
     assert alice.post("/api/v1/jobs/", SMALL, format="json").status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queue_places_count_only_the_jobs_of_ones_own_tenant(api_for: Any, paused_loop: Any) -> None:
+    """With every node down, three speech jobs wait ahead of a vision one: vision learns its
+    place among its own tenant's jobs, never how many other tenants have waiting."""
+    carol, alice = api_for("carol"), api_for("alice")
+    speech = {"vc": "speech", "flavor": "s-V100"}
+    theirs = [submit(carol, f"speech-{i}", **speech) for i in range(3)]
+    ours = submit(alice, "vision-0")
+    run_cycle()
+    assert [Job.objects.get(pk=pk).queue_position for pk in theirs] == [1, 2, 3]
+    assert api_for("bob").get(f"/api/v1/jobs/{ours}/").json()["queue_position"] == 1
+    assert dry_run(alice, SMALL)["queue_position"] == 2
+    assert dry_run(carol, {**SMALL, **speech})["queue_position"] == 4
