@@ -154,6 +154,13 @@ SECURE_CSP = {
 }
 SECURE_REFERRER_POLICY = "same-origin"
 
+# Throttles count anonymous callers by address. 0: the address of the connection (REMOTE_ADDR),
+# so a client cannot pick a fresh one per request by sending its own X-Forwarded-For; N (behind N
+# trusted proxies that each append to X-Forwarded-For): the address the outermost one saw.
+NUM_PROXIES = env_int("NUM_PROXIES", 0)
+if NUM_PROXIES < 0:
+    raise ConfigError(f"NUM_PROXIES must be 0 or more, not {NUM_PROXIES}")
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "portal.accounts.authentication.BearerTokenAuthentication",
@@ -169,6 +176,7 @@ REST_FRAMEWORK = {
     # Sign-in (API and admin), the admin's second factor, token creation, submission and dry
     # runs of it (each a whole scheduling cycle's work) are throttled per user (per address
     # when anonymous).
+    "NUM_PROXIES": NUM_PROXIES,
     "DEFAULT_THROTTLE_RATES": {
         "sign-in": env_str("THROTTLE_SIGN_IN", "10/min"),
         "admin-mfa": env_str("THROTTLE_ADMIN_MFA", "5/min"),
@@ -338,7 +346,9 @@ SHELL_IDLE_TIMEOUT_S = env_int("SHELL_IDLE_TIMEOUT_S", 1800)
 # PORTAL_URL + /auth/oidc/callback/ as a redirect URI of the client. A first sign-in creates the
 # user (named by OIDC_USERNAME_CLAIM) unless OIDC_CREATE_USERS is false; tenant admins then add
 # them to their tenants. portal.accounts.oidc has the rules.
-OIDC_ISSUER = env_str("OIDC_ISSUER", "").rstrip("/")
+# Exactly as the provider's discovery document gives `issuer`, trailing "/" or not: ID tokens'
+# `iss` must equal it character for character (Auth0's ends in "/", Keycloak's does not).
+OIDC_ISSUER = env_str("OIDC_ISSUER", "")
 OIDC_CLIENT_ID = env_str("OIDC_CLIENT_ID", "")
 OIDC_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET", "")
 OIDC_SCOPES = env_str("OIDC_SCOPES", "openid profile email")

@@ -66,11 +66,13 @@ class OidcProvider:
         self.token_requests.clear()
 
     def discovery(self) -> dict[str, Any]:
+        # A test may give the issuer a trailing "/", as Auth0's has: the endpoints stay put.
+        base = self.issuer.rstrip("/")
         return {
             "issuer": self.issuer,
-            "authorization_endpoint": f"{self.issuer}/protocol/openid-connect/auth",
-            "token_endpoint": f"{self.issuer}/protocol/openid-connect/token",
-            "jwks_uri": f"{self.issuer}/protocol/openid-connect/certs",
+            "authorization_endpoint": f"{base}/protocol/openid-connect/auth",
+            "token_endpoint": f"{base}/protocol/openid-connect/token",
+            "jwks_uri": f"{base}/protocol/openid-connect/certs",
             "id_token_signing_alg_values_supported": ["RS256"],
             "code_challenge_methods_supported": ["S256"],
         }

@@ -108,16 +108,23 @@ def _fetch_json(url: str, **kwargs: Any) -> dict[str, Any]:
 
 
 def provider() -> Provider:
-    """The provider's endpoints from its discovery document, kept for an hour."""
+    """The provider's endpoints from its discovery document, kept for an hour.
+
+    OIDC_ISSUER is compared exactly as configured, as OpenID Connect Discovery requires: some
+    providers' issuers end in "/" (Auth0) and most do not (Keycloak), and an ID token's `iss`
+    is the issuer character for character. Only the discovery URL is built without the "/"."""
     issuer = settings.OIDC_ISSUER
     now = time.monotonic()
     with _cache_lock:
         cached = _providers.get(issuer)
     if cached is not None and now - cached[0] < DISCOVERY_TTL_S:
         return cached[1]
-    document = _fetch_json(f"{issuer}/.well-known/openid-configuration")
-    if document.get("issuer", "").rstrip("/") != issuer:
-        raise SsoRefused("The sign-on provider's discovery document names another issuer.")
+    document = _fetch_json(f"{issuer.rstrip('/')}/.well-known/openid-configuration")
+    if document.get("issuer") != issuer:
+        raise SsoRefused(
+            f"The sign-on provider's discovery document names the issuer {document.get('issuer')!r}, "
+            f"not {issuer!r}: OIDC_ISSUER must be exactly the provider's, trailing '/' or not."
+        )
     announced = document.get("id_token_signing_alg_values_supported") or ["RS256"]
     algorithms = tuple(a for a in announced if a in ASYMMETRIC_ALGORITHMS)
     missing = [k for k in ("authorization_endpoint", "token_endpoint", "jwks_uri") if not document.get(k)]

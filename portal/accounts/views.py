@@ -1,6 +1,6 @@
 """The second-factor pages of Django admin (enroll an authenticator, then give a code after the
-password at every sign-in; rules in portal.accounts.mfa) and the single sign-on round trip
-(rules in portal.accounts.oidc)."""
+password at every sign-in; rules in portal.accounts.mfa), the browsable API's sign-in page and
+the single sign-on round trip (rules in portal.accounts.oidc)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import REDIRECT_FIELD_NAME, login
-from django.contrib.auth.views import redirect_to_login
+from django.contrib.auth.views import LoginView, redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -95,6 +95,22 @@ def mfa_enroll(request: HttpRequest) -> HttpResponse:
     return _code_form(
         request, "admin/mfa_enroll.html", context, lambda code: mfa.confirm_enrollment(request, device, code)
     )
+
+
+class ThrottledLoginView(LoginView):
+    """The browsable API's sign-in page (`/api-auth/login/`, DRF's own form and template). A
+    password form like the others, so its POSTs count against the same `sign-in` limit as
+    `POST /api/v1/session/` and Django admin's: otherwise it would be the one place to guess
+    passwords at full speed."""
+
+    template_name = "rest_framework/login.html"
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not form_post_allowed(request, "sign-in"):
+            return HttpResponse(
+                "Too many sign-in attempts. Wait a minute.", status=429, content_type="text/plain"
+            )
+        return super().post(request, *args, **kwargs)
 
 
 def _sso_refused(request: HttpRequest, error: oidc.SsoRefused) -> HttpResponse:

@@ -26,5 +26,8 @@ class WriteThrottle(ScopedRateThrottle):
 
 def form_post_allowed(request: Any, scope: str) -> bool:
     """The same per-user (per-address when anonymous) limits for plain Django form views: the
-    admin's sign-in and second-factor forms count against `scope` like the API does."""
+    admin's sign-in and second-factor forms and the browsable API's sign-in page count against
+    `scope` like the API does, in the same counters. An anonymous caller's address is DRF's
+    `get_ident`, so it honours NUM_PROXIES as the API does: a client-made X-Forwarded-For
+    counts for nothing unless a trusted proxy is declared."""
     return WriteThrottle().allow_request(request, SimpleNamespace(throttle_scope=scope))

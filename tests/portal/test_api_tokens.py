@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -49,6 +50,22 @@ def test_a_token_with_no_expiry_and_bad_input(api_for) -> None:  # type: ignore[
     bad = alice.post("/api/v1/tokens/", {"name": "", "expires_in_days": -1}, format="json")
     assert bad.status_code == 400 and set(bad.json()) == {"name", "expires_in_days"}
     assert ApiToken.objects.count() == 1
+
+
+def test_a_token_cannot_create_tokens(api_for: Any) -> None:
+    """Else a leaked or short-lived token could mint a never-expiring one that outlives its own
+    expiry and revocation."""
+    raw = api_for("alice").post("/api/v1/tokens/", {"name": "ci", "expires_in_days": 1}, format="json").json()
+    refused = bearer(raw["token"]).post(
+        "/api/v1/tokens/", {"name": "persist", "expires_in_days": 0}, format="json"
+    )
+    assert refused.status_code == 403
+    assert "gpuportal login" in refused.json()["detail"]
+    assert list(ApiToken.objects.values_list("name", flat=True)) == ["ci"]
+    assert AuditEntry.objects.filter(action="apitoken.create.denied").count() == 1  # a refused write
+    # Reading and revoking its user's tokens still work with one.
+    assert bearer(raw["token"]).get("/api/v1/tokens/").json()["count"] == 1
+    assert bearer(raw["token"]).delete(f"/api/v1/tokens/{raw['id']}/").json()["revoked_at"]
 
 
 def test_a_token_submits_and_cancels_for_its_user(api_for, small_job) -> None:  # type: ignore[no-untyped-def]

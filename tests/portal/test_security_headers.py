@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -50,3 +51,43 @@ def test_submissions_are_throttled_per_user(api_for, small_job, monkeypatch) -> 
     assert codes == [201, 201, 429]
     assert bob.post("/api/v1/jobs/", small_job, format="json").status_code == 201
     assert alice.get("/api/v1/jobs/").status_code == 200
+
+
+WRONG = {"username": "alice", "password": "wrong"}
+
+
+@pytest.mark.parametrize("url", ["/api/v1/session/", "/admin/login/", "/api-auth/login/"])
+def test_sign_in_limits_count_an_address_the_client_cannot_choose(
+    users: dict[str, Any], monkeypatch: pytest.MonkeyPatch, settings: Any, url: str
+) -> None:
+    """Every password form counts signed-out callers by the connection's address: a made-up
+    X-Forwarded-For per guess gains nothing. Behind a trusted proxy (NUM_PROXIES=1) it is the
+    address that proxy appended, not what the client wrote before it."""
+    low_rate(monkeypatch, "sign-in", "3/min")
+    forged = [Client().post(url, WRONG, HTTP_X_FORWARDED_FOR=f"198.51.100.{i}").status_code for i in range(4)]
+    assert 429 not in forged[:3] and forged[3] == 429, forged
+
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+
+    def behind_the_proxy(client_address: str, written_by_client: str) -> int:
+        forwarded = f"{written_by_client}, {client_address}"
+        return Client().post(url, WRONG, HTTP_X_FORWARDED_FOR=forwarded, REMOTE_ADDR="10.0.0.2").status_code
+
+    proxied = [behind_the_proxy("203.0.113.7", f"198.51.100.{i}") for i in range(4)]
+    assert 429 not in proxied[:3] and proxied[3] == 429, proxied
+    assert behind_the_proxy("203.0.113.8", "198.51.100.1") != 429  # another person, same proxy
+
+
+def test_the_browsable_api_sign_in_page_shares_the_sign_in_limit(
+    users: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    users["alice"].set_password("alice-pass")
+    users["alice"].save()
+    low_rate(monkeypatch, "sign-in", "3/min")
+    signed_in = Client().post("/api-auth/login/", {"username": "alice", "password": "alice-pass"})
+    assert signed_in.status_code == 302  # the page still signs people in
+    client = Client()
+    assert client.post("/api/v1/session/", WRONG).status_code == 400
+    assert client.post("/admin/login/", WRONG).status_code == 200  # the form again, with its error
+    refused = client.post("/api-auth/login/", {"username": "alice", "password": "alice-pass"})
+    assert refused.status_code == 429 and b"Too many sign-in attempts" in refused.content

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -183,6 +187,46 @@ def test_the_provider_refusing_and_foreign_next_urls(sso: OidcProvider) -> None:
     for target in ("https://elsewhere.example/", "//elsewhere.example/x", "javascript:alert(1)"):
         response = sign_in(Client(), target)
         assert response.status_code == 302 and response["Location"] == "/"
+
+
+@pytest.fixture
+def slash_sso(sso: OidcProvider, settings: Any) -> Iterator[OidcProvider]:
+    """The provider with an issuer that ends in "/", as Auth0's does (https://TENANT.auth0.com/)."""
+    plain = sso.issuer
+    sso.issuer = plain + "/"
+    settings.OIDC_ISSUER = sso.issuer
+    oidc.forget_provider()
+    yield sso
+    sso.issuer = plain
+    oidc.forget_provider()
+
+
+def test_an_issuer_that_ends_in_a_slash_signs_in(slash_sso: OidcProvider, settings: Any) -> None:
+    client = Client()
+    response = sign_in(client)
+    assert response.status_code == 302, response.content
+    assert signed_in_as(client) == "erin"
+    assert OidcIdentity.objects.get(user__username="erin").issuer == slash_sso.issuer
+    # Compared exactly, as OpenID Connect Discovery requires: the issuer without its "/" is
+    # another issuer, and the refusal says which one the provider names.
+    settings.OIDC_ISSUER = slash_sso.issuer.rstrip("/")
+    oidc.forget_provider()
+    refused = Client().get("/auth/oidc/login/")
+    assert refused.status_code == 400
+    assert "names the issuer" in refused.content.decode()
+
+
+def test_the_settings_keep_the_issuer_as_configured() -> None:
+    env = {**os.environ, "OIDC_ISSUER": "https://lab.eu.auth0.com/", "OIDC_CLIENT_ID": CLIENT_ID}
+    result = subprocess.run(
+        [sys.executable, "-c", "import portal.settings as s; print(s.OIDC_ISSUER)"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "https://lab.eu.auth0.com/"
 
 
 def test_without_an_issuer_there_is_no_single_sign_on(settings: Any, client: Client) -> None:

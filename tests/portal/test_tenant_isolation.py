@@ -288,3 +288,25 @@ def test_session_auth_requires_csrf(users) -> None:  # type: ignore[no-untyped-d
     client.cookies["csrftoken"] = token
     response = client.post("/api/v1/jobs/", spec, content_type="application/json", HTTP_X_CSRFTOKEN=token)
     assert response.status_code == 201
+
+
+def test_signing_in_needs_the_csrf_token_too(users: dict[str, Any]) -> None:
+    """Login CSRF: another site's HTML form posting the attacker's name and password would
+    sign the visitor in as the attacker. The web app and `gpuportal login` GET the session
+    first for the cookie and send it back in X-CSRFToken."""
+    from django.test import Client
+
+    users["alice"].set_password("alice-pass")
+    users["alice"].save()
+    credentials = {"username": "alice", "password": "alice-pass"}
+    victim = Client(enforce_csrf_checks=True)
+    cross_site = victim.post("/api/v1/session/", credentials)  # form-encoded, no cookie, no header
+    assert cross_site.status_code == 403 and "CSRF" in cross_site.json()["detail"]
+    assert victim.get("/api/v1/session/").status_code == 401  # also sets the CSRF cookie
+    as_the_app_does = victim.post(
+        "/api/v1/session/",
+        credentials,
+        content_type="application/json",
+        HTTP_X_CSRFTOKEN=victim.cookies["csrftoken"].value,
+    )
+    assert as_the_app_does.status_code == 200 and as_the_app_does.json()["username"] == "alice"

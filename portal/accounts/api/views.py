@@ -12,6 +12,7 @@ from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import ensure_csrf_cookie
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import SAFE_METHODS, AllowAny
@@ -49,8 +50,20 @@ class ApiTokenViewSet(
     def get_queryset(self) -> Any:
         return ApiToken.objects.filter(user=self.request.user)
 
-    @extend_schema(request=ApiTokenSerializer, responses={201: CreatedApiTokenSerializer})
+    @extend_schema(
+        request=ApiTokenSerializer,
+        responses={201: CreatedApiTokenSerializer},
+        description="Only from a signed-in session (the web app, `gpuportal login`): a request "
+        "authenticated by an API token is refused with 403.",
+    )
     def create(self, request: Request) -> Response:
+        # A token may not mint tokens: whoever holds a leaked one (or a short-lived CI one) could
+        # otherwise make a never-expiring token that outlives its expiry and its revocation.
+        if isinstance(request.auth, ApiToken):
+            raise PermissionDenied(
+                "An API token cannot create tokens. Create one from a signed-in browser session "
+                "(the web app's Tokens page) or with `gpuportal login`."
+            )
         serializer = ApiTokenSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         token, raw = create_api_token(
@@ -281,6 +294,13 @@ class SessionView(APIView):
 
     @extend_schema(request=LoginSerializer, responses=MeSerializer)
     def post(self, request: Request) -> Response:
+        # DRF exempts its views from Django's CSRF middleware and SessionAuthentication checks
+        # the token only for a signed-in session, so a signed-out caller's POST was never
+        # checked: any site could sign a visitor in as the attacker (login CSRF) with a plain
+        # HTML form. The web app and `gpuportal login` GET this URL first for the cookie and
+        # send it back in X-CSRFToken.
+        if not request.user.is_authenticated:
+            SessionAuthentication().enforce_csrf(request)
         form = LoginSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         user = authenticate(request._request, **form.validated_data)
