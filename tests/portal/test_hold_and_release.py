@@ -110,6 +110,6 @@ def test_a_cycle_that_read_the_job_before_its_hold_does_not_overwrite_the_hold(
         core.JobId(str(job_id)), core.ReasonCode.INSUFFICIENT_GPUS, "no GPUs free", None
     )
     assert alice.post(f"/api/v1/jobs/{job_id}/hold/").status_code == 200
-    record_pending_statuses((stale,))
+    record_pending_statuses((stale,), core.Snapshot(nodes=(), vcs=(), running=(), pending=()))
     job = Job.objects.get(pk=job_id)
     assert (job.pending_reason, job.queue_position) == ("held", None), job.pending_message
