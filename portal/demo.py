@@ -12,6 +12,7 @@ from portal.accounts.choices import Role
 from portal.accounts.models import Membership, Tenant, TotpDevice, hash_secret, new_secret
 from portal.cluster.choices import NodeState, QueueingPolicy
 from portal.cluster.models import Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
+from portal.cluster.services import write_secret_file
 from portal.devstack import DEMO_ADMIN_TOTP_SECRET
 
 # (name, value, preemptible, tenant admins only, description)
@@ -148,6 +149,5 @@ def write_agent_token(node: Node, directory: Path) -> None:
     if token_file.exists() and node.token_hash == hash_secret(token_file.read_text().strip()):
         return
     raw = new_secret()
-    token_file.write_text(raw + "\n")
-    token_file.chmod(0o600)
+    write_secret_file(token_file, raw + "\n")
     Node.objects.filter(pk=node.pk).update(token_hash=hash_secret(raw))

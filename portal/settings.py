@@ -55,6 +55,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "portal.lib.logging.RequestIdMiddleware",
+    # /healthz and /metrics for the container health check and Prometheus (127.0.0.1, web:8000),
+    # before host validation and the TLS redirect: see portal/lib/probes.py.
+    "portal.lib.probes.ProbesMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -130,6 +133,8 @@ LOGIN_URL = "/admin/login/"
 
 # Security: secure defaults outside DEBUG, so `manage.py check --deploy` is clean in production.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+# Internal plain-HTTP callers (ProbesMiddleware answers them first; kept should it move).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 SESSION_COOKIE_HTTPONLY = True

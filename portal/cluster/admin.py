@@ -22,6 +22,7 @@ from portal.cluster.services import (
     create_enrollment_token,
     gpus_in_use,
     issue_node_token,
+    quota_in_use,
     revoke_node,
     set_node_state,
 )
@@ -80,7 +81,7 @@ class QuotaAdmin(AuditedModelAdmin):
         usage = getattr(self, "_usage", None)
         if usage is None or quota.pk is None:
             usage = gpus_in_use([quota.virtual_cluster_id]) if quota.pk else {}
-        used = usage.get((quota.virtual_cluster_id, quota.gpu_model), 0)
+        used = quota_in_use(usage, quota.virtual_cluster_id, quota.gpu_model)
         return f"{used} / {quota.guaranteed} + {quota.borrow_limit}"
 
     @admin.display(description="lends", ordering="lending_limit")

@@ -172,17 +172,27 @@ class Quota(models.Model):
 
 
 class Flavor(models.Model):
-    """A named per-replica bundle of resources with a run-time limit, e.g. m-A100."""
+    """A named per-replica bundle of resources with a run-time limit, e.g. m-A100.
+
+    Every amount is at least 1, in the form and in the database: a flavor of 0 GPUs (or CPUs,
+    memory, hours) can hold no job, and submissions naming it failed with a server error.
+    """
 
     name = models.SlugField(max_length=64, unique=True)
     gpu_model = models.CharField(max_length=32)
-    gpus = models.PositiveIntegerField()
-    cpu = models.PositiveIntegerField()
-    memory_gb = models.PositiveIntegerField()
-    max_runtime_hours = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    cpu = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    memory_gb = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_runtime_hours = models.PositiveIntegerField(validators=[MinValueValidator(1)])
 
     class Meta:
         ordering = ["gpu_model", "gpus"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(gpus__gte=1, cpu__gte=1, memory_gb__gte=1, max_runtime_hours__gte=1),
+                name="flavor_amounts_at_least_1",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -39,6 +41,28 @@ def gpus_in_use(vcs: Iterable[VirtualCluster]) -> dict[tuple[int, str], int]:
     return {(r["attempt__job__virtual_cluster_id"], r["gpu__model"]): r["n"] for r in rows}
 
 
+def write_secret_file(path: Path, text: str) -> None:
+    """Writes an agent token readable by its owner only. The file is created with mode 0600 (and
+    an existing one is truncated and set to 0600) before the secret goes in: written first and
+    chmod-ed after, it was readable by every local user in between, or for good if the chmod
+    never ran."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(fd, 0o600)
+        handle.write(text)
+
+
+ALL_MODELS = "*"  # a quota row that covers every GPU model (scheduler.core.ALL_MODELS)
+
+
+def quota_in_use(usage: dict[tuple[int, str], int], vc_id: int, gpu_model: str) -> int:
+    """GPUs a quota row counts from gpus_in_use's `usage`: its model's, or for an all-models row
+    ('*') every model's in the VC, as the scheduler's core counts it against that row."""
+    if gpu_model == ALL_MODELS:
+        return sum(n for (vc, _), n in usage.items() if vc == vc_id)
+    return usage.get((vc_id, gpu_model), 0)
+
+
 NODE_ACTIONS = {
     "cordon": (NodeState.CORDONED, "cordoned by an admin"),
     "drain": (NodeState.DRAINING, "drained by an admin"),
@@ -53,8 +77,9 @@ def set_node_state(node: Node, action: str, actor: Any, reason: str = "") -> Nod
     Uncordoning a node whose agent is not connected leaves it not-ready until the agent says hello.
     """
     state, default_reason = NODE_ACTIONS[action]
-    if action == "uncordon" and (node.last_heartbeat_at is None or node.revoked_at is not None):
-        state = NodeState.NOT_READY  # a revoked node must enroll again before it is ready
+    if action == "uncordon" and not agent_connected(Node.objects.select_for_update().get(pk=node.pk)):
+        # Its agent says hello (or heartbeats) before it is ready; a revoked node enrolls first.
+        state = NodeState.NOT_READY
     Node.objects.filter(pk=node.pk).update(state=state, state_reason=reason or default_reason)
     node.state, node.state_reason = state, reason or default_reason
     record_audit(actor, f"node.{action}", node, detail=reason)
@@ -62,6 +87,14 @@ def set_node_state(node: Node, action: str, actor: Any, reason: str = "") -> Nod
 
     request_scheduling_cycle()  # capacity changed: an uncordoned node may start waiting jobs
     return node
+
+
+def agent_connected(node: Node) -> bool:
+    """Heard from within NODE_SILENT_AFTER_S and not revoked. A node last heard long ago has no
+    agent to run work: made ready, it would take jobs until the silence check caught it again."""
+    heard = node.last_heartbeat_at
+    cutoff = timezone.now() - timedelta(seconds=settings.NODE_SILENT_AFTER_S)
+    return node.revoked_at is None and heard is not None and heard >= cutoff
 
 
 def mark_silent_nodes_not_ready(now: datetime, silent_after_s: int) -> list[str]:
@@ -123,11 +156,19 @@ def authenticate_node(raw_token: str, address: str = "") -> Node | None:
 
 @transaction.atomic
 def issue_node_token(node: Node, actor: Any) -> str:
-    """Gives the node a new agent token (the old one stops working) and returns it, once."""
+    """Gives the node a new agent token (the old one stops working) and returns it, once.
+
+    The token is checked only at the websocket handshake, so an agent connected with the old one
+    would go on receiving desired sets (with jobs' secret variables): its sockets are closed after
+    commit, and it must connect again with the new token. Enrollment and register_node come here.
+    """
+    from portal.agentgw.outbox import close_node_sockets
+
     raw = new_secret()
     Node.objects.filter(pk=node.pk).update(token_hash=hash_secret(raw))
     node.token_hash = hash_secret(raw)
     record_audit(actor, "node.issue_token", node)
+    close_node_sockets(node.pk)
     return raw
 
 
@@ -273,7 +314,13 @@ def record_hello(node: Node, hello: Hello) -> Node:
     if node.revoked_at is not None:
         raise NodeRevoked(node.name)
     known = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
-    claimed = _claimed_gpus(known, hello.gpus) if node.inventory_accepted else []
+    others = _gpus_of_other_nodes(node, hello.gpus)
+    # A UUID registered to another node is a claim on any hello, the first one included: taking
+    # it would rename the other node's GPU, orphan its telemetry and drain it on its next hello.
+    claimed = [g for g in hello.gpus if g.uuid in others]
+    if node.inventory_accepted:
+        claimed += [g for g in _claimed_gpus(known, hello.gpus) if g not in claimed]
+    claimed.sort(key=lambda g: g.index)
     _take_inventory(node, known, [g for g in hello.gpus if g not in claimed], hello.gpus)
     node.inventory_accepted = True
     node.cpu = hello.host.cpu_count
@@ -286,6 +333,9 @@ def record_hello(node: Node, hello: Hello) -> Node:
         node.state = NodeState.DRAINING
         node.state_reason = f"the agent reports GPUs the node was not registered with: {listed}"[:200]
         detail = f"hello from node {node.name} claims GPUs it was not registered with: {listed}"
+        if others:
+            owners = ", ".join(f"{uuid} is node {name}'s" for uuid, name in sorted(others.items()))
+            detail += f" ({owners})"
         record_refusal("agent", f"node:{node.pk}", "node.gpus", obj=node, detail=detail)
     elif hello.drain_reason:
         node.state, node.state_reason = NodeState.DRAINING, hello.drain_reason[:200]
@@ -296,6 +346,17 @@ def record_hello(node: Node, hello: Hello) -> Node:
 
     request_scheduling_cycle()
     return node
+
+
+def _gpus_of_other_nodes(node: Node, reported: list[GpuInfo]) -> dict[str, str]:
+    """The reported UUIDs that are registered to another node's GPU, with that node's name. Only
+    an admin moves a UUID between nodes (accept_reported_gpus); an agent never does."""
+    rows = (
+        Gpu.objects.filter(uuid__in=[info.uuid for info in reported])
+        .exclude(node=node)
+        .values_list("uuid", "node__name")
+    )
+    return dict(rows)
 
 
 def _claimed_gpus(known: dict[int, Gpu], reported: list[GpuInfo]) -> list[GpuInfo]:
@@ -313,18 +374,29 @@ def _claimed_gpus(known: dict[int, Gpu], reported: list[GpuInfo]) -> list[GpuInf
     return claimed
 
 
-def _take_inventory(node: Node, known: dict[int, Gpu], gpus: list[GpuInfo], reported: list[GpuInfo]) -> None:
+def _take_inventory(
+    node: Node,
+    known: dict[int, Gpu],
+    gpus: list[GpuInfo],
+    reported: list[GpuInfo],
+    from_other_nodes: bool = False,
+) -> None:
     """Writes `gpus` (of the agent's `reported` inventory, whose topology ids they share) over the
     node's `known` GPUs, matched by index; known GPUs the agent no longer reports go unhealthy.
-    Jobs on GPUs that are unhealthy now are requeued. The caller holds the node's row lock."""
+    Jobs on GPUs that are unhealthy now are requeued. The caller holds the node's row lock.
+
+    A UUID held by another of the node's GPUs is renamed away (a card moved between indexes).
+    Only with `from_other_nodes` (an admin's accept_reported_gpus) is a UUID taken from another
+    node's GPU: an agent's hello must never touch another node's rows."""
     nvlink = _topology_ids([g.topology.nvlink_group for g in reported])
     pcie = _topology_ids([g.topology.pcie_switch for g in reported])
     actor = f"agent {node.name}"
     for info in gpus:
         # A uuid moving between indexes (rare, after a repair) must not trip the unique constraint.
-        Gpu.objects.filter(uuid=info.uuid).exclude(node=node, index=info.index).update(
-            uuid=f"stale-{uuid4()}"
-        )
+        holders = Gpu.objects.filter(uuid=info.uuid).exclude(node=node, index=info.index)
+        if not from_other_nodes:
+            holders = holders.filter(node=node)
+        holders.update(uuid=f"stale-{uuid4()}")
         before = known.get(info.index)
         healthy = info.healthy
         reason = "" if healthy else (info.health_reason or "reported unhealthy by the agent")
@@ -382,7 +454,7 @@ def accept_reported_gpus(node: Node, actor: Any) -> int:
         return 0
     reported = [GpuInfo.model_validate(g) for g in node.reported_gpus]
     known = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
-    _take_inventory(node, known, reported, reported)
+    _take_inventory(node, known, reported, reported, from_other_nodes=True)
     node.reported_gpus = []
     node.save(update_fields=["reported_gpus"])
     listed = ", ".join(f"{g.index} ({g.uuid})" for g in reported)

@@ -181,8 +181,9 @@ def resolve_resources(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # What the rules of submission read, in one statement: the submitter's role in the VC's tenant,
-# the VC's quota for the GPU model, and the GPUs of that model per node with the largest CPU and
-# memory among those nodes. Through the ORM these were four queries, a millisecond of CPU each.
+# the VC's quota for the GPU model (its all-models row '*' when it has none for the model), and
+# the GPUs of that model per node with the largest CPU and memory among those nodes. Through the
+# ORM these were four queries, a millisecond of CPU each.
 # Asked to, it also takes the next job id from the table's sequence, so that a single submission
 # can write its job, event and audit entry in one statement (a rejected job leaves a gap in the
 # ids, as any rolled-back insert does).
@@ -195,7 +196,13 @@ SELECT membership.role, quota.guaranteed, quota.borrow_limit, nodes.gpus, nodes.
        ) END
 FROM (SELECT 1) AS one
 LEFT JOIN accounts_membership AS membership ON membership.user_id = %s AND membership.tenant_id = %s
-LEFT JOIN cluster_quota AS quota ON quota.virtual_cluster_id = %s AND quota.gpu_model = %s
+LEFT JOIN LATERAL (
+    -- The model's own row, else the VC's all-models row ('*'), as the scheduler's core reads them.
+    SELECT candidate.guaranteed, candidate.borrow_limit FROM cluster_quota AS candidate
+    WHERE candidate.virtual_cluster_id = %s AND candidate.gpu_model IN (%s, '*')
+    ORDER BY candidate.gpu_model = '*'
+    LIMIT 1
+) AS quota ON true
 CROSS JOIN (
     SELECT array_agg(per_node.gpus) AS gpus, max(per_node.cpu) AS cpu, max(per_node.memory_gb) AS memory_gb
     FROM (

@@ -16,7 +16,7 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from portal.cluster.models import Gpu, Node, Quota
-from portal.cluster.services import latest_gpu_samples
+from portal.cluster.services import ALL_MODELS, latest_gpu_samples
 from portal.jobs.models import Allocation, Job, JobEvent
 from portal.metrics.cycle_timing import cycle_histogram
 
@@ -82,7 +82,11 @@ class PortalCollector:
             borrow.add_metric([vc, tenant, quota.gpu_model], quota.borrow_limit)
             if quota.lending_limit is not None:
                 lending.add_metric([vc, tenant, quota.gpu_model], quota.lending_limit)
-            allocated.add_metric([vc, tenant, quota.gpu_model], held.get((vc, tenant, quota.gpu_model), 0))
+            if quota.gpu_model == ALL_MODELS:  # an all-models row counts every model's GPUs
+                in_use = sum(n for (v, _, _), n in held.items() if v == vc)
+            else:
+                in_use = held.get((vc, tenant, quota.gpu_model), 0)
+            allocated.add_metric([vc, tenant, quota.gpu_model], in_use)
         for (_, tenant, model), n in held.items():
             per_tenant[(tenant, model)] += n
         for (tenant, model), n in sorted(per_tenant.items()):

@@ -306,3 +306,18 @@ def test_saving_a_node_page_keeps_what_changed_since_it_was_shown(
         1024,
     )
     assert Gpu.objects.values_list("healthy", "health_reason").get(pk=gpu.pk) == (False, "xid 48")
+
+
+@pytest.mark.parametrize("field", ["gpus", "cpu", "memory_gb", "max_runtime_hours"])
+def test_a_flavor_of_zero_is_refused_by_the_form_and_the_database(admin_client_, field) -> None:  # type: ignore[no-untyped-def]
+    """A flavor of 0 GPUs (CPUs, GB, hours) holds no job: submissions naming it were 500s."""
+    from django.db import IntegrityError, transaction
+
+    from portal.cluster.models import Flavor
+
+    values = {"gpu_model": "A100", "gpus": 1, "cpu": 8, "memory_gb": 64, "max_runtime_hours": 4}
+    response = admin_client_.post("/admin/cluster/flavor/add/", {**values, "name": "zero", field: 0})
+    assert response.status_code == 200 and field in response.context["adminform"].form.errors
+    assert not Flavor.objects.filter(name="zero").exists()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Flavor.objects.create(**{**values, "name": "zero", field: 0})  # not even past the form

@@ -74,13 +74,15 @@ def test_compose_has_every_service_with_health_checks() -> None:
 def test_docker_compose_validates_the_file(tmp_path: Path) -> None:
     shutil.copy(REPO / "docker-compose.yml", tmp_path)
     shutil.copy(REPO / ".env.example", tmp_path / ".env")
-    result = subprocess.run(
-        ["docker-compose", "-f", "docker-compose.yml", "config", "-q"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DOCKER_HOST": "unix:///nonexistent"},
-    )
+    env = {k: v for k, v in os.environ.items() if k != "POSTGRES_PASSWORD"}
+    env["DOCKER_HOST"] = "unix:///nonexistent"
+    config = ["docker-compose", "-f", "docker-compose.yml", "config", "-q"]
+    # .env.example leaves the PostgreSQL password blank, and compose has no default for it.
+    result = subprocess.run(config, cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert result.returncode != 0 and "POSTGRES_PASSWORD" in result.stderr
+    with (tmp_path / ".env").open("a") as dotenv:
+        dotenv.write(f"POSTGRES_PASSWORD={secrets.token_hex(24)}\n")  # as an admin fills it in
+    result = subprocess.run(config, cwd=tmp_path, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     broken = compose()
     broken["services"]["web"]["ports"] = "8000:8000"  # must be a list
@@ -124,3 +126,50 @@ def test_healthz_reports_database_and_redis(client) -> None:  # type: ignore[no-
     response = client.get("/healthz")
     assert response.status_code == 200
     assert response.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+
+
+def test_the_image_holds_no_secrets_or_local_state() -> None:
+    """Every GPU host pulls the image `COPY . .` builds: the build context must leave out the
+    environment file, secrets, local state, the repository and virtualenvs."""
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()}
+    for entry in [".env", "secrets/", "var/", ".git/", ".venv/", "**/node_modules/"]:
+        assert entry in ignored, entry
+    patterns = [entry for entry in ignored if entry and not entry.startswith("#")]
+    assert not any("frontend" in entry or "dist" in entry for entry in patterns)  # the built app ships
+    assert "secrets/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def test_compose_has_no_default_passwords_and_keeps_monitoring_on_loopback() -> None:
+    """No PostgreSQL password unless the admin sets one; Prometheus and Grafana (no auth worth the
+    name) listen on the host's loopback only, and Grafana's admin password is a secret file."""
+    text = (REPO / "docker-compose.yml").read_text()
+    assert "change-me" not in text
+    uses = re.findall(r"\$\{POSTGRES_PASSWORD[^}]*\}", text)
+    assert uses and all(use.startswith("${POSTGRES_PASSWORD:?") for use in uses), uses
+    assert re.search(r"^POSTGRES_PASSWORD=$", (REPO / ".env.example").read_text(), re.M)
+    services = compose()["services"]
+    for name in ("prometheus", "grafana"):
+        assert all(str(port).startswith("127.0.0.1:") for port in services[name]["ports"]), name
+    grafana = services["grafana"]
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
+    assert "grafana_admin_password" in grafana["secrets"]
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in grafana["environment"]
+
+
+@pytest.mark.django_db
+def test_healthcheck_and_scrape_work_with_production_hosts_and_tls_redirect(settings) -> None:  # type: ignore[no-untyped-def]
+    """The compose health check asks http://127.0.0.1:8000/healthz and Prometheus scrapes
+    http://web:8000/metrics: neither host is the public ALLOWED_HOSTS, and neither is https. Any
+    other path still gets Django's host check."""
+    from django.test import Client
+
+    settings.ALLOWED_HOSTS = ["portal.example.org"]
+    settings.SECURE_SSL_REDIRECT = True
+    settings.METRICS_TOKEN = "t"
+    client = Client(raise_request_exception=False)
+    assert client.get("/healthz", HTTP_HOST="127.0.0.1:8000").status_code == 200
+    scrape = client.get("/metrics", HTTP_HOST="web:8000", HTTP_AUTHORIZATION="Bearer t")
+    assert scrape.status_code == 200
+    assert client.get("/metrics", HTTP_HOST="web:8000", REMOTE_ADDR="10.0.0.9").status_code == 403
+    assert client.get("/api/v1/", HTTP_HOST="web:8000").status_code == 400
+    assert client.get("/api/v1/", HTTP_HOST="portal.example.org").status_code == 301

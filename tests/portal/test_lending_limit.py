@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from django.test import Client
 
 from portal.accounts.models import Tenant
 from portal.cluster.models import Node, Quota, VirtualCluster
@@ -73,3 +74,42 @@ def test_gpus_a_vc_does_not_lend_stay_free_until_an_admin_lends_them(
 
     run_cycle(live_profile())
     assert Job.objects.get(pk=second).state == JobState.SCHEDULED
+
+
+def test_an_all_models_quota_row_admits_jobs_and_counts_every_model_in_use(
+    api_for: Any, cluster_admin_client: Any, paused_loop: Any
+) -> None:
+    """docs/scheduler.md: a quota's gpu_model is a model or '*' for all models. The scheduler's
+    core falls back to the '*' row for a model without one, so submission must too (it refused
+    'no quota for A100'), and the row's in-use counts every model, in the API, in Django admin
+    and in the metrics."""
+    from tests.portal.metrics.test_metrics import scrape, value
+
+    Node.objects.update(state="ready")
+    vision = VirtualCluster.objects.get(name="vision")
+    Quota.objects.filter(virtual_cluster=vision).exclude(gpu_model="V100").delete()
+    Quota.objects.create(virtual_cluster=vision, gpu_model="*", guaranteed=16, borrow_limit=0)
+    alice = api_for("alice")
+    a100 = submit(alice, "on-the-star-row")  # 8 A100: only the '*' row covers A100
+    too_big = alice.post(
+        "/api/v1/jobs/",
+        {
+            "name": "x",
+            "vc": "vision",
+            "resources": {"gpus": 8, "gpu_model": "A100", "cpu": 1, "memory_gb": 1},
+            "replicas": 3,
+            "command": "true",
+        },
+        format="json",
+    )
+    assert too_big.status_code == 400 and "at most 16" in str(too_big.json())  # the '*' row's limit
+    run_cycle(live_profile())
+    assert Job.objects.get(pk=a100).state == JobState.SCHEDULED
+
+    (vc,) = [v for v in alice.get("/api/v1/virtual-clusters/").json()["results"] if v["name"] == "vision"]
+    in_use = {q["gpu_model"]: q["in_use"] for q in vc["quotas"]}
+    assert in_use == {"*": 8, "V100": 0}  # the model's own row wins for V100
+    samples = scrape(Client(), REMOTE_ADDR="127.0.0.1")
+    assert value(samples, "gpuportal_vc_gpus_allocated", vc="vision", model="*") == 8
+    page = cluster_admin_client.get("/admin/cluster/quota/").content.decode()
+    assert "8 / 16 + 0" in page

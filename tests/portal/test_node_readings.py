@@ -69,3 +69,19 @@ def test_cluster_admins_cordon_and_uncordon_from_the_api(api_for, users) -> None
     bad = admin.post("/api/v1/nodes/a100-node-2/state/", {"action": "explode"})
     assert bad.status_code == 400 and "action" in bad.json()
     assert Node.objects.get(name="a100-node-2").state == "cordoned"
+
+
+def test_uncordoning_a_node_whose_agent_is_long_silent_leaves_it_not_ready(api_for, settings) -> None:  # type: ignore[no-untyped-def]
+    """Ready means an agent is there to run the work: one last heard an hour ago is not."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.NODE_SILENT_AFTER_S = 30
+    admin = api_for("admin")
+    an_hour_ago, just_now = timezone.now() - timedelta(hours=1), timezone.now() - timedelta(seconds=5)
+    for heard, state in [(an_hour_ago, "not-ready"), (just_now, "ready")]:
+        Node.objects.filter(name="a100-node-2").update(state="cordoned", last_heartbeat_at=heard)
+        response = admin.post("/api/v1/nodes/a100-node-2/state/", {"action": "uncordon"})
+        assert response.status_code == 200 and response.json()["state"] == state
+        assert Node.objects.get(name="a100-node-2").state == state

@@ -294,3 +294,59 @@ async def test_the_agent_cli_enrolls_once_and_its_stored_token_opens_the_gateway
     assert stored.read_text().strip() == token
     assert not await AuditEntry.objects.filter(action="node.enroll.denied").aexists()
     assert await AuditEntry.objects.filter(action="node.enroll").acount() == 1
+
+
+async def closed(agent: WebsocketCommunicator) -> bool:
+    """Whether the portal closes the agent's socket (it may first send a desired set)."""
+    for _ in range(3):
+        output = await agent.receive_output(timeout=10)
+        if output["type"] == "websocket.close":
+            return True
+    return False
+
+
+@pytest.mark.asyncio
+async def test_new_credentials_close_the_socket_opened_with_the_old_ones(
+    users, paused_loop, cluster_admin_client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The token is checked at the handshake only: an agent connected with the old one would go
+    on receiving desired sets, with jobs' secret variables. A new token from Django admin, from
+    a re-enrollment or from register_node closes the node's sockets."""
+    node = await Node.objects.aget(name="a100-node-1")
+    agent = await greet(await sync_to_async(issue_node_token)(node, None), "a100-node-1")
+    response = await sync_to_async(cluster_admin_client.post)(
+        "/admin/cluster/node/", {"action": "issue_agent_token", "_selected_action": [str(node.pk)]}
+    )
+    assert response.status_code == 302
+    assert await closed(agent)
+
+    agent = await greet(await sync_to_async(issue_node_token)(node, None), "a100-node-1")
+    _, raw = await sync_to_async(create_enrollment_token)(users["admin"], "a100-node-1")
+    assert (await sync_to_async(enroll)(raw, "a100-node-1")).status_code == 201
+    assert await closed(agent)
+
+    agent = await greet(await sync_to_async(issue_node_token)(node, None), "a100-node-1")
+    await sync_to_async(call_command)(
+        "register_node", "a100-node-1", token_file=tmp_path / "t", stdout=io.StringIO()
+    )
+    assert await closed(agent)
+
+
+def test_token_files_are_created_private_not_made_private_afterwards(
+    users, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """register_node --token-file and the demo's token files wrote the token, then chmod-ed the
+    file: readable by every local user in between (here: a chmod that never comes)."""
+    import os
+
+    from portal.demo import write_agent_token
+
+    monkeypatch.setattr(Path, "chmod", lambda self, mode: None)
+    old_umask = os.umask(0)
+    try:
+        call_command("register_node", "gpu-017", token_file=tmp_path / "agent.token", stdout=io.StringIO())
+        write_agent_token(Node.objects.get(name="gpu-017"), tmp_path / "demo")
+    finally:
+        os.umask(old_umask)
+    for path in (tmp_path / "agent.token", tmp_path / "demo" / "gpu-017.token"):
+        assert path.stat().st_mode & 0o777 == 0o600, path

@@ -109,3 +109,35 @@ def test_fewer_gpus_are_no_claim_and_a_new_enrollment_takes_the_hosts_gpus_afres
     node.refresh_from_db()
     assert node.state != "draining" and not AuditEntry.objects.filter(action="node.gpus.denied").exists()
     assert {i: u for i, u in gpus_of(node).items() if i < 4} == other_host
+
+
+def test_a_new_nodes_first_hello_cannot_take_another_nodes_gpus(
+    users: Any, cluster_admin_client: Any
+) -> None:
+    """An unbound enrollment token can never take over a registered node, and neither can the
+    new node's first hello by reporting that node's GPU UUIDs: the UUID stays the other node's
+    (its telemetry, desired sets and next hello unharmed), the new node is drained and the claim
+    refused on it. Only an admin, accepting the reported GPUs, moves a UUID between nodes."""
+    victim = Node.objects.get(name=NODE)
+    record_hello(victim, hello(UUIDS))
+    _, raw = create_enrollment_token(users["admin"])  # unbound
+    intruder, _ = enroll_node(raw, "gpu-new")
+    record_hello(intruder, hello({0: UUIDS[0], 1: "GPU-gpu-new-1"}))
+
+    assert gpus_of(victim) == UUIDS
+    assert gpus_of(intruder) == {1: "GPU-gpu-new-1"}  # its own card only
+    intruder.refresh_from_db()
+    assert intruder.state == "draining" and f"0 ({UUIDS[0]})" in intruder.state_reason
+    refusal = AuditEntry.objects.get(action="node.gpus.denied")
+    assert refusal.object_id == str(intruder.pk) and f"{UUIDS[0]} is node {NODE}'s" in refusal.detail
+
+    record_hello(victim, hello(UUIDS))  # the victim's agent reconnects, unchanged
+    victim.refresh_from_db()
+    assert victim.state != "draining" and gpus_of(victim) == UUIDS
+    assert AuditEntry.objects.filter(action="node.gpus.denied").count() == 1
+
+    cluster_admin_client.post(
+        "/admin/cluster/node/", {"action": "accept_reported_gpus", "_selected_action": [intruder.pk]}
+    )
+    assert gpus_of(intruder) == {0: UUIDS[0], 1: "GPU-gpu-new-1"}
+    assert gpus_of(victim)[0].startswith("stale-")

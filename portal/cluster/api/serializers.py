@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from portal.cluster import budgets
 from portal.cluster.models import Flavor, Gpu, Node, PriorityClass, Quota, VirtualCluster
-from portal.cluster.services import NODE_ACTIONS
+from portal.cluster.services import NODE_ACTIONS, quota_in_use
 
 
 class FlavorSerializer(serializers.ModelSerializer):
@@ -23,7 +23,9 @@ class PriorityClassSerializer(serializers.ModelSerializer):
 
 
 class QuotaSerializer(serializers.ModelSerializer):
-    in_use = serializers.SerializerMethodField(help_text="GPUs of this model the VC's jobs hold now.")
+    in_use = serializers.SerializerMethodField(
+        help_text="GPUs of this model the VC's jobs hold now; of every model for gpu_model '*'."
+    )
 
     class Meta:
         model = Quota
@@ -37,7 +39,7 @@ class QuotaSerializer(serializers.ModelSerializer):
 
     def get_in_use(self, quota: Quota) -> int:
         usage: dict[tuple[int, str], int] = self.context.get("usage", {})
-        return usage.get((quota.virtual_cluster_id, quota.gpu_model), 0)
+        return quota_in_use(usage, quota.virtual_cluster_id, quota.gpu_model)
 
 
 class VirtualClusterSerializer(serializers.ModelSerializer):

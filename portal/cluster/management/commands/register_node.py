@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from portal.cluster.models import Node
-from portal.cluster.services import issue_node_token
+from portal.cluster.services import issue_node_token, write_secret_file
 
 
 class Command(BaseCommand):
@@ -26,8 +26,7 @@ class Command(BaseCommand):
         node, created = Node.objects.get_or_create(name=name, defaults={"rack": options["rack"]})
         token = issue_node_token(node, None)
         if options["token_file"]:
-            options["token_file"].write_text(token + "\n")
-            options["token_file"].chmod(0o600)
+            write_secret_file(options["token_file"], token + "\n")
             self.stdout.write(
                 f"{'Registered' if created else 'New token for'} node {name}: {options['token_file']}"
             )
