@@ -38,6 +38,7 @@ def _send_all(node_ids: list[int], event: dict[str, Any]) -> None:
 
 
 def close_node_sockets(node_id: int) -> None:
-    """Closes the node's agent socket after commit (its credentials were revoked). Sent after the
+    """Closes the node's agent socket after commit: its credentials were revoked or replaced (a
+    new token, a re-enrollment), and a socket is checked only when it opens. Sent after the
     desired-set hints of the same transaction, so the agent first hears what to stop."""
     transaction.on_commit(lambda: _send_all([node_id], {"type": "node.revoked"}))
