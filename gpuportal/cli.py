@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
 from rich.measure import Measurement
+from rich.spinner import Spinner
 from rich.table import Table
 
 from gpuportal import __version__, config
@@ -73,7 +76,10 @@ EXIT_CODES = {
         "no such job, virtual cluster, webhook, template, tenant or member (another tenant's looks the same)"
     ),
     AUTH: "not signed in, the token is invalid or expired, or not allowed",
-    UNREACHABLE: "the portal cannot be reached or failed (HTTP 5xx)",
+    UNREACHABLE: (
+        "the portal cannot be reached or failed (HTTP 5xx), or the URL answers but not as the portal's API"
+        " (a redirect, a web page)"
+    ),
     CONFLICT: "the request does not fit the job's state (e.g. cancelling an ended job)",
     INTERRUPTED: "interrupted (Ctrl-C); the job keeps running",
 }
@@ -299,7 +305,13 @@ def read_password(args: argparse.Namespace) -> str:
 
 def cmd_login(ctx: Context) -> int:
     args = ctx.args
-    stored = config.read_file()
+    try:
+        stored = config.read_file()
+    except config.ConfigError as error:
+        # Signing in again is how a user repairs a damaged file (say, half-written in a crash):
+        # it must not be refused because of the very file it replaces.
+        ctx.err.print(f"[yellow]warning:[/] {escape(str(error))}; signing in replaces it.")
+        stored = {}
     url = (args.url or os.environ.get(config.ENV_URL) or stored.get("url") or "").rstrip("/")
     if not url:
         raise UsageError("which portal? give --url URL (e.g. https://gpus.example.org)")
@@ -332,7 +344,7 @@ def cmd_login(ctx: Context) -> int:
 
 def cmd_logout(ctx: Context) -> int:
     removed = config.forget()
-    ctx.err.print("Stored token removed." if removed else "No stored token.")
+    ctx.err.print("Stored token removed; the portal's URL is kept." if removed else "No stored token.")
     ctx.err.print("The token stays valid on the portal until it expires; revoke it at /api/v1/tokens/.")
     return OK
 
@@ -434,7 +446,19 @@ def follow(ctx: Context, job_id: int, *, attempt: int | None = None) -> int:
     it ends; the job's outcome becomes the exit status."""
     client = ctx.client()
     last: JobDetail | None = None
-    with ctx.err.status(f"job {job_id}: waiting", spinner="dots") as spinner:
+    spinner = Spinner("dots", text=f"job {job_id}: waiting")
+    # The spinner is drawn on stderr. By default rich's Live also swaps sys.stdout for a proxy
+    # that prints through the stderr console whenever stderr is a terminal, and the job's output
+    # then went to stderr, lost to `gpuportal logs -f > out.txt`. Only when stdout is a terminal
+    # too (both on one screen) do the lines go through that proxy, so that each is printed above
+    # the spinner instead of over it; into a pipe or a file they go to the real stdout.
+    with Live(
+        spinner,
+        console=ctx.err,
+        transient=True,
+        refresh_per_second=12.5,
+        redirect_stdout=sys.stdout.isatty(),
+    ):
         for item in client.follow_logs(job_id, poll_s=ctx.args.poll, from_attempt=attempt, events=True):
             if isinstance(item, LogLine):
                 write_line(item, last)
@@ -443,7 +467,9 @@ def follow(ctx: Context, job_id: int, *, attempt: int | None = None) -> int:
             else:
                 report_waiting(ctx, last, item)
                 progress = start_progress(item)
-                spinner.update(f"job {job_id}: {item.state}" + (f" — {escape(progress)}" if progress else ""))
+                spinner.update(
+                    text=f"job {job_id}: {item.state}" + (f" — {escape(progress)}" if progress else "")
+                )
                 last = item
     assert last is not None
     return finish(ctx, last)
@@ -1047,7 +1073,9 @@ def cmd_templates(ctx: Context) -> int:
             )
         except BadRequest as error:
             if set(error.errors) != {"detail"}:
-                raise BadRequest(f"the portal refused template {args.name}", error.errors) from None
+                raise BadRequest(
+                    f"template {args.name} not saved: the spec in {args.file} was refused", error.errors
+                ) from None
             raise
         if args.output == "json":
             print_json(ctx, template.model_dump(mode="json"))
@@ -1367,6 +1395,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def unexpected_answer(error: ValidationError, ctx: Context) -> str:
+    """One line for an answer that does not read as the resource asked for (another server at
+    the URL, or a portal too old or too new for this client): pydantic's own report is a dozen
+    lines about models the user never saw."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the answer"
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    url = ctx.args.url if getattr(ctx.args, "url", None) else (ctx._client.url if ctx._client else "the URL")
+    return (
+        f"the portal's answer does not read as a {error.title}: {where}: {first['msg']}{more};"
+        f" is {url} the portal, and as new as this client?"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(with_members_list_implied(sys.argv[1:] if argv is None else argv))
@@ -1400,6 +1442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(error, AuthError) and error.status == 401:
             ctx.err.print("Sign in again with `gpuportal login`.")
         return error.exit_code
+    except ValidationError as error:
+        ctx.err.print(f"[red]error:[/] {escape(unexpected_answer(error, ctx))}")
+        return UNREACHABLE
     except KeyboardInterrupt:
         ctx.err.print("interrupted")
         return INTERRUPTED

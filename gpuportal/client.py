@@ -172,11 +172,17 @@ class PortalClient:
         return f"{'wss' if secure else 'ws'}://{rest}{path}{query}"
 
     def _decode(self, response: httpx.Response) -> Any:
+        status = response.status_code
+        if 300 <= status < 400:
+            raise self._redirected(response)
         try:
             body = response.json() if response.content else None
         except ValueError:
             body = None
-        status = response.status_code
+            if status < 400:
+                # A proxy's sign-in page, the web app's index.html or another server: decoding
+                # it as "no body" would fail later, far from the cause, as a crash.
+                raise self._not_the_api(response) from None
         if status < 400:
             return body
         detail = body.get("detail") if isinstance(body, dict) else None
@@ -195,13 +201,64 @@ class PortalClient:
             raise Unreachable(f"the portal failed with HTTP {status}", status)
         raise PortalError(str(detail or f"HTTP {status}"), status)
 
+    def _redirected(self, response: httpx.Response) -> PortalError:
+        """The API never redirects; a proxy does (http:// to https://, another host or path).
+        Following it would resend the token wherever the proxy points, so the user is told
+        where it leads, and which URL to use instead."""
+        location = response.headers.get("Location", "")
+        if not location:
+            return Unreachable(
+                f"{self.url} answered with a redirect (HTTP {response.status_code}) to nowhere:"
+                f" is {self.url} the portal?",
+                response.status_code,
+            )
+        target = response.request.url.join(location)
+        # The same API path under another address: that address is the portal's URL.
+        tail = response.request.url.path[len(httpx.URL(self.url).path.rstrip("/")) :]
+        suggestion = str(target.copy_with(query=None, fragment=None))
+        if tail and target.path.endswith(tail):
+            suggestion = str(
+                target.copy_with(path=target.path[: -len(tail)] or "/", query=None, fragment=None)
+            )
+        return Unreachable(
+            f"{self.url} redirects to {target} (HTTP {response.status_code}): use that URL,"
+            f" gpuportal login --url {suggestion.rstrip('/')}",
+            response.status_code,
+        )
+
+    def _not_the_api(self, response: httpx.Response) -> PortalError:
+        kind = response.headers.get("Content-Type", "no content type").split(";")[0].strip()
+        return Unreachable(
+            f"the answer from {response.request.url} is not the portal's API"
+            f" (HTTP {response.status_code}, {kind}): is {self.url} the portal?",
+            response.status_code,
+        )
+
+    def _page(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        """One page of a list (``count``, ``next``, ``results``); any other JSON is not this API."""
+        page = self.request("GET", path, **kwargs)
+        if not isinstance(page, dict) or not isinstance(page.get("results"), list):
+            where = path if path.startswith("http") else f"{self.url}{API}{path}"
+            raise Unreachable(
+                f"the answer from {where} is not a page of the portal's API: is {self.url} the portal?"
+            )
+        return page
+
+    def _next_page_url(self, link: str) -> str:
+        """The portal's ``next`` link, resolved against the configured portal URL: only its path
+        and query are used. The link is built from what the portal believes its address is (a
+        proxy may say http:// or another host), and following it as given would send the
+        bearer token there, possibly in clear text."""
+        given = httpx.URL(link)
+        return str(httpx.URL(self.url).copy_with(path=given.path, query=given.query or None, fragment=None))
+
     def _pages(
         self, path: str, params: dict[str, Any] | None = None, limit: int | None = None
     ) -> Iterator[Any]:
         """Follow limit/offset pages until ``limit`` items (or all of them) were read."""
         query: dict[str, Any] = dict(params or {})
         query.setdefault("limit", min(limit or 200, 200))
-        page = self.request("GET", path, params=query)
+        page = self._page(path, params=query)
         seen = 0
         while True:
             for item in page["results"]:
@@ -211,7 +268,7 @@ class PortalClient:
                     return
             if not page.get("next"):
                 return
-            page = self.request("GET", page["next"])
+            page = self._page(self._next_page_url(str(page["next"])))
 
     @staticmethod
     def _parse(model: type[T], items: Iterable[Any]) -> list[T]:
@@ -331,6 +388,8 @@ class PortalClient:
         except BadRequest as error:
             errors = {field.removeprefix("job."): messages for field, messages in error.errors.items()}
             raise BadRequest(error.message, errors) from None
+        if not isinstance(created, dict) or not isinstance(created.get("ids"), list):
+            raise Unreachable(f"the answer to a job array is not the portal's API: is {self.url} the portal?")
         return [int(job_id) for job_id in created["ids"]]
 
     def cancel_job(self, job_id: int) -> Job:
@@ -359,7 +418,7 @@ class PortalClient:
             params["attempt"] = attempt
         if after is not None:
             params["after"] = after
-        page = self.request("GET", f"/jobs/{int(job_id)}/logs/", params=params)
+        page = self._page(f"/jobs/{int(job_id)}/logs/", params=params)
         return self._parse(LogLine, page["results"])
 
     def all_job_logs(self, job_id: int, *, attempt: int | None = None) -> list[LogLine]:
@@ -398,8 +457,8 @@ class PortalClient:
             # waiting reason never shows after the event that ended the wait.
             if events:
                 while True:
-                    page = self.request(
-                        "GET", f"/jobs/{int(job_id)}/events/", params={"offset": events_seen, "limit": 200}
+                    page = self._page(
+                        f"/jobs/{int(job_id)}/events/", params={"offset": events_seen, "limit": 200}
                     )
                     for item in page["results"]:
                         events_seen += 1
@@ -482,8 +541,10 @@ class PortalClient:
         response = self._send(
             "GET", "/usage/", params={**params, "format": "csv"}, headers={"Accept": "text/csv"}
         )
-        if response.status_code >= 400:
-            self._decode(response)  # a refusal is JSON: raises with the portal's message
+        if response.status_code >= 300:
+            self._decode(
+                response
+            )  # a refusal is JSON: raises with the portal's message; a redirect says where
         return response.text
 
     # -- webhooks -----------------------------------------------------------------------
@@ -542,6 +603,14 @@ class PortalClient:
     def save_template(
         self, name: str, spec: dict[str, Any], *, description: str = "", shared: bool = False
     ) -> JobTemplate:
+        """Save a job spec (a mapping, e.g. parsed from YAML) as a template named ``name``.
+
+        A template's spec is stored as JSON, which has no dates, and YAML reads an unquoted
+        2026-01-01 as one: such a value is refused here, naming the field, as the portal names a
+        value that is not text, instead of failing to encode."""
+        dated = date_fields(spec, "spec")
+        if dated:
+            raise BadRequest("a job spec cannot hold a date", dated)
         body = {"name": name, "spec": spec, "description": description, "shared": shared}
         return JobTemplate.model_validate(self.request("POST", "/templates/", json=body))
 
@@ -554,6 +623,24 @@ def members_path(tenant: str, username: str | None = None) -> str:
     characters such as ``@`` or ``+``."""
     path = f"/tenants/{quote(tenant, safe='')}/members/"
     return path if username is None else f"{path}{quote(username, safe='')}/"
+
+
+def date_fields(value: Any, path: str) -> dict[str, list[str]]:
+    """Every date (or datetime) in a parsed spec, by dotted field name, with what to do: no field
+    of a job spec takes a date, and only YAML makes one of text such as 2026-01-01."""
+    found: dict[str, list[str]] = {}
+    if isinstance(value, date):  # a datetime is a date too
+        name = path.rpartition(".")[2]
+        found[path] = [
+            f"{name} must be text, not the date {value.isoformat()}: in YAML put the value in quotes."
+        ]
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found.update(date_fields(item, f"{path}.{key}"))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found.update(date_fields(item, f"{path}[{index}]"))
+    return found
 
 
 def spec_body(spec: str | dict[str, Any]) -> dict[str, Any]:

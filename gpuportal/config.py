@@ -69,30 +69,49 @@ def load(url_override: str | None = None) -> Settings:
 
 
 def save(url: str, token: str, username: str | None = None, path: Path | None = None) -> Path:
-    """Write the file with mode 600 from the start (never world-readable, even briefly)."""
+    """Store the URL, the token and the user name (see :func:`_write` for how)."""
     path = path or config_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    data = {"url": _clean(url), "token": token}
+    data = {"url": _clean(url) or "", "token": token}
     if username:
         data["username"] = username
+    _write(path, data)
+    return path
+
+
+def forget(path: Path | None = None) -> bool:
+    """Remove the stored token and user name; True when there was a token.
+
+    The URL stays, as `gpuportal login` documents it ("remembered, so later logins can leave
+    it out"). A file that cannot be read is removed whole: it may hold a token, and nothing in
+    it can be kept."""
+    path = path or config_path()
+    try:
+        stored = read_file(path)
+    except ConfigError:
+        path.unlink(missing_ok=True)
+        return True
+    if "token" not in stored:
+        return False
+    kept = {key: value for key, value in stored.items() if key not in ("token", "username")}
+    _write(path, kept)
+    return True
+
+
+def _write(path: Path, data: dict[str, str]) -> None:
+    """Write the file with mode 600 from the start (never world-readable, even briefly), to a
+    temporary file that is flushed to disk before it replaces the old one: a crash then leaves
+    the old file or the new one, never an empty or half-written file where the rename reached
+    the disk before the data."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle, indent=2)
         handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
     os.chmod(temporary, 0o600)  # in case the file existed with wider permissions
     os.replace(temporary, path)
-    return path
-
-
-def forget(path: Path | None = None) -> bool:
-    """Remove the stored token; True when there was one."""
-    path = path or config_path()
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _clean(url: str | None) -> str | None:

@@ -8,6 +8,7 @@ portal.jobs.services.submit_job.
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 import json
 import re
@@ -201,6 +202,56 @@ class CheckpointSettingsSerializer(StrictSerializer):
     )
 
 
+def env_value_problem(name: str, value: Any, *, secret: bool = False) -> str | None:
+    """Why a variable's value is not text, or None when it is.
+
+    A job's environment is text, but YAML reads an unquoted 4.40 as the number 4.4, 0022 as 18,
+    12:30 as 750, yes as true and 2026-01-01 as a date. Turning those back into text would give
+    the job a value its author never wrote, silently; so anything but text is refused with the
+    variable's name and the fix. The words fit a JSON body as well as YAML. A secret's value is
+    never repeated, not even in an error."""
+    if isinstance(value, str):
+        return None
+    if value is None:
+        return f'{name} must be text, not null: for an empty value write "" (in YAML too).'
+    if isinstance(value, bool):
+        what = "true or false"
+    elif isinstance(value, int | float):
+        what = "a number" if secret else f"the number {value}"
+    elif isinstance(value, datetime.date):  # also a datetime
+        what = "a date" if secret else f"the date {value.isoformat()}"
+    elif isinstance(value, list):
+        what = "a list"
+    elif isinstance(value, dict):
+        what = "a mapping"
+    else:
+        what = type(value).__name__
+    return (
+        f"{name} must be text, not {what}: in YAML put the value in quotes as you mean it"
+        " (unquoted, YAML reads 4.40 as 4.4, 0022 as 18 and 12:30 as 750)."
+    )
+
+
+class EnvField(serializers.DictField):
+    """A job's environment variables: names to text. Refuses values that are not text before
+    the child CharField would quietly turn numbers into text (see env_value_problem)."""
+
+    def __init__(self, *, secret: bool = False, **kwargs: Any) -> None:
+        self.secret = secret
+        super().__init__(child=serializers.CharField(max_length=4096, allow_blank=True), **kwargs)
+
+    def to_internal_value(self, data: Any) -> dict[str, str]:
+        if isinstance(data, Mapping):
+            errors = {
+                str(name): [problem]
+                for name, value in data.items()
+                if (problem := env_value_problem(str(name), value, secret=self.secret))
+            }
+            if errors:
+                raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
+
+
 def checked_env(value: dict[str, str]) -> dict[str, str]:
     """Variable names a job may set: valid, and none the agent sets itself."""
     if len(value) > 256:
@@ -220,9 +271,9 @@ class JobSpecSerializer(StrictSerializer):
     resources = ResourcesSerializer(required=False, help_text="Per-replica resources, instead of a flavor.")
     image = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
     command = CommandField()
-    env = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True), default=dict)
-    secret_env = serializers.DictField(
-        child=serializers.CharField(max_length=4096, allow_blank=True),
+    env = EnvField(default=dict)
+    secret_env = EnvField(
+        secret=True,
         default=dict,
         help_text=(
             "Variables the job gets like env, but whose values the portal never shows again "

@@ -8,6 +8,20 @@ from typing import Any
 
 from rest_framework.renderers import BaseRenderer
 
+# What a spreadsheet takes as the start of a formula (or, for tab and CR, lets one follow).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A cell a spreadsheet shows as text rather than evaluates. User names and other text come
+    from users (Django allows '-', '+' and '@' in user names): a cell such as `-1+1` or
+    `=HYPERLINK(...)` would run as a formula in whoever opens the file (CSV injection), so such
+    text gets a leading single quote, as OWASP advises. Numbers are left alone: a negative
+    number is data, not a formula."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
 
 class CSVRenderer(BaseRenderer):
     """Rows (a list, or the "results" of a dict) as CSV. Given "columns", an empty report still
@@ -27,5 +41,5 @@ class CSVRenderer(BaseRenderer):
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=columns or list(rows[0]))
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({key: spreadsheet_safe(value) for key, value in row.items()} for row in rows)
         return out.getvalue().encode("utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from rich.console import Console
 
 from gpuportal import cli, config
 from gpuportal.client import (
@@ -81,7 +83,9 @@ def test_the_token_file_is_private_and_the_environment_wins(
     # The stored token belongs to the stored portal and is never sent to another one.
     monkeypatch.setenv(config.ENV_URL, "https://elsewhere.example.org")
     assert config.load().token is None
-    assert config.forget() and not path.exists()
+    # Signing out forgets the token and the user, not the portal: a later login may leave out --url.
+    assert config.forget() and json.loads(path.read_text()) == {"url": "https://gpus.example.org"}
+    assert not config.forget()
 
 
 def test_expected_failures_give_a_message_and_an_exit_code_not_a_traceback(home: Path) -> None:
@@ -350,3 +354,211 @@ def test_spent_budgets_start_over_on_the_first_of_the_next_month_in_utc() -> Non
     # 20:00 on 30 November in New York is 1 December in UTC.
     new_york = timezone(timedelta(hours=-5))
     assert cli.next_month_start(datetime(2026, 11, 30, 20, 0, tzinfo=new_york)) == date(2027, 1, 1)
+
+
+def cli_against(monkeypatch: pytest.MonkeyPatch, handler: Any) -> list[httpx.Request]:
+    """Every PortalClient the CLI makes answers from `handler`; returns the requests it sent."""
+    sent: list[httpx.Request] = []
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return handler(request)
+
+    real_init = PortalClient.__init__
+
+    def init(self: PortalClient, url: str, token: str | None = None, **options: Any) -> None:
+        real_init(self, url, token, **{**options, "transport": httpx.MockTransport(recording)})
+
+    monkeypatch.setattr(PortalClient, "__init__", init)
+    return sent
+
+
+def test_followed_output_goes_to_stdout_while_the_spinner_is_on_a_terminal(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpuportal logs 7 -f > out.txt` in a terminal: stderr is the terminal (the spinner),
+    stdout a file, and the job's output belongs in the file."""
+    polls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal polls
+        path = request.url.path
+        if path == "/api/v1/jobs/7/":
+            polls += 1
+            job = {
+                "id": 7,
+                "name": "j",
+                "vc": "v",
+                "owner": "o",
+                "state": "running" if polls < 2 else "succeeded",
+            }
+            return httpx.Response(200, json={**job, "attempts": [{"number": 1, "state": "running"}]})
+        if path == "/api/v1/jobs/7/events/":
+            return httpx.Response(200, json={"count": 0, "next": None, "results": []})
+        assert path == "/api/v1/jobs/7/logs/", path
+        lines = [] if request.url.params.get("after") else [{"id": 1, "attempt": 1, "text": "epoch 1 done"}]
+        return httpx.Response(200, json={"count": len(lines), "next": None, "results": lines})
+
+    cli_against(monkeypatch, handler)
+    monkeypatch.setenv(config.ENV_URL, "http://portal.test")
+    monkeypatch.setenv(config.ENV_TOKEN, "gpp_t")
+    terminal = io.StringIO()
+    real_init = cli.Context.__init__
+
+    def on_a_terminal(self: cli.Context, args: Any) -> None:
+        real_init(self, args)
+        self.err = Console(file=terminal, force_terminal=True, width=80, highlight=False)
+
+    monkeypatch.setattr(cli.Context, "__init__", on_a_terminal)
+    assert cli.main(["logs", "7", "-f", "--poll", "0"]) == cli.OK
+    assert capsys.readouterr().out == "epoch 1 done\n"
+    assert "epoch 1 done" not in terminal.getvalue()
+    assert "Job 7" in terminal.getvalue()  # the outcome, on the terminal
+
+
+def redirect_to_https(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(301, headers={"Location": f"https://gpus.example.org{request.url.path}"})
+
+
+@pytest.mark.parametrize(
+    ("args", "answer", "words"),
+    [
+        (["whoami"], redirect_to_https, "use that URL, gpuportal login --url https://gpus.example.org"),
+        (
+            ["list"],
+            lambda r: httpx.Response(200, text="<html>sign in</html>", headers={"Content-Type": "text/html"}),
+            "is not the portal's API (HTTP 200, text/html): is http://gpus.example.org the portal?",
+        ),
+        (
+            ["list"],
+            lambda r: httpx.Response(200, json={"hello": "world"}),
+            "is not a page of the portal's API",
+        ),
+        (
+            ["whoami"],
+            lambda r: httpx.Response(200, json={"hello": "world"}),
+            "does not read as a Me: username",
+        ),
+    ],
+    ids=["redirect", "html", "json-not-a-page", "json-not-a-resource"],
+)
+def test_an_answer_that_is_not_the_portals_api_is_one_line(
+    home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    answer: Any,
+    words: str,
+) -> None:
+    """A proxy that redirects http:// to https://, a sign-in page or another server at the URL:
+    one line that says so, never a traceback (a crash on a None body or a pydantic report)."""
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    cli_against(monkeypatch, answer)
+    assert cli.main(args) == cli.UNREACHABLE
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and words in err, err
+
+
+def test_login_to_a_url_that_redirects_says_which_url_to_use(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sent = cli_against(monkeypatch, redirect_to_https)
+    monkeypatch.setattr("sys.stdin", io.StringIO("alice-pass\n"))
+    code = cli.main(["login", "--url", "http://gpus.example.org", "-u", "alice", "--password-stdin"])
+    assert code == cli.UNREACHABLE
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "error: http://gpus.example.org redirects to https://gpus.example.org/api/v1/session/ (HTTP 301):"
+        " use that URL, gpuportal login --url https://gpus.example.org"
+    ]
+    assert [r.url.host for r in sent] == ["gpus.example.org"]  # the redirect was not followed
+    assert not (home / ".config" / "gpuportal" / "config.json").exists()
+
+
+def test_login_replaces_a_config_file_it_cannot_read(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = home / ".config" / "gpuportal" / "config.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("")  # say, half-written in a crash
+    cli_against(monkeypatch, lambda r: httpx.Response(200, json={"username": "alice", "memberships": []}))
+    assert cli.main(["login", "--url", "http://gpus.example.org", "--token", "gpp_new"]) == cli.OK
+    assert "warning: cannot read" in capsys.readouterr().err
+    assert json.loads(path.read_text()) == {
+        "url": "http://gpus.example.org",
+        "token": "gpp_new",
+        "username": "alice",
+    }
+
+
+def test_the_config_file_reaches_the_disk_before_it_replaces_the_old_one(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(config.os, "fsync", lambda fd: (steps.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(config.os, "replace", lambda a, b: (steps.append("replace"), real_replace(a, b))[1])
+    config.save("https://gpus.example.org", "gpp_t", "alice")
+    assert steps == ["fsync", "replace"]
+
+
+def test_logout_keeps_the_url_for_the_next_login(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = config.save("https://gpus.example.org", "gpp_old", "alice")
+    assert cli.main(["logout"]) == cli.OK
+    assert json.loads(path.read_text()) == {"url": "https://gpus.example.org"}
+    assert cli.main(["whoami"]) == cli.AUTH  # not signed in any more
+    sent = cli_against(
+        monkeypatch, lambda r: httpx.Response(200, json={"username": "alice", "memberships": []})
+    )
+    assert cli.main(["login", "--token", "gpp_new"]) == cli.OK  # no --url: it was remembered
+    assert [str(r.url) for r in sent] == ["https://gpus.example.org/api/v1/me/"]
+    assert "No stored token." not in capsys.readouterr().err
+
+
+def test_pages_are_read_from_the_configured_portal_whatever_next_says() -> None:
+    """Behind a proxy the portal may build `next` as http:// or with its own host name: only
+    the link's path and query are used, so the token never leaves the configured https:// URL."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert (request.url.scheme, request.url.host) == ("https", "gpus.example.org"), request.url
+        if request.url.params.get("offset") == "1":
+            return httpx.Response(
+                200, json={"count": 2, "next": None, "results": [{"id": 2, "name": "n2", "state": "ready"}]}
+            )
+        following = "http://internal-host:8000/api/v1/nodes/?limit=1&offset=1"
+        return httpx.Response(
+            200, json={"count": 2, "next": following, "results": [{"id": 1, "name": "n1", "state": "ready"}]}
+        )
+
+    with PortalClient("https://gpus.example.org", "gpp_t", transport=httpx.MockTransport(handler)) as client:
+        assert [n.name for n in client.nodes()] == ["n1", "n2"]
+
+
+def test_templates_save_names_a_yaml_date_instead_of_crashing(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    refusal = "TRANSFORMERS_VERSION must be text, not the number 4.4: in YAML put the value in quotes."
+    sent = cli_against(
+        monkeypatch,
+        lambda r: httpx.Response(400, json={"spec": {"env": {"TRANSFORMERS_VERSION": [refusal]}}}),
+    )
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: nightly\nvc: vision\nflavor: s-A100\ncommand: echo hi\nenv:\n  RUN_DATE: 2026-01-01\n"
+    )
+    assert cli.main(["templates", "save", "nightly", str(spec)]) == cli.USAGE
+    err = capsys.readouterr().err
+    assert (
+        "spec.env.RUN_DATE: RUN_DATE must be text, not the date 2026-01-01: in YAML put the value in quotes."
+        in err
+    )
+    assert not sent  # refused before anything was sent
+
+    spec.write_text(
+        "name: nightly\nvc: vision\nflavor: s-A100\ncommand: echo hi\nenv:\n  TRANSFORMERS_VERSION: 4.40\n"
+    )
+    assert cli.main(["templates", "save", "nightly", str(spec)]) == cli.USAGE
+    assert f"spec.env.TRANSFORMERS_VERSION: {refusal}" in capsys.readouterr().err  # the portal's words

@@ -4,10 +4,14 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from rest_framework.test import APIClient
 
+from portal.accounts.choices import Role
+from portal.accounts.models import Membership, Tenant
 from portal.cluster.models import Gpu
 from portal.jobs.models import Allocation, Job, JobAttempt, TelemetrySample
 from tests.conftest import SMALL_JOB
@@ -72,6 +76,31 @@ def test_the_usage_report_sums_per_vc_and_exports_csv_within_the_tenant(api_for,
     assert refused_csv.status_code == 400  # in JSON, so the message is not lost
     assert refused_csv.json() == {"group": ["One of: job, tenant, user, vc."]}
     assert api_for("alice").get("/api/v1/usage/?since=yesterday").status_code == 400
+
+
+@pytest.mark.parametrize("impossible", ["2026-11-31", "2026-13-01", "2026-11-01T24:30:00"])
+def test_an_impossible_date_is_refused_by_name_not_a_server_error(api_for, impossible) -> None:  # type: ignore[no-untyped-def]
+    answer = api_for("alice").get(f"/api/v1/usage/?since={impossible}")
+    assert answer.status_code == 400
+    assert answer.json() == {"since": ["Give an ISO 8601 date or time."]}
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_as_formulas_are_text(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    """Django allows '-', '+' and '@' in user names: `-1+1` in the user column would be a formula."""
+    sly = User.objects.create_user("-1+1", password="x")
+    Membership.objects.create(user=sly, tenant=Tenant.objects.get(name="vision"), role=Role.MEMBER)
+    client = APIClient()
+    client.force_authenticate(sly)
+    job = Job.objects.get(pk=client.post("/api/v1/jobs/", small_job, format="json").json()["id"])
+    attempt = JobAttempt.objects.create(job=job, number=1)
+    gpu = Gpu.objects.filter(node__name="a100-node-1").order_by("index").first()
+    Allocation.objects.create(attempt=attempt, gpu=gpu, node=gpu.node)
+    start = timezone.now() - timedelta(hours=2)
+    Allocation.objects.filter(attempt=attempt).update(
+        created_at=start, released_at=start + timedelta(hours=1)
+    )
+    lines = api_for("alice").get("/api/v1/usage/?group=user&format=csv").content.decode().splitlines()
+    assert lines[1:] == ["'-1+1,1,1.0,0.0,0.0"]  # the quote makes it text; numbers stay numbers
 
 
 def test_admins_see_a_jobs_usage_in_django_admin(cluster_admin_client, measured_job) -> None:  # type: ignore[no-untyped-def]

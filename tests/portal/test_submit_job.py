@@ -86,6 +86,48 @@ def test_a_bad_field_gets_a_field_level_400_and_nothing_is_stored(api_for, small
     assert JobEvent.objects.count() == 0
 
 
+def test_env_values_that_yaml_reads_as_something_else_are_refused_by_name(api_for) -> None:  # type: ignore[no-untyped-def]
+    """Unquoted, YAML reads 4.40 as 4.4, 0022 as 18 and 12:30 as 750: turned back into text the job
+    would get values nobody wrote, so they are refused, each naming its variable and the fix."""
+    spec = (
+        "name: envtest\nvc: vision\nflavor: s-A100\ncommand: env\n"
+        "env:\n  TRANSFORMERS_VERSION: 4.40\n  UMASK: 0022\n  START: 12:30\n  RUN_DATE: 2026-01-01\n"
+        "  QUOTED: '4.40'\n"
+        "secret_env:\n  PIN: 1234\n"
+    )
+    response = api_for("alice").post("/api/v1/jobs/", spec, content_type="application/yaml")
+    assert response.status_code == 400, response.content
+    errors = response.json()
+    assert set(errors) == {"env", "secret_env"}
+    assert set(errors["env"]) == {"TRANSFORMERS_VERSION", "UMASK", "START", "RUN_DATE"}
+    [version] = errors["env"]["TRANSFORMERS_VERSION"]
+    assert version.startswith("TRANSFORMERS_VERSION must be text, not the number 4.4")
+    assert "in YAML put the value in quotes" in version
+    assert errors["env"]["RUN_DATE"][0].startswith("RUN_DATE must be text, not the date 2026-01-01")
+    assert "1234" not in errors["secret_env"]["PIN"][0]  # a secret's value is never repeated
+    assert Job.objects.count() == 0
+
+    # A JSON number is refused in the same words; quoted text goes through as written.
+    as_json = api_for("alice").post(
+        "/api/v1/jobs/",
+        {"name": "envtest", "vc": "vision", "flavor": "s-A100", "command": "env", "env": {"EPOCHS": 3}},
+        format="json",
+    )
+    assert as_json.status_code == 400
+    assert as_json.json()["env"]["EPOCHS"][0].startswith("EPOCHS must be text, not the number 3")
+    quoted = spec.replace("4.40\n", "'4.40'\n", 1).replace("0022", "'0022'").replace("12:30", "'12:30'")
+    quoted = quoted.replace("2026-01-01", "'2026-01-01'").replace("PIN: 1234", "PIN: '1234'")
+    accepted = api_for("alice").post("/api/v1/jobs/", quoted, content_type="application/yaml")
+    assert accepted.status_code == 201, accepted.content
+    assert Job.objects.get().spec["env"] == {
+        "TRANSFORMERS_VERSION": "4.40",
+        "UMASK": "0022",
+        "START": "12:30",
+        "RUN_DATE": "2026-01-01",
+        "QUOTED": "4.40",
+    }
+
+
 def test_flavor_and_resources_together_are_rejected(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
     spec = {**small_job, "resources": {"gpus": 1, "gpu_model": "A100", "cpu": 1, "memory_gb": 1}}
     response = api_for("alice").post("/api/v1/jobs/", spec, format="json")

@@ -358,12 +358,18 @@ class UsageView(APIView):
 
 
 def _time_param(request: Request, name: str, default: datetime) -> datetime:
+    """A `since`/`until` query value as an aware datetime (naive means UTC). Django's parsers
+    raise ValueError for text that looks right but names no real moment (2026-11-31, month 13,
+    hour 24): that is the caller's mistake, a 400 like any other bad date, not a server error."""
     raw = request.query_params.get(name)
     if not raw:
         return default
-    parsed = parse_datetime(raw) or (
-        datetime.combine(d, time.min, tzinfo=UTC) if (d := parse_date(raw)) else None
-    )
+    try:
+        parsed = parse_datetime(raw) or (
+            datetime.combine(d, time.min, tzinfo=UTC) if (d := parse_date(raw)) else None
+        )
+    except ValueError:
+        parsed = None
     if parsed is None:
         raise ValidationError({name: ["Give an ISO 8601 date or time."]})
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
