@@ -79,3 +79,72 @@ describe("live connection", () => {
     expect(FakeSocket.all).toHaveLength(1);
   });
 });
+
+/** A socket that answers as the portal's LiveConsumer does: at most 50 subscriptions per connection. */
+class LimitedSocket extends FakeSocket {
+  joined = new Set<string>();
+  override send(data: string) {
+    super.send(data);
+    const m = JSON.parse(data) as { subscribe: string; id?: number };
+    const group = m.subscribe === "jobs" ? "tenant-1" : `job-${m.id}`;
+    queueMicrotask(() => {
+      if (this.joined.size + 1 > 50) {
+        this.onmessage?.({ data: JSON.stringify({ error: "at most 50 subscriptions per connection" }) });
+        return;
+      }
+      this.joined.add(group);
+      this.onmessage?.({ data: JSON.stringify({ subscribed: m.subscribe, id: m.id ?? null }) });
+    });
+  }
+}
+
+describe("the server's subscription limit", () => {
+  beforeEach(() => {
+    FakeSocket.all = [];
+    vi.stubGlobal("window", { location: { protocol: "http:", host: "portal.test" } });
+    vi.stubGlobal("WebSocket", LimitedSocket);
+  });
+  afterEach(() => vi.unstubAllGlobals());
+
+  const settle = async () => {
+    for (let i = 0; i < 5; i++) await Promise.resolve();
+  };
+
+  it("a job page opened after 50 others in the tab is still followed", async () => {
+    const live = new LiveConnection();
+    const confirmed: string[] = [];
+    live.onSubscribed((t) => confirmed.push(t));
+    live.start();
+    FakeSocket.all[0]!.open();
+    const offJobs = live.subscribe("jobs"); // the job list, left
+    await settle();
+    offJobs();
+    for (let id = 1; id <= 49; id++) {
+      const off = live.subscribe(`job:${id}`); // 49 job pages visited, each left
+      await settle();
+      off();
+    }
+    live.subscribe("job:50"); // the job page open now: the 51st subscription on the socket
+    await settle();
+
+    // The full socket is replaced by one that carries only the topic in use.
+    expect(FakeSocket.all).toHaveLength(2);
+    expect(FakeSocket.all[0]!.readyState).toBe(3);
+    const second = FakeSocket.all[1]!;
+    second.open();
+    await settle();
+    expect(second.sent).toEqual([{ subscribe: "job", id: 50 }]);
+    expect(confirmed.at(-1)).toBe("job:50");
+    expect(live.status).toBe("live");
+  });
+
+  it("keeps the socket when every topic on it is in use", async () => {
+    const live = new LiveConnection();
+    live.start();
+    FakeSocket.all[0]!.open();
+    for (let id = 1; id <= 51; id++) live.subscribe(`job:${id}`);
+    await settle();
+    expect(FakeSocket.all).toHaveLength(1);
+    expect(live.status).toBe("live");
+  });
+});

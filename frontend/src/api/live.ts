@@ -1,6 +1,10 @@
 // The live socket (/ws/live/): one connection per tab and subscriptions that survive reconnects.
 // Whenever the server confirms a subscription (the first time, and again after every reconnect)
 // the pages behind it refetch over REST what they may have missed: the resync.
+// The server has no unsubscribe and refuses more than 50 subscriptions on one connection, so a
+// topic no page uses any more stays joined until the socket closes. When the server refuses a
+// subscription for that limit while the socket still carries such stale topics, the connection
+// is recycled: a new socket subscribes to the topics in use only.
 import { useEffect, useState, useSyncExternalStore } from "react";
 
 import { reconnectDelayMs } from "../lib/backoff";
@@ -52,9 +56,17 @@ export function socketUrl(path: string): string {
 type Topic = string; // "jobs" or "job:<id>"
 type Listener = (message: LiveMessage) => void;
 
+/** Whether a message from the server refuses a subscription for the per-connection limit
+ * (`{"error": "at most 50 subscriptions per connection"}`; portal/live/consumers.py). */
+export function isSubscriptionLimit(message: object): boolean {
+  const error = (message as { error?: unknown }).error;
+  return typeof error === "string" && error.includes("subscriptions per connection");
+}
+
 export class LiveConnection {
   private socket: WebSocket | null = null;
   private topics = new Map<Topic, number>(); // reference counts
+  private sentOnSocket = new Set<Topic>(); // topics subscribed to on the current socket
   private listeners = new Set<Listener>();
   private subscribedListeners = new Set<(topic: Topic) => void>();
   private statusListeners = new Set<() => void>();
@@ -93,6 +105,7 @@ export class LiveConnection {
       return;
     }
     this.socket = socket;
+    this.sentOnSocket = new Set();
     this.setStatus("connecting");
     socket.onopen = () => {
       this.attempt = 0;
@@ -108,6 +121,7 @@ export class LiveConnection {
       }
       if (!message || typeof message !== "object") return;
       if ("kind" in message) this.listeners.forEach((l) => l(message as LiveMessage));
+      else if (isSubscriptionLimit(message)) this.recycle(socket);
       else if ("subscribed" in message) {
         const m = message as { subscribed: string; id?: number | null };
         const topic = m.subscribed === "job" ? `job:${m.id}` : m.subscribed;
@@ -121,6 +135,18 @@ export class LiveConnection {
     };
   }
 
+  /** Replaces a socket that reached the server's subscription limit with a new one that subscribes
+   * to the topics in use only; nothing to gain (and no loop) when every topic on it is in use. */
+  private recycle(socket: WebSocket): void {
+    if (this.socket !== socket || !this.wanted) return;
+    if ([...this.sentOnSocket].every((topic) => this.topics.has(topic))) return;
+    socket.onclose = null;
+    socket.onmessage = null;
+    socket.close();
+    this.socket = null;
+    this.connect();
+  }
+
   private scheduleReconnect(): void {
     if (this.timer) return;
     const delay = reconnectDelayMs(this.attempt++);
@@ -130,6 +156,7 @@ export class LiveConnection {
   private sendSubscribe(topic: Topic): void {
     if (this.socket?.readyState !== WebSocket.OPEN) return;
     const message = topic === "jobs" ? { subscribe: "jobs" } : { subscribe: "job", id: Number(topic.slice(4)) };
+    this.sentOnSocket.add(topic);
     this.socket.send(JSON.stringify(message));
   }
 
@@ -137,7 +164,8 @@ export class LiveConnection {
     const count = this.topics.get(topic) ?? 0;
     this.topics.set(topic, count + 1);
     if (count === 0) this.sendSubscribe(topic);
-    // The server has no unsubscribe; a topic nobody listens to any more is dropped at the next reconnect.
+    // The server has no unsubscribe; a topic nobody listens to any more is dropped at the next
+    // reconnect, or sooner when the server's subscription limit recycles the socket.
     return () => {
       const left = (this.topics.get(topic) ?? 1) - 1;
       if (left <= 0) this.topics.delete(topic);

@@ -4,6 +4,7 @@ import { api, query } from "../api/client";
 import type { LiveLogLine } from "../api/live";
 import type { LogLine, Page } from "../api/types";
 import { lastRedraw } from "../lib/format";
+import { fetchTail } from "../lib/tail";
 import { ErrorBanner, Spinner } from "./common";
 
 export interface ShownLine {
@@ -20,7 +21,8 @@ function keyOf(attempt: number, l: { replica: number; stream: string; seq: numbe
   return `${attempt}:${l.replica}:${l.stream}:${l.seq}`;
 }
 
-async function fetchLines(jobId: number, attempt: number, onPage?: (n: number) => void, cap = Infinity): Promise<LogLine[]> {
+/** Every line of the attempt, oldest first (for the download). */
+async function fetchLines(jobId: number, attempt: number, onPage?: (n: number) => void): Promise<LogLine[]> {
   const out: LogLine[] = [];
   let after: number | undefined;
   for (;;) {
@@ -28,13 +30,13 @@ async function fetchLines(jobId: number, attempt: number, onPage?: (n: number) =
     out.push(...page.results);
     onPage?.(out.length);
     const last = page.results[page.results.length - 1];
-    if (!page.next || !last || out.length >= cap) return out;
+    if (!page.next || !last) return out;
     after = last.id;
   }
 }
 
 /**
- * The output of one attempt: loaded over REST, then followed live. `liveLines` is fed by the
+ * The output of one attempt: its last MAX_LINES lines loaded over REST, then followed live. `liveLines` is fed by the
  * page's socket handler; `resyncToken` changes after a reconnect to reload what was missed.
  */
 export function useLogLines(jobId: number, attempt: number | null, resyncToken: number) {
@@ -62,9 +64,9 @@ export function useLogLines(jobId: number, attempt: number | null, resyncToken: 
     if (attempt === null) return;
     let stop = false;
     setLoading(true);
-    fetchLines(jobId, attempt, undefined, 20_000)
+    fetchTail((offset, limit) => api<Page<LogLine>>(`/api/v1/jobs/${jobId}/logs/${query({ attempt, offset, limit })}`), MAX_LINES, PAGE)
       .then((rows) => {
-        if (!stop) add(rows.slice(-MAX_LINES).map((r) => ({ key: keyOf(attempt, { ...r, replica: r.replica ?? 0 }), replica: r.replica ?? 0, stream: r.stream, text: r.text })));
+        if (!stop) add(rows.map((r) => ({ key: keyOf(attempt, { ...r, replica: r.replica ?? 0 }), replica: r.replica ?? 0, stream: r.stream, text: r.text })));
         if (!stop) setError(null);
       })
       .catch((err: unknown) => !stop && setError(err instanceof Error ? err : new Error(String(err))))

@@ -10,9 +10,11 @@ import { LogView, useLogLines } from "../components/LogView";
 import { ReplicaStatusList } from "../components/ReplicaStatusList";
 import { ShellPanel } from "../components/ShellPanel";
 import { type Sample, TelemetryCharts, toSample } from "../components/TelemetryCharts";
+import { mayManage, mayOpenShell } from "../lib/access";
 import { elapsedSeconds, formatDuration, formatRelative, formatTime } from "../lib/format";
 import { holdAction } from "../lib/hold";
 import { showReplicas } from "../lib/replicas";
+import { fetchTail } from "../lib/tail";
 import { afterText } from "../lib/spec";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
@@ -73,9 +75,11 @@ export function JobDetailPage({ id }: { id: number }) {
   // What the agents say of the current attempt's replicas: while it starts (an image pull can take
   // minutes, its progress comes live) and whenever one has a message.
   const current = j.attempts.find((a) => a.number === latest);
-  // Only the job's owner may open a shell, and only in a running job. Once open, the panel stays
-  // (with how the shell ended) when the job stops, until it is closed.
-  const mayOpenShell = j.state === "running" && j.owner === me.username;
+  // Only the job's owner (a member or admin of its tenant) may open a shell, and only in a running
+  // job. Once open, the panel stays (with how the shell ended) when the job stops, until it is closed.
+  const shellOffered = mayOpenShell(j, me);
+  // Cancel, hold, move and the time limit: for those the portal lets manage the job.
+  const manages = mayManage(j, me);
 
   return (
     <>
@@ -90,7 +94,7 @@ export function JobDetailPage({ id }: { id: number }) {
         <Link href={`/submit?clone=${j.id}`} className="button">
           Clone and resubmit
         </Link>
-        {(mayOpenShell || shellOpen) && (
+        {(shellOffered || shellOpen) && (
           <button
             type="button"
             className="button"
@@ -101,12 +105,12 @@ export function JobDetailPage({ id }: { id: number }) {
             {shellOpen ? "Close shell" : "Shell"}
           </button>
         )}
-        {j.state !== "pending" && !j.on_hold && <HoldButton job={j} onDone={job.reload} />}
-        {!isEnded(j.state) && <CancelButton jobId={j.id} onDone={job.reload} />}
+        {manages && j.state !== "pending" && !j.on_hold && <HoldButton job={j} onDone={job.reload} />}
+        {manages && !isEnded(j.state) && <CancelButton jobId={j.id} onDone={job.reload} />}
       </PageHeader>
       <ErrorBanner error={job.error} onRetry={job.reload} />
-      {j.state === "pending" && <PendingCard job={j} onChanged={job.reload} />}
-      {j.state !== "pending" && j.on_hold && !isEnded(j.state) && <PausingCard job={j} onChanged={job.reload} />}
+      {j.state === "pending" && <PendingCard job={j} manages={manages} onChanged={job.reload} />}
+      {j.state !== "pending" && j.on_hold && !isEnded(j.state) && <PausingCard job={j} manages={manages} onChanged={job.reload} />}
       {current && showReplicas(current) && (
         <Section title="Replicas">
           <ReplicaStatusList replicas={current.replicas_status} />
@@ -128,7 +132,7 @@ export function JobDetailPage({ id }: { id: number }) {
       )}
       <div className="grid-2">
         <Section title="Summary">
-          <JobSummary job={j} onChanged={job.reload} />
+          <JobSummary job={j} manages={manages} onChanged={job.reload} />
         </Section>
         <Section title="Timeline">
           <ErrorBanner error={events.error} onRetry={events.reload} />
@@ -165,18 +169,11 @@ function useTelemetry(jobId: number, attempt: number | null, resyncToken: number
   useEffect(() => {
     if (attempt === null) return;
     let stop = false;
-    (async () => {
-      const rows: TelemetrySample[] = [];
-      let after: string | undefined;
-      for (let i = 0; i < 20; i++) {
-        const page = await api<Page<TelemetrySample>>(`/api/v1/jobs/${jobId}/telemetry/${query({ attempt, after, limit: 1000 })}`);
-        rows.push(...page.results);
-        const last = page.results[page.results.length - 1];
-        if (!page.next || !last) break;
-        after = last.time;
-      }
-      return rows;
-    })()
+    fetchTail(
+      (offset, limit) => api<Page<TelemetrySample>>(`/api/v1/jobs/${jobId}/telemetry/${query({ attempt, offset, limit })}`),
+      MAX_SAMPLES,
+      1000,
+    )
       .then((rows) => {
         if (stop) return;
         setError(null);
@@ -282,14 +279,16 @@ function HoldButton({ job, onDone, withNote = false }: { job: JobDetail; onDone:
 
 /** A paused job until it has stopped: what it waits for, and Resume, which lets it be queued
  * again once it has stopped. */
-function PausingCard({ job, onChanged }: { job: JobDetail; onChanged: () => void }) {
+function PausingCard({ job, manages, onChanged }: { job: JobDetail; manages: boolean; onChanged: () => void }) {
   return (
     <section className="card pending-card" aria-labelledby="pausing-title">
       <h2 id="pausing-title">{job.paused ? "Pausing" : "Held once it stops"}</h2>
       <p className="pending-message">{job.pending_message}</p>
-      <p className="hint">
-        <HoldButton job={job} onDone={onChanged} withNote />
-      </p>
+      {manages && (
+        <p className="hint">
+          <HoldButton job={job} onDone={onChanged} withNote />
+        </p>
+      )}
     </section>
   );
 }
@@ -312,7 +311,7 @@ function MoveToFrontButton({ job, onDone }: { job: JobDetail; onDone: () => void
   );
 }
 
-function PendingCard({ job, onChanged }: { job: JobDetail; onChanged: () => void }) {
+function PendingCard({ job, manages, onChanged }: { job: JobDetail; manages: boolean; onChanged: () => void }) {
   return (
     <section className="card pending-card" aria-labelledby="pending-title">
       <h2 id="pending-title">Why it is waiting</h2>
@@ -358,17 +357,21 @@ function PendingCard({ job, onChanged }: { job: JobDetail; onChanged: () => void
       <p className="hint">
         See the <Link href={`/vcs/${encodeURIComponent(job.vc)}`}>queue of {job.vc}</Link>.
       </p>
-      <MoveToFrontButton job={job} onDone={onChanged} />
-      <p className="hint">
-        <HoldButton job={job} onDone={onChanged} withNote />
-      </p>
+      {manages && (
+        <>
+          <MoveToFrontButton job={job} onDone={onChanged} />
+          <p className="hint">
+            <HoldButton job={job} onDone={onChanged} withNote />
+          </p>
+        </>
+      )}
     </section>
   );
 }
 
-/** The time limit, and (until the job ends) a form to change it: its owner may lower it, an admin
- * of its tenant raise it too; the portal says who may and how far. */
-function TimeLimit({ job, onDone }: { job: JobDetail; onDone: () => void }) {
+/** The time limit, and (until the job ends, for those who manage the job) a form to change it: its
+ * owner may lower it, an admin of its tenant raise it too; the portal says who may and how far. */
+function TimeLimit({ job, manages, onDone }: { job: JobDetail; manages: boolean; onDone: () => void }) {
   const [editing, setEditing] = useState(false);
   const [value, setValue] = useState("");
   const { busy, error, run } = useJobAction(job.id, onDone);
@@ -381,7 +384,7 @@ function TimeLimit({ job, onDone }: { job: JobDetail; onDone: () => void }) {
     return (
       <>
         {formatDuration(job.time_limit_s)}{" "}
-        {!isEnded(job.state) && (
+        {manages && !isEnded(job.state) && (
           <button type="button" className="button ghost small" onClick={() => setEditing(true)}>
             Change
           </button>
@@ -406,7 +409,7 @@ function TimeLimit({ job, onDone }: { job: JobDetail; onDone: () => void }) {
   );
 }
 
-function JobSummary({ job, onChanged }: { job: JobDetail; onChanged: () => void }) {
+function JobSummary({ job, manages, onChanged }: { job: JobDetail; manages: boolean; onChanged: () => void }) {
   const ran = job.started_at ? formatDuration(elapsedSeconds(job.started_at, job.finished_at)) : "–";
   const facts: [string, ReactNode][] = [
     ["Virtual cluster", <Link href={`/vcs/${encodeURIComponent(job.vc)}`}>{job.vc}</Link>],
@@ -414,7 +417,7 @@ function JobSummary({ job, onChanged }: { job: JobDetail; onChanged: () => void 
     ["Priority", `${job.priority_class} (${job.priority})${job.preemptible ? ", preemptible" : ""}`],
     ["GPUs", `${job.replicas ?? 1} × ${job.gpus_per_replica} ${job.gpu_model} = ${job.total_gpus}`],
     ["Per replica", `${job.cpu_per_replica} CPU, ${job.memory_gb_per_replica} GB`],
-    ["Time limit", <TimeLimit job={job} onDone={onChanged} />],
+    ["Time limit", <TimeLimit job={job} manages={manages} onDone={onChanged} />],
     ["Submitted", formatTime(job.submitted_at)],
     ["Started", formatTime(job.started_at)],
     ["Finished", formatTime(job.finished_at)],

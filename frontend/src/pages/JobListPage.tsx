@@ -1,13 +1,16 @@
-import { type FormEvent, useState } from "react";
+import { type FormEvent, useEffect, useState } from "react";
 
 import { ApiError, api, fetchAll, query } from "../api/client";
 import { useLive } from "../api/live";
 import { ALL_STATES, type Job, type JobState, type Page, type VirtualCluster, isEnded } from "../api/types";
 import { Empty, ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { JobTable } from "../components/JobTable";
+import { mayManage } from "../lib/access";
+import { clampPage, pageCount } from "../lib/pages";
 import { useResource } from "../lib/useResource";
 import { useSoon } from "../lib/useSoon";
 import { navigate, useLocation } from "../router";
+import { useSession } from "../session";
 
 const PAGE_SIZE = 25;
 
@@ -50,6 +53,7 @@ interface BulkProgress {
 
 export function JobListPage() {
   const { search } = useLocation();
+  const { me } = useSession();
   const filters = readFilters(search);
   const apiQuery = query({
     state: filters.state,
@@ -60,7 +64,12 @@ export function JobListPage() {
     limit: PAGE_SIZE,
     offset: (filters.page - 1) * PAGE_SIZE,
   });
-  const jobs = useResource((signal) => api<Page<Job>>(`/api/v1/jobs/${apiQuery}`, { signal }), apiQuery);
+  // Each page with the query it answers: until the new query's page comes, the old one stays shown.
+  const jobs = useResource(
+    async (signal) => ({ apiQuery, page: await api<Page<Job>>(`/api/v1/jobs/${apiQuery}`, { signal }) }),
+    apiQuery,
+  );
+  const shown = jobs.data?.page;
   const vcs = useResource((signal) => fetchAll<VirtualCluster>("/api/v1/virtual-clusters/", signal), "vcs");
   const soon = useSoon(jobs.reload, 1000);
   useLive("jobs", (m) => m.kind === "job" && soon(), jobs.reload);
@@ -69,6 +78,13 @@ export function JobListPage() {
   const [progress, setProgress] = useState<BulkProgress | null>(null);
   const [qText, setQText] = useState(filters.q);
   const [ownerText, setOwnerText] = useState(filters.owner);
+  // The Search and Owner fields follow the URL's filters when they change (a link, Back, Forward).
+  const [typedFor, setTypedFor] = useState({ q: filters.q, owner: filters.owner });
+  if (typedFor.q !== filters.q || typedFor.owner !== filters.owner) {
+    setTypedFor({ q: filters.q, owner: filters.owner });
+    setQText(filters.q);
+    setOwnerText(filters.owner);
+  }
   const [confirming, setConfirming] = useState(false);
 
   const setFilters = (patch: Partial<Filters>) => {
@@ -76,10 +92,19 @@ export function JobListPage() {
     setSelected(new Set());
   };
 
-  const results = jobs.data?.results ?? [];
-  const cancellable = results.filter((j) => !isEnded(j.state));
+  const results = shown?.results ?? [];
+  // Only jobs the user may cancel (their own as a member, any of a tenant they administer).
+  const cancellable = results.filter((j) => !isEnded(j.state) && mayManage(j, me));
   const chosen = cancellable.filter((j) => selected.has(j.id));
-  const pages = Math.max(1, Math.ceil((jobs.data?.count ?? 0) / PAGE_SIZE));
+  const count = jobs.data?.apiQuery === apiQuery ? jobs.data.page.count : undefined;
+  const pages = pageCount(shown?.count ?? 0, PAGE_SIZE);
+
+  // A page past the last (its jobs all cancelled, or gone in a live reload) moves to the last one.
+  useEffect(() => {
+    if (count === undefined) return;
+    const page = clampPage(filters.page, count, PAGE_SIZE);
+    if (page !== filters.page) navigate(filtersUrl({ ...filters, page }), { replace: true });
+  });
 
   const toggle = (id: number, on: boolean) => {
     const next = new Set(selected);
@@ -178,7 +203,7 @@ export function JobListPage() {
       <div className="card">
         <div className="toolbar">
           <span>
-            {jobs.data ? `${jobs.data.count} ${jobs.data.count === 1 ? "job" : "jobs"}` : ""}
+            {shown ? `${shown.count} ${shown.count === 1 ? "job" : "jobs"}` : ""}
             {chosen.length > 0 && ` · ${chosen.length} selected`}
           </span>
           {confirming && chosen.length > 0 ? (
@@ -226,8 +251,8 @@ export function JobListPage() {
           </div>
         )}
         <ErrorBanner error={jobs.error} onRetry={jobs.reload} />
-        {jobs.loading && !jobs.data && <Spinner />}
-        {jobs.data && results.length === 0 && <Empty>No jobs match.</Empty>}
+        {jobs.loading && !shown && <Spinner />}
+        {shown && results.length === 0 && <Empty>No jobs match.</Empty>}
         {results.length > 0 && (
           <JobTable
             jobs={results}
@@ -244,14 +269,14 @@ export function JobListPage() {
               <input
                 type="checkbox"
                 aria-label={`Select ${job.name} #${job.id}`}
-                disabled={isEnded(job.state)}
+                disabled={!cancellable.includes(job)}
                 checked={selected.has(job.id)}
                 onChange={(e) => toggle(job.id, e.target.checked)}
               />
             )}
           />
         )}
-        {pages > 1 && (
+        {(pages > 1 || filters.page > 1) && (
           <nav className="pagination" aria-label="Pages">
             <button type="button" className="button small" disabled={filters.page <= 1} onClick={() => navigate(filtersUrl({ ...filters, page: filters.page - 1 }))}>
               Previous

@@ -6,6 +6,7 @@ import { NotifyField } from "../components/NotifyField";
 import { TemplateBar } from "../components/TemplateBar";
 import { ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { MAX_COPIES, arrayBody, arrayErrors, arrayYaml, copiesHint, idRanges, isArray, parseCopies } from "../lib/array";
+import { cloneSource } from "../lib/clone";
 import { replicasThatFitNow } from "../lib/cluster";
 import {
   AFTER_TYPES,
@@ -57,24 +58,26 @@ export function SubmitPage() {
     `clone-${cloneId ?? ""}`,
   );
 
-  if ((choices.loading && !choices.data) || (clone.loading && clone.data === undefined)) {
+  // Only the job the URL names: after `?clone=5`, Submit in the menu opens an empty form.
+  const cloneOf = cloneSource(cloneId, clone.data, clone.error !== null && !clone.loading);
+  if ((choices.loading && !choices.data) || cloneOf === "loading") {
     return <Spinner label="Loading flavors and virtual clusters" />;
   }
   if (!choices.data) return <ErrorBanner error={choices.error} onRetry={choices.reload} />;
   return (
     <>
-        <PageHeader title={clone.data ? `Resubmit ${clone.data.name}` : "Submit a job"} />
-        <ErrorBanner error={clone.error} />
+        <PageHeader title={cloneOf ? `Resubmit ${cloneOf.name}` : "Submit a job"} />
+        {cloneId && <ErrorBanner error={clone.error} />}
         {!canSubmit(me) && (
           <p className="notice" role="note">
             You are a viewer in your tenants: you can look at jobs but not submit them.
           </p>
         )}
         <SubmitForm
-          key={`${cloneId ?? "new"}-${hintIndex ?? ""}`}
+          key={`${cloneOf ? `clone-${cloneOf.id}` : "new"}-${hintIndex ?? ""}`}
           choices={choices.data}
-          cloneOf={clone.data ?? null}
-          hint={hintIndex !== null ? (clone.data?.whatif_hints?.[Number(hintIndex)] ?? null) : null}
+          cloneOf={cloneOf}
+          hint={hintIndex !== null ? (cloneOf?.whatif_hints?.[Number(hintIndex)] ?? null) : null}
         />
     </>
   );
