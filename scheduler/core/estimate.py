@@ -16,10 +16,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
-from scheduler.core.plugins.admission import kept_free
+from scheduler.core.plugins.admission import kept_free, kept_of
 from scheduler.core.plugins.backfill import expected_ends
 from scheduler.core.plugins.queue_sort import expected_runtime
 from scheduler.core.profile import CycleSettings
@@ -134,11 +134,14 @@ def estimate_starts(
     # queue order, and the walk costs O(queue + running x kinds), not O(queue x kinds).
     seq = 0
     booked: list[tuple[float, int, str, int, str]] = []
-    vc_booked: defaultdict[str, list[tuple[float, int]]] = defaultdict(list)
+    # Per VC: (time, seq, GPUs) of its bookings, in time order. Those up to `booked_done`, the
+    # (time, seq) of the last booking the walk took off the heap, are given back already.
+    vc_booked: defaultdict[str, list[tuple[float, int, int]]] = defaultdict(list)
+    booked_done: tuple[float, int] = (-math.inf, 0)
     for at, model, gpus, vc in fixed:
         seq += 1
         booked.append((at, seq, model, gpus, vc))
-        vc_booked[vc].append((at, gpus))
+        vc_booked[vc].append((at, seq, gpus))
     heapq.heapify(booked)
     for entries in vc_booked.values():
         entries.sort()
@@ -168,30 +171,53 @@ def estimate_starts(
     ]
 
     def kept_from(vc: str, quota_model: str, model: str, need: int) -> int:
-        """GPUs of `model` other VCs keep from a job of `vc` (none unless the job borrows)."""
+        """GPUs of `model` other VCs keep from a job of `vc` (none unless the job borrows), as
+        admission counts them (kept_of): rows of every model, the all-model rows covered first
+        by the free GPUs of other models that their own rows leave over."""
         quota = state.quota_for(vc, quota_model)
         if quota is None or vc_used.get(vc, 0) + need <= quota[0]:
             return 0
-        return sum(
-            kept_free(row, vc_used.get(keeper, 0))
-            for keeper, row_model, row in keepers
-            if keeper != vc and row_model in (model, ALL_MODELS)
-        )
+        of_model: dict[str, int] = {}
+        of_any = 0
+        for keeper, row_model, row in keepers:
+            if keeper == vc:
+                continue
+            kept = kept_free(row, vc_used.get(keeper, 0))
+            if row_model == ALL_MODELS:
+                of_any += kept
+            elif kept:
+                of_model[row_model] = of_model.get(row_model, 0) + kept
+        return kept_of(model, of_model, of_any, free)
 
     # Bookings of VCs with a quota, (VC, end, GPUs), go to their VC's list only when one is
     # read (a job held back by its quota, a probe): most bookings are never read back.
-    unfiled: list[tuple[str, float, int]] = []
+    unfiled: list[tuple[str, float, int, int]] = []
 
     def sort_booked() -> None:
         if not unfiled:
             return
         touched = set()
-        for vc, at, gpus in unfiled:
-            vc_booked[vc].append((at, gpus))
+        for vc, at, booking, gpus in unfiled:
+            vc_booked[vc].append((at, booking, gpus))
             touched.add(vc)
         unfiled.clear()
         for vc in touched:
             vc_booked[vc].sort()
+
+    def own_releases(vc: str) -> Iterator[tuple[float, int]]:
+        """The releases of `vc`'s GPUs (running jobs and bookings) the walk has not given back
+        yet, in time order: exactly those `vc_used` still counts, whatever their time. (A
+        release at or before the cursor that the walk did not need for free GPUs still frees
+        quota; skipping it by time made the estimate depend on the running jobs' order.) Lazy: read
+        at once, before the walk moves on, and only as far as the quota check needs."""
+        nonlocal vc_passing
+        sort_booked()
+        if vc_passing is None:
+            vc_passing = _by_vc(passing)
+        return heapq.merge(
+            ((at, gpus) for at, k, gpus in vc_passing.get(vc, ()) if k >= next_passing),
+            ((at, gpus) for at, booking, gpus in vc_booked.get(vc, ()) if (at, booking) > booked_done),
+        )
 
     # When each running job would yield to a kind of job (horizon key), before the VC rule:
     # the queue is sorted by more than the horizon key, so the same kind comes back after
@@ -208,7 +234,8 @@ def estimate_starts(
     all_gone = False
     # (release time, position in `running`, job): the position breaks ties in running order.
     passing: list[tuple[float, int, RunningJob]] = []
-    vc_passing: dict[str, list[tuple[float, int]]] | None = {}  # by VC, made when first read
+    # By VC, made when first read: (time, place in `passing`, GPUs).
+    vc_passing: dict[str, list[tuple[float, int, int]]] | None = {}
     next_passing = passing_end = 0
     cursor = now
     if positions is not None:
@@ -283,9 +310,6 @@ def estimate_starts(
                 next_passing = 0
                 passing_end = len(passing)
         if probes and job_id in probes:
-            sort_booked()
-            if vc_passing is None:
-                vc_passing = _by_vc(passing)
             for probe in probes[job_id]:
                 probe_start = _probe_start(
                     probe,
@@ -295,8 +319,7 @@ def estimate_starts(
                     parts,
                     booked,
                     vc_used,
-                    vc_passing,
-                    vc_booked,
+                    own_releases,
                     ctx,
                 )
                 if probe_start is not None and probe.vc in user_caps:
@@ -306,6 +329,10 @@ def estimate_starts(
         asked = model = job.gpu_model
         per_replica = job.gpus_per_replica
         need = job.replicas * per_replica  # job.gpus
+        if need <= 0 or per_replica <= 0:
+            # Asks for no GPU: the cycle never places it (no-matching-gpu), so it has no start.
+            estimates[job_id] = None
+            continue
         if model == ANY_MODEL:
             model = any_model.get(need, ANY_MODEL)
             if model == ANY_MODEL:
@@ -329,7 +356,8 @@ def estimate_starts(
                     if r.vc in vc_used:
                         vc_used[r.vc] -= gpus
             elif booked:
-                at, _, rmodel, gpus, vc = heappop(booked)
+                at, booking, rmodel, gpus, vc = heappop(booked)
+                booked_done = (at, booking)
                 if at > cursor:
                     cursor = at
                 free[rmodel] += gpus
@@ -356,11 +384,12 @@ def estimate_starts(
                 continue
             used = vc_used.get(vc, 0)
             if used + need > limit:
-                sort_booked()
-                if vc_passing is None:
-                    vc_passing = _by_vc(passing)
-                own = heapq.merge(vc_passing.get(vc, ()), vc_booked.get(vc, ()))
-                start = max(start, _quota_time(own, used, need, limit, start))
+                quota_start = _quota_time(own_releases(vc), used, need, limit)
+                if quota_start is None:
+                    estimates[job_id] = None
+                    continue
+                if quota_start > start:
+                    start = quota_start
         room = None
         if user_caps and vc in user_caps:
             room = user_room(vc, job.user)
@@ -384,7 +413,7 @@ def estimate_starts(
         seq += 1
         heappush(booked, (end, seq, model, need, vc))
         if limit is not None:
-            unfiled.append((vc, end, need))
+            unfiled.append((vc, end, seq, need))
         if room is not None:
             room.book(asks, end)
     return estimates
@@ -503,11 +532,12 @@ def _horizon_keys(
     return [horizon.horizon_key(job, ctx) for job in queue]
 
 
-def _by_vc(passing: Sequence[tuple[float, int, RunningJob]]) -> dict[str, list[tuple[float, int]]]:
-    """The running jobs' releases per VC, in time order, for the quota checks."""
-    by_vc: dict[str, list[tuple[float, int]]] = {}
-    for at, _, r in passing:
-        by_vc.setdefault(r.vc, []).append((at, r.gpus))
+def _by_vc(passing: Sequence[tuple[float, int, RunningJob]]) -> dict[str, list[tuple[float, int, int]]]:
+    """The running jobs' releases per VC, in time order, for the quota checks: (time, place in
+    `passing`, GPUs), the place telling whether the walk has given them back yet."""
+    by_vc: dict[str, list[tuple[float, int, int]]] = {}
+    for k, (at, _, r) in enumerate(passing):
+        by_vc.setdefault(r.vc, []).append((at, k, r.gpus))
     for entries in by_vc.values():
         entries.sort()
     return by_vc
@@ -574,20 +604,22 @@ def _remaining(job: PendingJob, default_s: float) -> float:
     return max(expected_runtime(job, default_s) - run_so_far, 60.0)
 
 
-def _quota_time(
-    vc_releases: Iterable[tuple[float, int]], used: int, need: int, limit: int, not_before: float
-) -> float:
-    """Earliest time the VC's own releases bring its usage low enough for `need` more GPUs.
-    `used` already counts the releases before the cursor as gone."""
+def _quota_time(vc_releases: Iterable[tuple[float, int]], used: int, need: int, limit: int) -> float | None:
+    """The time of the VC's release that brings its usage low enough for `need` more GPUs
+    (the caller starts the job no earlier than its cursor), or None if they never do. The
+    releases are those `used` still counts, in time order, at any time: one the walk has not
+    given back lowers the usage even if it lies before the cursor. Never the cursor by
+    default, which told a job held back by its quota that it starts now. Not the last
+    release either when they never make room (usage the walk never gives back, as a VC over
+    a lowered limit, or the charge of a job preempted in this cycle): which releases are left
+    at that point depends on the order of the running jobs, and the plan must not."""
     if used + need <= limit:
-        return not_before
+        return -math.inf  # fits already: no later than any cursor
     for at, gpus in vc_releases:
-        if at <= not_before:
-            continue
         used -= gpus
         if used + need <= limit:
             return at
-    return not_before
+    return None
 
 
 def _pick_model(job: PendingJob, capacity: Mapping[str, int]) -> str | None:
@@ -605,8 +637,7 @@ def _probe_start(
     parts: Mapping[str, list[tuple[str, int]]],
     booked: Sequence[tuple[float, int, str, int, str]],
     vc_used: Mapping[str, int],
-    vc_passing: Mapping[str, list[tuple[float, int]]],
-    vc_booked: Mapping[str, list[tuple[float, int]]],
+    own_releases: Callable[[str], Iterator[tuple[float, int]]],
     ctx: CycleContext,
 ) -> float | None:
     """The start the walk would give `probe` at the cursor, read ahead without consuming any
@@ -639,6 +670,8 @@ def _probe_start(
             return None
         used = vc_used.get(probe.vc, 0)
         if used + need > limit:
-            own = heapq.merge(vc_passing.get(probe.vc, ()), vc_booked.get(probe.vc, ()))
-            start = max(start, _quota_time(own, used, need, limit, start))
+            quota_start = _quota_time(own_releases(probe.vc), used, need, limit)
+            if quota_start is None:
+                return None
+            start = max(start, quota_start)
     return start

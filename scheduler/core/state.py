@@ -37,6 +37,13 @@ class SharedGpu:
     holders: int = 0
 
 
+# What governs a VC on a model (ClusterState.quota_for): (guaranteed, borrow_limit, used, row),
+# `row` the quota row's model: a model, ALL_MODELS for the row of all models, or ANY_MODEL for
+# the sum of every row (a job that takes any model). A plain tuple: it is made on every cache
+# miss of the admission check.
+QuotaUse = tuple[int, int, int, str]
+
+
 def whole_gpus(milli: int) -> int:
     """Shares in thousandths as whole GPUs for quotas: any started GPU counts."""
     return -(-milli // 1000)
@@ -139,7 +146,7 @@ class ClusterState:
     # Bumped by every take and give: lets the cycle reuse fit answers until something changes.
     version: int = field(default=0, compare=False)
     models: list[str] = field(default_factory=list)  # GPU models present, sorted
-    _quota_cache: dict[tuple[str, str], tuple[int, tuple[int, int, int] | None]] = field(
+    _quota_cache: dict[tuple[str, str], tuple[int, QuotaUse | None]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -178,11 +185,13 @@ class ClusterState:
         found = self.vcs.get(vc)
         return found.tenant if found is not None and found.tenant else vc
 
-    def quota_for(self, vc: str, model: str) -> tuple[int, int, int] | None:
-        """(guaranteed, borrow_limit, used) governing `vc` on `model`, or None if the VC has
-        no quota that covers it. A model-specific row wins over the ALL_MODELS row; a job
-        without a model is checked against the VC's totals. Answers are reused until the
-        next take or give (most of a long queue is checked while nothing changes)."""
+    def quota_for(self, vc: str, model: str) -> QuotaUse | None:
+        """(guaranteed, borrow_limit, used, row) governing `vc` on `model`, or None if the VC
+        has no quota that covers it. A model-specific row wins over the ALL_MODELS row; a job
+        without a model is checked against the VC's totals (row ANY_MODEL). `row` says which
+        row governs, so that a message counts "GPUs" where usage of all models binds, not the
+        job's model. Answers are reused until the next take or give (most of a long queue is
+        checked while nothing changes)."""
         key = (vc, model)
         cached = self._quota_cache.get(key)
         if cached is not None and cached[0] == self.version:
@@ -191,7 +200,7 @@ class ClusterState:
         self._quota_cache[key] = (self.version, result)
         return result
 
-    def _quota_for(self, vc: str, model: str) -> tuple[int, int, int] | None:
+    def _quota_for(self, vc: str, model: str) -> QuotaUse | None:
         rows = self.quotas.get(vc)
         if rows is None:
             return None
@@ -202,13 +211,14 @@ class ClusterState:
                 sum(q.guaranteed for q in rows.values()),
                 sum(q.borrow_limit for q in rows.values()),
                 self.vc_used(vc, ALL_MODELS),
+                ANY_MODEL,
             )
         row = rows.get(model)
         if row is not None:
-            return row.guaranteed, row.borrow_limit, self.vc_used(vc, model)
+            return row.guaranteed, row.borrow_limit, self.vc_used(vc, model), model
         row = rows.get(ALL_MODELS)
         if row is not None:
-            return row.guaranteed, row.borrow_limit, self.vc_used(vc, ALL_MODELS)
+            return row.guaranteed, row.borrow_limit, self.vc_used(vc, ALL_MODELS), ALL_MODELS
         return None
 
     # -- GPU holds -----------------------------------------------------------------------

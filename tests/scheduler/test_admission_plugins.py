@@ -35,7 +35,7 @@ CASES = [
         .running("r", [("n0", (0, 1, 2, 3, 4, 5))], vc="vision")
         .pending("j", 4, vc="vision"),
         QUOTA,
-        "VC vision: 6 of 8 guaranteed A100 in use, borrow limit 0; job needs 4",
+        "VC vision: 6 of 8 guaranteed GPUs in use, borrow limit 0; job needs 4",
         id="over-guarantee-no-borrow-limit",
     ),
     pytest.param(
@@ -53,7 +53,7 @@ CASES = [
         .running("r", [("n0", (0, 1, 2, 3, 4, 5))], vc="vision")
         .pending("j", 8, vc="vision"),
         QUOTA,
-        "VC vision: 6 of 8 guaranteed A100 in use, borrow limit 2; job needs 8",
+        "VC vision: 6 of 8 guaranteed GPUs in use, borrow limit 2; job needs 8",
         id="beyond-borrow-limit",
     ),
     pytest.param(
@@ -62,8 +62,31 @@ CASES = [
         .running("r", [("n0", (0, 1, 2, 3, 4, 5))], vc="vision")
         .pending("j", 4, vc="vision"),
         NO_BORROWING,
-        "VC vision: 6 of 8 guaranteed A100 in use, borrow limit 0; job needs 4",
+        "VC vision: 6 of 8 guaranteed GPUs in use, borrow limit 0; job needs 4",
         id="borrowing-switched-off",
+    ),
+    pytest.param(
+        # The VC's one row covers every model: its 8 V100 in use bind, though the A100 are free.
+        Snap()
+        .node("a0", 4, "A100")
+        .node("v0", 8, "V100")
+        .vc("vision", 8)
+        .running("r", [("v0", tuple(range(8)))], vc="vision")
+        .pending("j", 2, vc="vision", gpu_model="A100"),
+        QUOTA,
+        "VC vision: 8 of 8 guaranteed GPUs in use, borrow limit 0; job needs 2",
+        id="all-models-row-names-gpus-not-the-jobs-model",
+    ),
+    pytest.param(
+        Snap()
+        .node("a0", 4, "A100")
+        .node("v0", 8, "V100")
+        .vc("vision", 2, model="A100")
+        .running("r", [("a0", (0, 1))], vc="vision")
+        .pending("j", 2, vc="vision", gpu_model="A100"),
+        QUOTA,
+        "VC vision: 2 of 2 guaranteed A100 in use, borrow limit 0; job needs 2",
+        id="model-row-names-its-model",
     ),
     pytest.param(
         four_nodes().vc("vision", 8, model="V100").pending("j", 1, vc="vision", gpu_model="A100"),
@@ -243,6 +266,85 @@ def test_lending_limit(snap: Snap, message: str | None) -> None:
         assert not plan.starts
         (status,) = plan.pending
         assert (status.reason, status.message) == (ReasonCode.NOT_LENT, message)
+
+
+def keepers_of_two_models(a100: int, v100: int, keep_v100: bool = True) -> Snap:
+    """A node of `a100` A100 and one of `v100` V100; VC keepall keeps 4 GPUs of any model, VC
+    keepv (if `keep_v100`) 4 V100, neither lends any; VC borrower has no guarantee."""
+    snap = Snap().node("a0", a100, "A100").node("v0", v100, "V100").vc("keepall", 4, lend=0)
+    if keep_v100:
+        snap.vc("keepv", 4, model="V100", lend=0)
+    return snap.vc("borrower", 0, borrow=16)
+
+
+KEPT_OF = (
+    "VC borrower would borrow {n} {model}: {free} free, {kept} of them kept free by VCs that do "
+    "not lend them; job needs {n}"
+)
+
+TWO_MODEL_LENDING_CASES = [
+    pytest.param(
+        # keepv's 4 V100 are the only V100, so keepall's 4 of any model must be the A100.
+        keepers_of_two_models(4, 4).pending("j", 4, vc="borrower", gpu_model="A100"),
+        KEPT_OF.format(n=4, model="A100", free=4, kept=4),
+        id="a-single-model-row-leaves-the-all-models-row-no-other-gpus",
+    ),
+    pytest.param(
+        keepers_of_two_models(4, 4).pending("j", 4, vc="borrower"),
+        "",
+        id="any-model-job-finds-every-gpu-kept",
+    ),
+    pytest.param(
+        keepers_of_two_models(4, 8).pending("j", 6, vc="borrower", gpu_model="V100"),
+        KEPT_OF.format(n=6, model="V100", free=8, kept=4),
+        id="the-all-models-row-is-kept-on-the-other-model",
+    ),
+    pytest.param(
+        keepers_of_two_models(4, 8).pending("j", 4, vc="borrower", gpu_model="A100"),
+        None,
+        id="spare-v100-cover-both-rows",
+    ),
+    pytest.param(
+        keepers_of_two_models(4, 8).pending("j", 4, vc="borrower", gpu_model="V100"),
+        None,
+        id="borrows-the-v100-no-row-keeps",
+    ),
+    pytest.param(
+        keepers_of_two_models(4, 4, keep_v100=False).pending("j", 4, vc="borrower", gpu_model="A100"),
+        None,
+        id="the-all-models-row-kept-on-v100",
+    ),
+]
+
+
+@pytest.mark.parametrize(("snap", "message"), TWO_MODEL_LENDING_CASES)
+def test_lending_limit_over_two_models(snap: Snap, message: str | None) -> None:
+    """A row of one model keeps GPUs of that model only, a row of all models GPUs of any: a
+    borrower may take GPUs only if, after it, the free GPUs of each model cover that model's
+    rows and what is left over covers the all-model rows."""
+    plan = decide(snap.build(), QUOTA, now=10.0)
+    if message is None:
+        assert [s.job_id for s in plan.starts] == ["j"]
+    else:
+        assert not plan.starts
+        (status,) = plan.pending
+        assert status.reason is ReasonCode.NOT_LENT
+        assert not message or status.message == message
+
+
+def test_a_borrower_is_estimated_by_what_is_kept_of_every_model() -> None:
+    """8 A100 (4 held by another borrower until 3600) and 8 idle V100; a VC keeps 4 GPUs of any
+    model, which the V100 cover: an 8-A100 borrower waits for GPUs only, and starts at 3600."""
+    snap = (
+        keepers_of_two_models(8, 8, keep_v100=False)
+        .vc("other", 0, borrow=16)
+        .running("r", [("a0", (0, 1, 2, 3))], vc="other", time_limit_s=3600.0)
+        .pending("j", 8, vc="borrower", gpu_model="A100")
+    )
+    plan = decide(snap.build(), QUOTA, now=600.0)
+    (status,) = plan.pending
+    assert status.reason is ReasonCode.INSUFFICIENT_GPUS
+    assert status.estimated_start == 3600.0
 
 
 def test_a_borrower_blocked_by_kept_gpus_preempts_a_lower_priority_borrower() -> None:

@@ -4,14 +4,16 @@ pending job), the Statement's exact undo, and profile validation."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from sched_builders import Snap, profile
 
-from scheduler.core import PendingJob, ReasonCode, Snapshot, decide, load_profile
+from scheduler.core import NodeState, PendingJob, ReasonCode, Snapshot, decide, load_profile
 from scheduler.core.profile import PROFILES_DIR, Profile
 from scheduler.core.state import GpuHold, build_state
 from scheduler.core.statement import Statement
@@ -144,11 +146,19 @@ def test_shipped_profiles_are_valid_json_with_descriptions() -> None:
         assert data["name"] == name and data["description"]
 
 
-def test_zero_gpu_job_is_reported_not_placed() -> None:
-    snapshot = Snap().node("n0", 8).build()
-    job = PendingJob(id="cpu", vc="team", user="u", replicas=1, gpus_per_replica=0, submitted_at=0)  # type: ignore[arg-type]
-    plan = decide(Snapshot(snapshot.nodes, snapshot.vcs, (), (job,)), profile(admission=[]), 0.0)
+@pytest.mark.parametrize(("replicas", "per_replica"), [(1, 0), (2, 0), (0, 4)], ids=["1x0", "2x0", "0x4"])
+@pytest.mark.parametrize("name", ["", "fifo", "default"])
+def test_zero_gpu_job_is_reported_not_placed(replicas: int, per_replica: int, name: str) -> None:
+    """A job that asks for no GPU is never placed, so it has no estimated start either (it
+    was told it starts now, beside a reason saying it cannot be placed)."""
+    snapshot = Snap().node("n0", 8).vc("team", 8).build()
+    job = PendingJob(
+        id="cpu", vc="team", user="u", replicas=replicas, gpus_per_replica=per_replica, submitted_at=0
+    )  # type: ignore[arg-type]
+    prof = load_profile(name) if name else profile(admission=[])
+    plan = decide(Snapshot(snapshot.nodes, snapshot.vcs, (), (job,)), prof, 0.0)
     assert not plan.starts and plan.pending[0].reason is ReasonCode.NO_MATCHING_GPU
+    assert plan.pending[0].estimated_start is None
 
 
 @pytest.mark.parametrize("first_in_line", [False, True])
@@ -183,3 +193,120 @@ def test_a_moved_job_goes_after_the_jobs_first_in_line() -> None:
     plan = decide(snap.build(), profile(queue_sort=["fifo"], score=["spread"]), now=10.0)
     placed = {s.job_id: [r.node for r in s.placement] for s in plan.starts}
     assert placed == {"gang": ["a"], "moved": ["c"]}
+
+
+@pytest.mark.parametrize("name", ["fifo", "tiresias", "default"])
+def test_a_job_held_back_by_its_vc_quota_is_not_told_it_starts_now(name: str) -> None:
+    """VC team may hold 2 GPUs and holds 2 until 16,200 (time limits); the node has room. Job
+    lo may yield to p early (lower priority), which frees one GPU of the quota, not two: p
+    starts when hi ends as well, not now."""
+    snap = (
+        Snap()
+        .node("n0", 8)
+        .vc("team", 0, 2)
+        .running("hi", [("n0", (0,))], vc="team", started_at=9_000.0, priority=1000, time_limit_s=7_200.0)
+        .running("lo", [("n0", (2,))], vc="team", started_at=9_000.0, priority=0, time_limit_s=7_200.0)
+        .pending("p", 2, vc="team", submitted_at=9_500.0, priority=100, time_limit_s=3_600.0)
+        .build()
+    )
+    (status,) = decide(snap, load_profile(name), 10_000.0).pending
+    assert status.reason is ReasonCode.VC_QUOTA
+    assert status.estimated_start == 16_200.0
+
+
+@pytest.mark.parametrize("name", ["fifo", "tiresias", "default"])
+def test_a_quota_bound_estimate_does_not_depend_on_the_order_of_running_jobs(name: str) -> None:
+    """Team's a (1 GPU) and other's b (3 GPUs) end at 5,000 on the full node n0, team's c at
+    9,000. p waits for team's quota: a's end gives it room at 5,000, whether or not the walk
+    needed a's GPU to find p a free one (it does not when it reads b's end first)."""
+    snap = (
+        Snap()
+        .node("n0", 4)
+        .node("n1", 1)
+        .vc("team", 0, 2)
+        .vc("other", 0, 8)
+        .running("a", [("n0", (0,))], vc="team", started_at=1_000.0, time_limit_s=4_000.0)
+        .running("b", [("n0", (1, 2, 3))], vc="other", started_at=1_000.0, time_limit_s=4_000.0)
+        .running("c", [("n1", (0,))], vc="team", started_at=1_000.0, time_limit_s=8_000.0)
+        .pending("p", 1, vc="team", submitted_at=1_500.0)
+        .build()
+    )
+    prof = load_profile(name)
+    estimates = set()
+    for order in itertools.permutations(snap.running):
+        (status,) = decide(Snapshot(snap.nodes, snap.vcs, order, snap.pending), prof, 2_000.0).pending
+        assert status.reason is ReasonCode.VC_QUOTA
+        estimates.add(status.estimated_start)
+    assert len(estimates) == 1
+    if name == "fifo":
+        assert estimates == {5_000.0}
+
+
+@pytest.mark.parametrize(
+    ("running", "pending"),
+    [
+        pytest.param((), ("p", "p"), id="two-pending-jobs-of-one-id"),
+        pytest.param(("p",), ("p",), id="a-pending-job-with-a-running-jobs-id"),
+        pytest.param(("r", "r"), (), id="two-running-jobs-of-one-id"),
+    ],
+)
+def test_a_snapshot_with_a_job_id_twice_is_refused(
+    running: tuple[str, ...], pending: tuple[str, ...]
+) -> None:
+    """The cycle keys its work by job id: a duplicate gave two Starts for one id, or started
+    a running job again. The callers' ids are unique, so decide refuses and names the id."""
+    snap = Snap().node("n0", 8).node("n1", 8)
+    for i, job_id in enumerate(running):
+        snap.running(job_id, [(f"n{i}", (0,))])
+    for job_id in pending:
+        snap.pending(job_id, 1)
+    with pytest.raises(ValueError, match=f"job id '{(running or pending)[0]}'"):
+        decide(snap.build(), load_profile("default"), 100.0)
+
+
+def stopped_and_drained_snapshot() -> Snapshot:
+    """A VC stopped with a drain (its three running jobs are told to stop), a VC on hold (its
+    three pending jobs wait, vc-stopped), a draining node with two jobs on it, and an open VC
+    whose job preempts two lower-priority jobs."""
+    snap = (
+        Snap()
+        .nodes(3, 8)
+        .node("d0", 8, state=NodeState.DRAINING)
+        .vc("drained", 8, stop_policy="hold-and-drain")
+        .vc("held", 8, stop_policy="hold")
+        .vc("open", 32, borrow=32)
+    )
+    for i, job_id in enumerate(("dz", "da", "dm")):
+        snap.running(job_id, [("n0", (i,))], vc="drained", started_at=0.0)
+    for i, job_id in enumerate(("ny", "nb")):
+        snap.running(job_id, [("d0", (i,))], vc="open", started_at=0.0)
+    for i, job_id in enumerate(("lw", "lc")):
+        snap.running(job_id, [("n1", tuple(range(4 * i, 4 * i + 4)))], vc="open", started_at=0.0, priority=0)
+    snap.running(
+        "full", [("n2", tuple(range(8)))], vc="open", started_at=0.0, priority=1000, preemptible=False
+    )
+    snap.running(
+        "rest", [("n0", tuple(range(3, 8)))], vc="open", started_at=0.0, priority=1000, preemptible=False
+    )
+    for job_id in ("hz", "ha", "hm"):
+        snap.pending(job_id, 1, vc="held", submitted_at=10.0)
+    snap.pending("urgent", 8, vc="open", submitted_at=20.0, priority=1000)
+    return snap.build()
+
+
+@pytest.mark.parametrize("name", ["fifo", "default"])
+def test_preemptions_and_stopped_vcs_statuses_do_not_depend_on_the_snapshot_order(name: str) -> None:
+    """Preemptions and the statuses of a stopped VC's jobs come out in job id order: the same
+    snapshot in any order gives the same plan."""
+    snapshot = stopped_and_drained_snapshot()
+    prof = load_profile(name)
+    plan = decide(snapshot, prof, 5_000.0)
+    assert len(plan.preemptions) >= 5 and sum(p.reason == "vc-stopped" for p in plan.pending) == 3
+    rng = random.Random(11)
+    for _ in range(5):
+        running, pending = list(snapshot.running), list(snapshot.pending)
+        rng.shuffle(running)
+        rng.shuffle(pending)
+        assert (
+            decide(replace(snapshot, running=tuple(running), pending=tuple(pending)), prof, 5_000.0) == plan
+        )

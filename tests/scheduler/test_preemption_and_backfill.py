@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from sched_builders import Snap, profile
 
-from scheduler.core import ReasonCode, decide
+from scheduler.core import Quota, ReasonCode, Snapshot, VcName, VirtualCluster, decide, load_profile
 from scheduler.core.plugins.backfill import running_end
 
 PREEMPT = profile(
@@ -245,7 +245,7 @@ def test_a_vc_limit_that_covers_the_cluster_does_not_hide_the_wait_for_gpus(
         assert plan.reservation == "head"
         assert not plan.starts
     else:
-        assert head.message.startswith("VC team: 6 of 0 guaranteed A100 in use, borrow limit 8")
+        assert head.message.startswith("VC team: 6 of 0 guaranteed GPUs in use, borrow limit 8")
         assert plan.reservation is None
         assert [s.job_id for s in plan.starts] == ["later"]
 
@@ -658,3 +658,47 @@ def test_gpus_of_a_stopping_job_are_not_handed_to_anyone_else() -> None:
     used = {(r.node, i) for s in plan.starts for r in s.placement for i in r.gpu_indices}
     assert not used & {("n0", i) for i in range(4, 8)}
     assert next(p for p in plan.pending if p.job_id == "new").reason is ReasonCode.WAITING_FOR_PREEMPTION
+
+
+def two_models_one_borrower(x_quotas: tuple[tuple[str, int, int], ...]) -> Snapshot:
+    """An 8-A100 node held by VC other's own non-preemptible job, an 8-V100 node by its borrowed
+    job y1 (other has no guarantee), and a 4-GPU job of any model of VC x with `x_quotas`."""
+    snap = (
+        Snap()
+        .node("a0", 8, "A100")
+        .node("v0", 8, "V100")
+        .vc("other", 0, borrow=16)
+        .running(
+            "a-own",
+            [("a0", tuple(range(8)))],
+            vc="other",
+            started_at=1_000.0,
+            priority=1000,
+            preemptible=False,
+        )
+        .running("y1", [("v0", tuple(range(8)))], vc="other", started_at=1_000.0)
+        .pending("x1", 4, vc="x", submitted_at=9_000.0)
+    ).build()
+    x = VirtualCluster(VcName("x"), tuple(Quota(m, g, b) for m, g, b in x_quotas), tenant="tx")
+    return replace(snap, vcs=(*snap.vcs, x))
+
+
+@pytest.mark.parametrize(
+    ("x_quotas", "victims"),
+    [
+        pytest.param((("A100", 8, 0), ("V100", 0, 8)), [], id="no-guarantee-on-the-victims-model"),
+        pytest.param((("A100", 8, 0), ("V100", 4, 4)), ["y1"], id="guarantee-on-the-victims-model"),
+        pytest.param((("A100", 8, 0), ("*", 4, 4)), ["y1"], id="all-models-row-covers-the-victims-model"),
+        pytest.param((("A100", 8, 0), ("*", 2, 4)), [], id="all-models-row-too-small"),
+        pytest.param((("*", 8, 0),), ["y1"], id="only-an-all-models-row"),
+    ],
+)
+def test_reclaim_counts_the_guarantee_on_the_model_the_victim_holds(
+    x_quotas: tuple[tuple[str, int, int], ...], victims: list[str]
+) -> None:
+    """A job that takes any model reclaims only GPUs its VC is guaranteed on the model the
+    victim holds: a guarantee of 8 A100 is no claim on another tenant's V100."""
+    for name in ("fifo", "default"):
+        plan = decide(two_models_one_borrower(x_quotas), load_profile(name), now=10_000.0)
+        assert [p.job_id for p in plan.preemptions] == victims, name
+        assert all(p.reason == "reclaim" for p in plan.preemptions)

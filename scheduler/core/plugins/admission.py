@@ -24,10 +24,11 @@ def quota_fits(
     explains the wait by the cluster's free GPUs, which is what the job waits for (and a
     reservation or a preemption from any VC can help it, as they can only for capacity)."""
     quota = state.quota_for(vc, model)
-    label = model_label(model)
     if quota is None:
-        return Status(Code.UNRESOLVABLE, ReasonCode.UNKNOWN_VC, f"VC {vc} has no quota for {label}")
-    guaranteed, borrow_limit, used = quota
+        return Status(
+            Code.UNRESOLVABLE, ReasonCode.UNKNOWN_VC, f"VC {vc} has no quota for {model_label(model)}"
+        )
+    guaranteed, borrow_limit, used, row = quota
     if used + gpus <= guaranteed:
         return SUCCESS
     limit = guaranteed + (borrow_limit if borrowing else 0)
@@ -36,7 +37,8 @@ def quota_fits(
     return Status(
         Code.UNSCHEDULABLE,
         ReasonCode.VC_QUOTA,
-        f"VC {vc}: {used} of {guaranteed} guaranteed {label} in use, borrow limit "
+        # The row's model, not the job's: under a row of all models, usage of all models binds.
+        f"VC {vc}: {used} of {guaranteed} guaranteed {model_label(row)} in use, borrow limit "
         f"{borrow_limit if borrowing else 0}; job needs {gpus}",
     )
 
@@ -46,7 +48,7 @@ def borrowed_gpus(state: ClusterState, vc: str, model: str, gpus: int) -> int:
     quota = state.quota_for(vc, model)
     if quota is None:
         return gpus
-    guaranteed, _, used = quota
+    guaranteed, _, used, _ = quota
     return max(0, used + gpus - guaranteed) - max(0, used - guaranteed)
 
 
@@ -84,23 +86,37 @@ def kept_free(quota: Quota, used: int) -> int:
     return max(0, quota.guaranteed - quota.lending_limit - used)
 
 
-def kept_gpus(state: ClusterState, model: str, borrower: str) -> tuple[int, int]:
-    """GPUs other VCs keep free for themselves: (of `model`, of any model). A VC with a
-    lending limit keeps its guarantee minus that limit minus what it uses; a quota row of one
-    model keeps GPUs of that model, a row for all models GPUs of any."""
-    of_model = of_any = 0
+def kept_gpus(state: ClusterState, borrower: str) -> tuple[dict[str, int], int]:
+    """GPUs other VCs keep free for themselves: (per model, of any model). A VC with a lending
+    limit keeps its guarantee minus that limit minus what it uses; a quota row of one model
+    keeps GPUs of that model, a row for all models GPUs of any. Every model's rows are
+    counted, not only the borrowed model's: they take GPUs the all-model rows cannot use."""
+    of_model: dict[str, int] = {}
+    of_any = 0
     for vc, rows in state.quotas.items():
         if vc == borrower:
             continue
         for row_model, quota in rows.items():
-            if quota.lending_limit is None or row_model not in (model, ALL_MODELS):
+            if quota.lending_limit is None:
                 continue
             kept = kept_free(quota, state.vc_used(vc, row_model))
             if row_model == ALL_MODELS:
                 of_any += kept
-            else:
-                of_model += kept
+            elif kept:
+                of_model[row_model] = of_model.get(row_model, 0) + kept
     return of_model, of_any
+
+
+def kept_of(model: str, of_model: Mapping[str, int], of_any: int, free: Mapping[str, int]) -> int:
+    """GPUs of `model` a borrower must leave free: what rows of `model` keep, plus what the
+    all-model rows keep beyond the free GPUs of other models that their own rows leave over.
+    A borrower may take `gpus` of `model` iff `free[model] - gpus` covers this: then each
+    model's free GPUs cover its rows and what is left covers the all-model rows."""
+    spare = 0
+    for other, count in free.items():
+        if other != model:
+            spare += max(0, count - of_model.get(other, 0))
+    return of_model.get(model, 0) + max(0, of_any - spare)
 
 
 def lending_fits(state: ClusterState, vc: str, model: str, gpus: int, borrowed: int) -> Status:
@@ -108,15 +124,15 @@ def lending_fits(state: ClusterState, vc: str, model: str, gpus: int, borrowed: 
     the free GPUs must still cover what the other VCs keep. GPUs that a preemption frees
     count, as the cycle asks again once victims are released; a job within its VC's
     guarantee is never asked (a guarantee is not borrowed)."""
-    kept_of_model, kept_of_any = kept_gpus(state, model, vc)
-    if not kept_of_model and not kept_of_any:
+    of_model, of_any = kept_gpus(state, vc)
+    if not of_model and not of_any:
         return SUCCESS
+    kept = kept_of(model, of_model, of_any, state.free_total)
     free = state.free_total.get(model, 0)
-    all_free = sum(state.free_total.values())
-    if free - gpus >= kept_of_model and all_free - gpus >= kept_of_model + kept_of_any:
+    if not kept or free - gpus >= kept:
+        # Nothing of `model` kept: if too few are free, placement says so (insufficient GPUs).
         return SUCCESS
     label = model_label(model)
-    kept = kept_of_model + kept_of_any
     return Status(
         Code.UNSCHEDULABLE,
         ReasonCode.NOT_LENT,

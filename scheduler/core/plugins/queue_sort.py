@@ -19,6 +19,7 @@ from typing import Any
 
 from scheduler.core.framework import CycleContext
 from scheduler.core.service_history import gittins_table
+from scheduler.core.state import QuotaUse
 from scheduler.core.types import PendingJob, RunningJob
 
 DEFAULT_RUNTIME_S = 3600.0
@@ -837,7 +838,7 @@ class GuaranteeFirst:
         keys: dict[str, tuple[float]] = {}
         self._keys = keys
         within, borrowing = self.WITHIN, self.BORROWING
-        quotas: dict[tuple[str, str], tuple[int, int, int] | None] = {}  # the state stays as it is
+        quotas: dict[tuple[str, str], QuotaUse | None] = {}  # the state stays as it is
         for job in by_arrival(ctx.snapshot.pending):
             quota_key = (job.vc, job.gpu_model)
             if quota_key in quotas:
@@ -847,7 +848,7 @@ class GuaranteeFirst:
             if quota is None:
                 keys[job.id] = borrowing
                 continue
-            guaranteed, borrow_limit, used = quota
+            guaranteed, borrow_limit, used, _ = quota
             if borrow_limit <= 0:
                 # A VC that cannot borrow has no borrowing work to put last.
                 keys[job.id] = within
