@@ -244,14 +244,6 @@ class PortalClient:
             )
         return page
 
-    def _next_page_url(self, link: str) -> str:
-        """The portal's ``next`` link, resolved against the configured portal URL: only its path
-        and query are used. The link is built from what the portal believes its address is (a
-        proxy may say http:// or another host), and following it as given would send the
-        bearer token there, possibly in clear text."""
-        given = httpx.URL(link)
-        return str(httpx.URL(self.url).copy_with(path=given.path, query=given.query or None, fragment=None))
-
     def _pages(
         self, path: str, params: dict[str, Any] | None = None, limit: int | None = None
     ) -> Iterator[Any]:
@@ -268,7 +260,11 @@ class PortalClient:
                     return
             if not page.get("next"):
                 return
-            page = self._page(self._next_page_url(str(page["next"])))
+            # Only the link's query is used, on the list's own path under the configured portal
+            # URL: the link is built from what the portal believes its address is (a proxy may
+            # say http://, another host, or drop the path prefix it serves the portal under),
+            # and following it as given could send the bearer token elsewhere, in clear text.
+            page = self._page(path, params=httpx.URL(str(page["next"])).params.multi_items())
 
     @staticmethod
     def _parse(model: type[T], items: Iterable[Any]) -> list[T]:

@@ -313,24 +313,30 @@ def apply_plan(plan: core.Plan, loaded: LoadedState, now: float) -> dict[str, in
             return None
         return job
 
-    # Time-slicing first: a suspended job leaves its GPUs to the job that takes its turn. When
-    # the suspension cannot be made (the job moved on meanwhile), that turn is not taken.
+    candidates, resumes = [], []
+    for start in plan.starts:
+        if job := unchanged(start.job_id, JobState.PENDING):
+            candidates.append((job, start))
+        elif job := unchanged(start.job_id, JobState.SUSPENDED):
+            resumes.append((job, start))
+    placeable = still_placeable(candidates, loaded)
+    dropped = {start.job_id for _, start in candidates} - {start.job_id for _, start in placeable}
+    # Time-slicing next: a suspended job leaves its GPUs to the job that takes its turn. A job
+    # whose turn-taker cannot start here (its node or GPU changed since the snapshot) keeps
+    # running; when a suspension cannot be made (the job moved on meanwhile), that turn is not
+    # taken.
     suspended, no_turn = 0, set()
     for suspend in plan.suspends:
+        if suspend.for_job in dropped:
+            continue
         job = unchanged(suspend.job_id, JobState.RUNNING)
         if job is not None and suspend_job(job, suspend):
             suspended += 1
         else:
             no_turn.add(suspend.for_job)
-    starts, resumes = [], []
-    for start in plan.starts:
-        if start.job_id in no_turn:
-            continue
-        if job := unchanged(start.job_id, JobState.PENDING):
-            starts.append((job, start))
-        elif job := unchanged(start.job_id, JobState.SUSPENDED):
-            resumes.append((job, start))
-    started = start_jobs(still_placeable(starts, loaded), loaded)
+    starts = [(job, start) for job, start in placeable if start.job_id not in no_turn]
+    resumes = [(job, start) for job, start in resumes if start.job_id not in no_turn]
+    started = start_jobs(starts, loaded)
     resumed = sum(resume_job(job, start, now) for job, start in resumes)
     preempted = 0
     # A victim's events name the job it was preempted for only if that job is of its tenant.
@@ -600,7 +606,7 @@ def stop_grace_s(job: Job, profile_grace_s: float) -> float:
 
 def end_overdue_stops(now: datetime, force_after_s: int, profile_grace_s: float) -> list[int]:
     """Ends the preemptions (and pauses, drains) whose agents did not confirm the stop within the
-    grace period (the job's, at most `profile_grace_s`, as preempt_job gave it) plus
+    grace period (the job's own, else `profile_grace_s`: the longest any path gave them) plus
     `force_after_s`: checkpointing -> preempted -> pending, the attempt ended and its GPUs
     freed, as if the agents had reported the stop. The time-limit check ends a job
     whose stop went unconfirmed the same way (enforce_time_limits' forced path).
@@ -618,7 +624,9 @@ def end_overdue_stops(now: datetime, force_after_s: int, profile_grace_s: float)
             asked = job.events.filter(to_state=JobState.CHECKPOINTING).order_by("-created_at", "-id").first()
             if job.state != JobState.CHECKPOINTING or asked is None:
                 continue
-            grace = stop_grace_s(job, profile_grace_s)
+            # The longest grace the agents may have been given: a request carries at most the
+            # profile's, but a pause and the desired set give the job's own.
+            grace = float((job.spec.get("checkpoint") or {}).get("grace_seconds", profile_grace_s))
             overdue = (now - asked.created_at).total_seconds() - grace - force_after_s
             if overdue < 0:
                 continue

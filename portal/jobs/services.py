@@ -1481,7 +1481,8 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
                     stop_reason="",
                     state__in=[JobState.RUNNING, JobState.SUSPENDED],
                 )
-                if stopping.update(stop_reason="time-limit"):
+                # The version moves, so a cycle that read the job before cannot preempt it too.
+                if stopping.update(stop_reason="time-limit", version=models.F("version") + 1):
                     grace = float((job.spec.get("checkpoint") or {}).get("grace_seconds", 30))
                     for replica, node_id in attempt.allocations.values_list("replica", "node_id").distinct():
                         request = StopRequest(

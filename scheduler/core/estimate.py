@@ -26,6 +26,11 @@ from scheduler.core.profile import CycleSettings
 from scheduler.core.state import ClusterState, GpuHold
 from scheduler.core.types import ALL_MODELS, ANY_MODEL, PendingJob, RunningJob
 
+# The "model" of a release that ends a VC's charge without freeing any GPU: a job preempted in
+# this cycle stops counting against its VC's quota when it is gone, while the GPUs its preemptor
+# took stay taken. No GPU has this model, so no job's walk waits for it.
+QUOTA_ONLY = "<quota only>"
+
 # The horizon key of the kinds past `estimate_max_kinds`: running jobs release at their end only.
 _ENDS_ONLY: tuple[tuple[float, ...], ...] = ((),)
 
@@ -79,7 +84,11 @@ def estimate_starts(
     user_ends: defaultdict[tuple[str, str], list[tuple[float, int, int, int]]] = defaultdict(list)
     for job in ctx.snapshot.running:
         if job.id in released:
-            # Preempted in this cycle: its user's caps still count it until it is gone.
+            # Preempted in this cycle: its VC is charged for its GPUs (those its preemptor takes
+            # as well) until it is gone, and its user's caps count it until then. Its GPUs come
+            # back through the preemptor's release, or not at all (those it blocks), as before.
+            if not job.parked:
+                fixed.append((now + settings.grace_period_s, QUOTA_ONLY, job.gpus, job.vc))
             if job.vc in user_caps:
                 user_ends[job.vc, job.user].append((now + settings.grace_period_s, *_amounts(job)))
             continue
@@ -360,7 +369,8 @@ def estimate_starts(
                 booked_done = (at, booking)
                 if at > cursor:
                     cursor = at
-                free[rmodel] += gpus
+                if rmodel != QUOTA_ONLY:
+                    free[rmodel] += gpus
                 if vc in vc_used:
                     vc_used[vc] -= gpus
             else:
@@ -611,7 +621,7 @@ def _quota_time(vc_releases: Iterable[tuple[float, int]], used: int, need: int, 
     given back lowers the usage even if it lies before the cursor. Never the cursor by
     default, which told a job held back by its quota that it starts now. Not the last
     release either when they never make room (usage the walk never gives back, as a VC over
-    a lowered limit, or the charge of a job preempted in this cycle): which releases are left
+    a lowered limit): which releases are left
     at that point depends on the order of the running jobs, and the plan must not."""
     if used + need <= limit:
         return -math.inf  # fits already: no later than any cursor

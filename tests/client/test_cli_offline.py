@@ -536,6 +536,30 @@ def test_pages_are_read_from_the_configured_portal_whatever_next_says() -> None:
         assert [n.name for n in client.nodes()] == ["n1", "n2"]
 
 
+def test_pages_of_a_portal_under_a_path_prefix_stay_under_it() -> None:
+    """A proxy serves the portal under /gpu/ and strips it: the portal's `next` lacks the prefix,
+    and the client keeps the list's own path under the configured URL, with the link's query."""
+    asked: list[httpx.URL] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url)
+        assert request.url.path == "/gpu/api/v1/nodes/", request.url
+        if request.url.params.get("offset") == "1":
+            return httpx.Response(
+                200, json={"count": 2, "next": None, "results": [{"id": 2, "name": "n2", "state": "ready"}]}
+            )
+        following = "https://gpus.example.org/api/v1/nodes/?limit=1&offset=1&state=ready&state=cordoned"
+        return httpx.Response(
+            200, json={"count": 2, "next": following, "results": [{"id": 1, "name": "n1", "state": "ready"}]}
+        )
+
+    with PortalClient(
+        "https://gpus.example.org/gpu", "gpp_t", transport=httpx.MockTransport(handler)
+    ) as client:
+        assert [n.name for n in client.nodes()] == ["n1", "n2"]
+    assert asked[1].params.get_list("state") == ["ready", "cordoned"]
+
+
 def test_templates_save_names_a_yaml_date_instead_of_crashing(
     home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -461,3 +461,24 @@ def test_a_job_that_fails_on_its_own_while_it_is_being_stopped_counts_the_failur
     agents.end(job, ExitReason.FAILED, 3)
     job.refresh_from_db()
     assert (job.state, job.exit_code, job.on_hold) == (JobState.FAILED, 3, False)
+
+
+def test_a_pause_with_a_long_grace_is_not_ended_before_that_grace(
+    api_for: Any, users: dict[str, Any], node: Node, sent: list[Any]
+) -> None:
+    """The sweep that ends stops no agent confirmed allows the grace the agent was given: a pause
+    gives the job's own (here ten minutes), longer than the profile's 30 s."""
+    from datetime import timedelta
+
+    job = hold(
+        running(api_for, ScriptedAgents(), checkpoint={"enabled": True, "grace_seconds": 600}), users["alice"]
+    )
+    assert job.state == JobState.CHECKPOINTING
+    (request,) = [message for _, message in sent]
+    assert request.grace_period_s == 600.0
+    asked = timezone.now()
+    assert store.end_overdue_stops(asked + timedelta(seconds=300), 120, 30.0) == []
+    assert Allocation.objects.filter(attempt__job=job, released_at__isnull=True).exists()
+    assert store.end_overdue_stops(asked + timedelta(seconds=600 + 120 + 5), 120, 30.0) == [job.pk]
+    job.refresh_from_db()
+    assert (job.state, job.on_hold) == (JobState.PENDING, True)

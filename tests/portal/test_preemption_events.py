@@ -115,7 +115,9 @@ def test_a_stop_the_agents_never_confirm_ends_after_its_grace_and_the_force_dela
     job_id = attempt.job_id
     asked = Job.objects.get(pk=job_id).events.get(to_state="checkpointing")
     profile_grace = load_profile().cycle.grace_period_s
-    grace = min(20.0, profile_grace) if checkpoint else profile_grace  # the job's own, at most the profile's
+    # The longest grace the agent may have been given: the desired set's, the job's own (the
+    # spec's default of 120 s without checkpointing), not the request's, capped by the profile.
+    grace = 20.0 if checkpoint else 120.0
     deadline = asked.created_at + timedelta(seconds=grace + 120)
 
     assert end_overdue_stops(deadline - timedelta(seconds=1), 120, profile_grace) == []
@@ -154,6 +156,34 @@ def test_a_job_stopped_at_its_time_limit_is_not_preempted_again(api_for, paused_
     set_node_state(node, "drain", None)
     assert run_cycle()["preempted"] == 0  # told to stop already
     assert Job.objects.get(pk=job_id).state == "running"
+    report(node, attempt, AttemptState.EXITED, ExitReason.STOPPED)
+    assert Job.objects.get(pk=job_id).state == "timed-out"
+
+
+def test_a_cycle_that_read_the_job_before_its_time_limit_stop_does_not_preempt_it(
+    api_for, paused_loop
+) -> None:  # type: ignore[no-untyped-def]
+    """The stop at the limit moves the job's version, so a plan made from a snapshot read just
+    before it cannot preempt the job as well (its requeue would have cleared the stop)."""
+    from django.db import transaction
+
+    from scheduler import core
+    from scheduler.store import apply_plan
+    from scheduler.tasks import load_profile
+
+    node, attempt = placed_attempt(api_for)
+    job_id = attempt.job_id
+    run(job_id)
+    limit = Job.objects.get(pk=job_id).time_limit_s
+    JobAttempt.objects.filter(pk=attempt.pk).update(started_at=timezone.now() - timedelta(seconds=limit + 1))
+    now = time.time()
+    loaded = load_snapshot(now)  # read before the stop
+    set_node_state(node, "drain", None)
+    plan = core.decide(load_snapshot(now).snapshot, load_profile(), now)
+    assert [p.job_id for p in plan.preemptions] == [str(job_id)]
+    assert enforce_time_limits(timezone.now(), 300, 120)["stopping"] == 1
+    with transaction.atomic():
+        assert apply_plan(plan, loaded, now)["preempted"] == 0
     report(node, attempt, AttemptState.EXITED, ExitReason.STOPPED)
     assert Job.objects.get(pk=job_id).state == "timed-out"
 

@@ -132,6 +132,24 @@ def test_no_turn_is_taken_when_the_suspension_cannot_be_made(two_running) -> Non
     assert state(sliced) == "running" and not gpus(sliced, suspended=True)
 
 
+def test_no_job_is_suspended_for_a_turn_that_cannot_start(two_running) -> None:  # type: ignore[no-untyped-def]
+    """The node of the turn is cordoned after the snapshot: the start is dropped, and the job
+    whose turn it was keeps running rather than sit parked with nobody on its GPUs."""
+    alice, sliced, _ = two_running
+    waiting = submit(alice, "waiting", time_sliceable=True)
+    now = time.time()
+    with transaction.atomic():
+        loaded = load_snapshot(now)
+        plan = core.decide(loaded.snapshot, every_cycle_a_new_turn(), now)
+        assert [s.job_id for s in plan.suspends] == [str(sliced)]
+        node = next(iter(gpus(sliced, suspended=False)))[0]
+        Node.objects.filter(name=node).update(state="cordoned")
+        result = apply_plan(plan, loaded, now)
+    assert result["suspended"] == 0 and result["started"] == 0
+    assert state(waiting) == "pending" and state(sliced) == "running"
+    assert not gpus(sliced, suspended=True)
+
+
 def test_a_lost_node_requeues_a_suspended_job_like_a_running_one(two_running) -> None:  # type: ignore[no-untyped-def]
     from portal.jobs.services import requeue_jobs_of_lost_node
 

@@ -214,6 +214,27 @@ def test_a_job_held_back_by_its_vc_quota_is_not_told_it_starts_now(name: str) ->
     assert status.estimated_start == 16_200.0
 
 
+@pytest.mark.parametrize("name", ["fifo", "default"])
+def test_the_next_job_of_a_vc_whose_job_was_preempted_has_an_estimate(name: str) -> None:
+    """VC a reclaims its 8 GPUs from b's borrowing job v. v's GPUs stay charged to b until v is
+    gone (its grace); b's next job y is held by b's quota until then, and by the GPUs until x
+    ends: it gets that estimate, not none."""
+    snap = (
+        Snap()
+        .node("n0", 8, "A100")
+        .vc("a", 8, 0)
+        .vc("b", 4, 4)
+        .running("v", [("n0", tuple(range(8)))], vc="b", started_at=1_000.0, estimated_runtime_s=100_000.0)
+        .pending("x", 8, vc="a", submitted_at=9_000.0, estimated_runtime_s=3_600.0)
+        .pending("y", 4, vc="b", submitted_at=9_500.0, estimated_runtime_s=3_600.0)
+        .build()
+    )
+    plan = decide(snap, load_profile(name), now=10_000.0)
+    assert [p.job_id for p in plan.preemptions] == ["v"]
+    (y,) = [p for p in plan.pending if p.job_id == "y"]
+    assert y.estimated_start is not None and y.estimated_start > 10_000.0
+
+
 @pytest.mark.parametrize("name", ["fifo", "tiresias", "default"])
 def test_a_quota_bound_estimate_does_not_depend_on_the_order_of_running_jobs(name: str) -> None:
     """Team's a (1 GPU) and other's b (3 GPUs) end at 5,000 on the full node n0, team's c at

@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { parse } from "yaml";
 
 import { afterText, applyHint, emptyForm, errorsFor, formToSpec, parseSpecYaml, specToForm, specToYaml, unplacedErrors } from "./spec";
 
@@ -40,6 +41,13 @@ describe("form and spec", () => {
     const parsed = parseSpecYaml(yaml);
     expect(parsed.ok).toBe(true);
     if (parsed.ok) expect(specToForm(parsed.spec).form).toEqual({ ...form, notify: ["running", "failed"] });
+  });
+
+  it("writes YAML the portal reads back as the same text", () => {
+    const spec = { name: "j", env: { FLAG: "yes", START: "12:30", RUN_DATE: "2026-01-01", SIZE: "1_000", OFF: "off" } };
+    const yaml = specToYaml(spec);
+    expect(parse(yaml, { version: "1.1" })).toEqual(spec);
+    expect(parseSpecYaml(yaml)).toEqual({ ok: true, spec });
   });
 
   it("keeps a notify state the form does not offer, for the API to refuse", () => {

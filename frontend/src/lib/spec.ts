@@ -258,8 +258,11 @@ export function applyHint(spec: SpecObject, hint: HintShape, flavorLimitS?: numb
   return next;
 }
 
+/** The spec as YAML 1.1, which the portal reads (PyYAML): text such as `yes`, `12:30` or
+ * `2026-01-01` is quoted, so the portal reads it back as the same text, not as a boolean, a
+ * number or a date (YAML 1.2 would leave them bare). */
 export function specToYaml(spec: SpecObject): string {
-  return stringify(spec, { lineWidth: 0 });
+  return stringify(spec, { lineWidth: 0, version: "1.1" });
 }
 
 export type YamlResult = { ok: true; spec: SpecObject } | { ok: false; error: string };
