@@ -383,7 +383,8 @@ def _take_inventory(
 ) -> None:
     """Writes `gpus` (of the agent's `reported` inventory, whose topology ids they share) over the
     node's `known` GPUs, matched by index; known GPUs the agent no longer reports go unhealthy.
-    Jobs on GPUs that are unhealthy now are requeued. The caller holds the node's row lock.
+    Jobs on GPUs that are unhealthy now are requeued once the hello commits. The caller holds
+    the node's row lock.
 
     A UUID held by another of the node's GPUs is renamed away (a card moved between indexes).
     Only with `from_other_nodes` (an admin's accept_reported_gpus) is a UUID taken from another
@@ -425,7 +426,14 @@ def _take_inventory(
     Gpu.objects.filter(pk__in=[gpu.pk for gpu in missing]).update(
         healthy=False, health_reason="not reported by the agent"
     )
-    requeue_holders_of_failed_gpus(node)
+    # After commit, in a transaction of its own: requeueing locks the jobs and then the node,
+    # the order every writer keeps, while this one holds the node's row.
+    transaction.on_commit(lambda: _requeue_after_hello(node))
+
+
+def _requeue_after_hello(node: Node) -> None:
+    with transaction.atomic():
+        requeue_holders_of_failed_gpus(node)
 
 
 def requeue_holders_of_failed_gpus(node: Node) -> list[int]:
