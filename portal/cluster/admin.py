@@ -25,6 +25,7 @@ from portal.cluster.services import (
     quota_in_use,
     revoke_node,
     set_node_state,
+    void_enrollment_tokens,
 )
 from portal.jobs.services import request_scheduling_cycle
 from portal.lib.admin import AuditedModelAdmin, ReadOnlyModelAdmin
@@ -278,6 +279,12 @@ class EnrollmentTokenAdmin(admin.ModelAdmin):
     list_display = ["__str__", "node_name", "created_by", "created_at", "expires_at", "used_at", "node"]
     list_filter = ["used_at"]
     search_fields = ["node_name"]
+    actions = ["void"]
+
+    @admin.action(description="Void: the selected tokens that could still enroll a node stop working now")
+    def void(self, request: Any, queryset: Any) -> None:
+        voided = void_enrollment_tokens(queryset, request.user)
+        self.message_user(request, f"{voided} enrollment token(s) voided.", messages.WARNING)
 
     def has_change_permission(self, request: Any, obj: Any = None) -> bool:
         return False

@@ -238,6 +238,20 @@ def create_enrollment_token(
     return token, raw
 
 
+@transaction.atomic
+def void_enrollment_tokens(tokens: Any, actor: Any) -> int:
+    """Ends the tokens of `tokens` that could still enroll a node (unused, unexpired) now, for a
+    token that leaked or was made by mistake: otherwise it stays usable until it expires (up to
+    ENROLLMENT_TOKEN_MAX_TTL_MINUTES). Each is audited. Returns how many were voided."""
+    now = timezone.now()
+    voided = list(tokens.usable().select_for_update(of=("self",)))
+    for token in voided:
+        token.expires_at = now
+        token.save(update_fields=["expires_at"])
+        record_audit(actor, "node.enrollment_token.void", token)
+    return len(voided)
+
+
 def enroll_node(raw_token: str, node_name: str, address: str = "") -> tuple[Node, str]:
     """Exchanges a one-time enrollment token for the node's own agent token. Nothing is created
     or changed on a refusal, which is audited against the caller's address. Raises

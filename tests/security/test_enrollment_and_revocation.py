@@ -234,6 +234,26 @@ def test_cluster_admins_create_enrollment_tokens_in_django_admin(cluster_admin_c
     assert enroll(raw).json()["node_name"] == "gpu-017"
 
 
+def test_a_cluster_admin_voids_an_unused_enrollment_token(cluster_admin_client, users) -> None:  # type: ignore[no-untyped-def]
+    """A token that leaked is voided at once instead of staying usable until it expires; a used
+    one is left as it is, and every void is audited."""
+    leaked, raw = create_enrollment_token(users["admin"], "", 60)
+    used, used_raw = create_enrollment_token(users["admin"], "gpu-018", 60)
+    assert enroll(used_raw, "gpu-018").status_code == 201
+    used.refresh_from_db()
+    response = cluster_admin_client.post(
+        "/admin/cluster/enrollmenttoken/",
+        {"action": "void", "_selected_action": [str(leaked.pk), str(used.pk)]},
+        follow=True,
+    )
+    assert "1 enrollment token(s) voided." in [str(m) for m in response.context["messages"]]
+    assert enroll(raw, "gpu-new").status_code == 401  # as an expired token
+    assert not Node.objects.filter(name="gpu-new").exists()
+    assert EnrollmentToken.objects.get(pk=used.pk).expires_at == used.expires_at
+    voids = AuditEntry.objects.filter(action="node.enrollment_token.void")
+    assert list(voids.values_list("object_id", flat=True)) == [str(leaked.pk)]
+
+
 def run_agent(portal_url: str, enroll_file: Path, state_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
