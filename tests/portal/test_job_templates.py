@@ -57,6 +57,25 @@ def test_the_stored_spec_submits(api_for) -> None:  # type: ignore[no-untyped-de
     assert alice.post("/api/v1/jobs/", template["spec"], format="json").status_code == 201
 
 
+def test_templates_saved_with_numbers_in_their_env_submit_again_after_the_migration(api_for) -> None:  # type: ignore[no-untyped-def]
+    """Templates saved before submissions refused non-text values may hold numbers (YAML reads
+    `8` as one); the data migration stores the text a submission made of them."""
+    import importlib
+
+    from django.apps import apps
+
+    alice = api_for("alice")
+    saved = save(alice).json()
+    old_spec = {**SPEC, "env": {"OMP_NUM_THREADS": 8, "LR": 0.5, "NAME": "resnet"}}
+    JobTemplate.objects.filter(pk=saved["id"]).update(spec=old_spec)
+    assert alice.post("/api/v1/jobs/", old_spec, format="json").status_code == 400
+    migration = importlib.import_module("portal.jobs.migrations.0017_template_env_values_as_text")
+    migration.numbers_as_text(apps, None)
+    spec = alice.get(f"{URL}{saved['id']}/").json()["spec"]
+    assert spec["env"] == {"OMP_NUM_THREADS": "8", "LR": "0.5", "NAME": "resnet"}
+    assert alice.post("/api/v1/jobs/", spec, format="json").status_code == 201
+
+
 def test_a_bad_spec_is_refused_under_spec_in_a_submission_s_words(api_for) -> None:  # type: ignore[no-untyped-def]
     alice = api_for("alice")
     bad = {**SPEC, "vc": "nope", "replicas": 0, "typo": 1}
