@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from sched_builders import Snap, profile
 
 from scheduler.core import NodeName, Quota, ReasonCode, ReplicaPlacement, VcName, VirtualCluster, decide
@@ -112,6 +113,43 @@ def test_a_job_takes_turns_only_on_gpus_of_a_model_it_accepts() -> None:
     plan = decide(snap, SLICE, 5000.0)
     assert [(s.job_id, s.for_job) for s in plan.suspends] == [("r", "v100")]
     assert [s.job_id for s in plan.starts] == ["v100"]
+
+
+@pytest.mark.parametrize(
+    ("first", "asks", "swaps"),
+    [
+        pytest.param("a100", "A100", False, id="a100-first-a100-job-waits"),
+        pytest.param("a100", "V100", False, id="a100-first-v100-job-waits"),
+        pytest.param("a100", "", True, id="a100-first-any-model-job-takes-turn"),
+        pytest.param("v100", "A100", False, id="v100-first-a100-job-waits"),
+        pytest.param("v100", "V100", False, id="v100-first-v100-job-waits"),
+        pytest.param("v100", "", True, id="v100-first-any-model-job-takes-turn"),
+    ],
+)
+def test_a_turn_on_gpus_of_two_models_goes_only_to_a_job_that_accepts_both(
+    first: str, asks: str, swaps: bool
+) -> None:
+    """Every GPU of the turn must be of a model the waiting job accepts, not just the first
+    replica's (a snapshot can show a running job on GPUs of two models), whatever the order
+    of the running job's replicas. `x` of another VC keeps the rest busy, so `w` waits for
+    capacity. Fuzzer seed 20004 gave an A100 job a V100 this way."""
+    replicas = [("a100", (0,)), ("v100", (0,))]
+    if first == "v100":
+        replicas.reverse()
+    snap = (
+        Snap()
+        .node("a100", 2, model="A100")
+        .node("v100", 2, model="V100")
+        .vc("team", guaranteed=8)
+        .vc("other", guaranteed=8)
+        .running("r", replicas, started_at=0.0, time_sliceable=True)
+        .running("x", [("a100", (1,)), ("v100", (1,))], vc="other", started_at=0.0)
+        .pending("w", 1, replicas=2, submitted_at=100.0, time_sliceable=True, gpu_model=asks)
+        .build()
+    )
+    plan = decide(snap, SLICE, 5000.0)
+    assert [(s.job_id, s.for_job) for s in plan.suspends] == ([("r", "w")] if swaps else [])
+    assert [s.job_id for s in plan.starts] == (["w"] if swaps else [])
 
 
 def test_a_turn_needs_cpu_and_memory_for_the_job_that_takes_it() -> None:

@@ -60,7 +60,9 @@ class TimeSlice:
                 else:
                     fits = (len(running.placement), running.gpus) == (job.replicas, job.gpus)
                     fits = fits and all(len(r.gpu_indices) == job.gpus_per_replica for r in running.placement)
-                    fits = fits and job.gpu_model in (ANY_MODEL, _model_of(running, ctx))
+                    fits = fits and (
+                        job.gpu_model == ANY_MODEL or _models_of(running, ctx) == {job.gpu_model}
+                    )
                 if fits:
                     yield running, job
                     if running.id in released:  # the swap was made
@@ -82,11 +84,18 @@ def _slice_start(job: RunningJob) -> float:
     return job.started_at if job.slice_started_at is None else job.slice_started_at
 
 
-def _model_of(job: RunningJob, ctx: CycleContext) -> str:
-    """The model of the GPUs the job holds (its own `gpu_model` may be any)."""
-    replica = job.placement[0]
-    node = ctx.state.nodes[ctx.state.node_idx_by_name[replica.node]]
-    return node.gpus[replica.gpu_indices[0]].model
+def _models_of(job: RunningJob, ctx: CycleContext) -> set[str]:
+    """The models of every GPU the job holds (its own `gpu_model` may be any). One model for a
+    job the core placed, but a snapshot can show one on GPUs of two: a waiting job that asks
+    for a model takes its turn only if all of them are that model."""
+    models: set[str] = set()
+    for replica in job.placement:
+        node_idx = ctx.state.node_idx_by_name.get(replica.node)
+        if node_idx is None:
+            continue
+        gpus = ctx.state.nodes[node_idx].gpus
+        models.update(gpus[i].model for i in replica.gpu_indices if i in gpus)
+    return models
 
 
 def gpus_of(placement: Sequence[Any]) -> set[tuple[str, int]]:
