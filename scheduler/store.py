@@ -599,9 +599,7 @@ def preempt_job(
 
 def stop_grace_s(job: Job, profile_grace_s: float) -> float:
     """The job's own grace (how long it needs to save), never longer than the profile allows."""
-    return min(
-        profile_grace_s, float((job.spec.get("checkpoint") or {}).get("grace_seconds", profile_grace_s))
-    )
+    return min(profile_grace_s, job.grace_s(profile_grace_s))
 
 
 def end_overdue_stops(now: datetime, force_after_s: int, profile_grace_s: float) -> list[int]:
@@ -626,7 +624,7 @@ def end_overdue_stops(now: datetime, force_after_s: int, profile_grace_s: float)
                 continue
             # The longest grace the agents may have been given: a request carries at most the
             # profile's, but a pause and the desired set give the job's own.
-            grace = float((job.spec.get("checkpoint") or {}).get("grace_seconds", profile_grace_s))
+            grace = job.grace_s(profile_grace_s)
             overdue = (now - asked.created_at).total_seconds() - grace - force_after_s
             if overdue < 0:
                 continue

@@ -84,7 +84,7 @@ def desired_attempt(
         checkpoint_dir=checkpoint_dir(job),
         resume=attempt.resume,
         checkpoint_signal=checkpoint.get("signal", "SIGUSR1"),
-        grace_period_s=float(checkpoint.get("grace_seconds", 30)),
+        grace_period_s=job.grace_s(30),
         time_sliced=bool(spec.get("time_sliceable")),
         run_state="suspended" if job.state == JobState.SUSPENDED else "running",
         # Preemption of a checkpointable job, level-triggered: it survives a lost request.

@@ -155,6 +155,12 @@ class Job(models.Model):
         memory_mib = self.memory_gb_per_replica * 1024 * self.replicas
         return -(-cpu_milli // replicas), -(-memory_mib // replicas)
 
+    def grace_s(self, default: float) -> float:
+        """The grace period the job's spec gives it to save and stop (`checkpoint.grace_seconds`),
+        `default` where the spec gives none. Every stop reads it here: the agents and the portal's
+        sweeps must agree on how long a stop may take."""
+        return float((self.spec.get("checkpoint") or {}).get("grace_seconds", default))
+
     def current_attempt(self) -> JobAttempt | None:
         """The newest attempt: the one agents run, or the last one that ran."""
         return self.attempts.order_by("-number").first()

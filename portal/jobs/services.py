@@ -814,7 +814,7 @@ def _pause(job: Job, actor: Any, checkpointable: bool) -> None:
         )
     if job.stop_reason:
         raise InvalidTransition(f"Job {job.pk} is being stopped ({job.stop_reason}); it cannot be paused.")
-    grace = float(job.spec["checkpoint"].get("grace_seconds", 120))
+    grace = job.grace_s(120)
     preemption = core.Preemption(
         job_id=core.JobId(str(job.pk)),
         reason=PAUSE,
@@ -1483,7 +1483,7 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
                 )
                 # The version moves, so a cycle that read the job before cannot preempt it too.
                 if stopping.update(stop_reason="time-limit", version=models.F("version") + 1):
-                    grace = float((job.spec.get("checkpoint") or {}).get("grace_seconds", 30))
+                    grace = job.grace_s(30)
                     for replica, node_id in attempt.allocations.values_list("replica", "node_id").distinct():
                         request = StopRequest(
                             attempt_id=agent_attempt_id(attempt, replica), grace_period_s=grace

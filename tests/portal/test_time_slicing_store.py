@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -116,7 +117,10 @@ def slow_turns() -> core.Profile:
     return core.Profile.from_dict(data)
 
 
-def test_no_turn_is_taken_when_the_suspension_cannot_be_made(two_running) -> None:  # type: ignore[no-untyped-def]
+def turn_applied_after(two_running: Any, change: Callable[[int], None]) -> tuple[dict[str, int], int]:
+    """A job waits for the time-sliceable one's turn; the cycle plans the turn, `change(sliced)`
+    happens before the plan is applied (the plan is then stale), and the plan is applied.
+    Returns what apply_plan did and the waiting job."""
     alice, sliced, _ = two_running
     waiting = submit(alice, "waiting", time_sliceable=True)
     now = time.time()
@@ -124,9 +128,17 @@ def test_no_turn_is_taken_when_the_suspension_cannot_be_made(two_running) -> Non
         loaded = load_snapshot(now)
         plan = core.decide(loaded.snapshot, every_cycle_a_new_turn(), now)
         assert [s.job_id for s in plan.suspends] == [str(sliced)]
-        # Meanwhile the job ends (an agent's report): the plan was made on a stale view.
-        Job.objects.filter(pk=sliced).update(version=Job.objects.get(pk=sliced).version + 1)
-        result = apply_plan(plan, loaded, now)
+        change(sliced)
+        return apply_plan(plan, loaded, now), waiting
+
+
+def test_no_turn_is_taken_when_the_suspension_cannot_be_made(two_running) -> None:  # type: ignore[no-untyped-def]
+    _, sliced, _ = two_running
+
+    def job_ends(job_id: int) -> None:  # an agent's report: the plan was made on a stale view
+        Job.objects.filter(pk=job_id).update(version=Job.objects.get(pk=job_id).version + 1)
+
+    result, waiting = turn_applied_after(two_running, job_ends)
     assert result["suspended"] == 0 and result["started"] == 0
     assert state(waiting) == "pending" and not gpus(waiting, suspended=False)
     assert state(sliced) == "running" and not gpus(sliced, suspended=True)
@@ -135,16 +147,13 @@ def test_no_turn_is_taken_when_the_suspension_cannot_be_made(two_running) -> Non
 def test_no_job_is_suspended_for_a_turn_that_cannot_start(two_running) -> None:  # type: ignore[no-untyped-def]
     """The node of the turn is cordoned after the snapshot: the start is dropped, and the job
     whose turn it was keeps running rather than sit parked with nobody on its GPUs."""
-    alice, sliced, _ = two_running
-    waiting = submit(alice, "waiting", time_sliceable=True)
-    now = time.time()
-    with transaction.atomic():
-        loaded = load_snapshot(now)
-        plan = core.decide(loaded.snapshot, every_cycle_a_new_turn(), now)
-        assert [s.job_id for s in plan.suspends] == [str(sliced)]
-        node = next(iter(gpus(sliced, suspended=False)))[0]
+    _, sliced, _ = two_running
+
+    def node_cordoned(job_id: int) -> None:
+        node = next(iter(gpus(job_id, suspended=False)))[0]
         Node.objects.filter(name=node).update(state="cordoned")
-        result = apply_plan(plan, loaded, now)
+
+    result, waiting = turn_applied_after(two_running, node_cordoned)
     assert result["suspended"] == 0 and result["started"] == 0
     assert state(waiting) == "pending" and state(sliced) == "running"
     assert not gpus(sliced, suspended=True)
