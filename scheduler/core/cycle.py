@@ -796,8 +796,9 @@ class _CycleRun:
                     statement.release(hold)
                 # A swap keeps the VC's usage, but a VC can stand above its limit (its quota
                 # was cut) or a user above theirs: the waiting job takes the GPUs only if
-                # admission would give them to it once the running job has let them go.
-                if not self._admit(job, holds[0].model).ok:
+                # admission would give them to it once the running job has let them go, for
+                # every model of the turn (a snapshot can show a job on GPUs of two).
+                if not all(self._admit(job, model).ok for model in sorted({h.model for h in holds})):
                     statement.discard()
                     continue
                 # The waiting job may ask for more CPU or memory per replica than the running

@@ -265,3 +265,30 @@ def test_a_suspended_job_that_cannot_resume_in_place_checkpoints_instead_of_movi
     assert (move.job_id, move.reason) == ("r", "time-slice-move")
     assert [(s.job_id, s.placement[0].node, s.resume) for s in plan.starts] == [("later", "n1", False)]
     assert {s.job_id: s.reason for s in plan.pending} == {"r": ReasonCode.QUEUED_BEHIND}
+
+
+@pytest.mark.parametrize("first", ["a100", "v100"])
+def test_a_turn_on_gpus_of_two_models_needs_quota_of_both(first: str) -> None:
+    """Team's V100 quota was cut to 0 while r held a V100: an any-model job may take r's turn
+    only if admission gives it GPUs of both models, not just of the model of r's first
+    replica (the A100 quota alone would let it in)."""
+    replicas = [("a100", (0,)), ("v100", (0,))]
+    if first == "v100":
+        replicas.reverse()
+    snap = (
+        Snap()
+        .node("a100", 2, model="A100")
+        .node("v100", 2, model="V100")
+        .vc("team", guaranteed=2, model="A100")
+        .vc("other", guaranteed=8)
+        .running("r", replicas, started_at=0.0, time_sliceable=True)
+        .running("x", [("a100", (1,)), ("v100", (1,))], vc="other", started_at=0.0)
+        .pending("w", 1, replicas=2, submitted_at=100.0, time_sliceable=True, gpu_model="")
+        .build()
+    )
+    team = next(vc for vc in snap.vcs if vc.name == "team")
+    cut = replace(team, quotas=(*team.quotas, Quota("V100", 0, 0, None)))
+    snap = replace(snap, vcs=tuple(cut if vc.name == "team" else vc for vc in snap.vcs))
+    plan = decide(snap, SLICE, 5000.0)
+    assert plan.suspends == ()
+    assert [s.job_id for s in plan.starts] == []
