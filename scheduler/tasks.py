@@ -47,13 +47,19 @@ def load_profile() -> core.Profile:
 
 
 def run_cycle(
-    profile: core.Profile | None = None, wait: bool = False, unless_paused: bool = False
+    profile: core.Profile | None = None,
+    wait: bool = False,
+    unless_paused: bool = False,
+    requested: bool = False,
 ) -> dict[str, Any] | None:
     """One cycle: snapshot -> decide -> apply, in one transaction under the advisory lock.
 
     With wait, it queues behind a cycle that holds the lock; otherwise it returns None then.
     With unless_paused, the pause is checked again once the lock is held: a cycle that queued
-    behind another before the loop was paused does not run after it.
+    behind another before the loop was paused does not run after it. A requested cycle
+    (`requested`) lets new requests queue another only once it holds the lock: until then its
+    snapshot is still to come and will see their changes, so requests made while it waits add
+    no second waiter (each would hold a worker).
     """
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -63,6 +69,8 @@ def run_cycle(
                 cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [CYCLE_LOCK])
                 if not cursor.fetchone()[0]:
                     return None
+        if requested:
+            get_redis().delete(QUEUED_KEY)
         if unless_paused and loop_paused():
             return {"paused": True}
         now = time.time()
@@ -88,6 +96,4 @@ def schedule_cycle(from_beat: bool = False) -> dict[str, Any] | None:
         profile_grace_s = load_profile().cycle.grace_period_s
         end_overdue_stops(timezone.now(), settings.TIME_LIMIT_FORCE_AFTER_S, profile_grace_s)
         return run_cycle(unless_paused=True)
-    # From here on a new request queues another cycle: this one may start too early to see it.
-    get_redis().delete(QUEUED_KEY)
-    return run_cycle(wait=True, unless_paused=True)
+    return run_cycle(wait=True, unless_paused=True, requested=True)

@@ -171,3 +171,50 @@ def test_a_paused_loop_starts_nothing(ready_cluster_with_jobs, capsys) -> None: 
     assert Job.objects.filter(state="pending").count() == 6
     call_command("scheduler_loop", "status")
     assert capsys.readouterr().out.strip() == "paused"
+
+
+def test_requests_while_a_requested_cycle_waits_add_no_waiter(ready_cluster_with_jobs) -> None:  # type: ignore[no-untyped-def]
+    """A requested cycle waiting behind one in progress keeps the request mark until it holds
+    the lock (its snapshot is still to come), so further requests coalesce into it instead of
+    each queueing another worker behind the lock; once it holds the lock, a new request
+    queues the next cycle. (The loop stays paused for the live stack's worker; the cycle
+    below is the one `schedule_cycle` runs for a request.)"""
+    from portal.lib.redis import get_redis
+    from scheduler.tasks import CYCLE_LOCK, QUEUED_KEY, QUEUED_TTL_MS
+
+    redis = get_redis()
+    redis.delete(QUEUED_KEY)  # the fixture's submissions asked for cycles
+    results: list[Any] = []
+    worker_pids: list[int] = []
+
+    def worker() -> None:
+        try:
+            with connection.cursor() as own:
+                own.execute("SELECT pg_backend_pid()")
+                worker_pids.append(own.fetchone()[0])
+            results.append(run_cycle(wait=True, requested=True))
+        finally:
+            connection.close()
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [CYCLE_LOCK])  # a cycle in progress
+        assert redis.set(QUEUED_KEY, 1, px=QUEUED_TTL_MS, nx=True)  # what request_cycle did
+        thread = threading.Thread(target=worker)
+        thread.start()
+
+        def waiting_for_the_lock() -> int:
+            if not worker_pids:
+                return 0
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = %s",
+                [worker_pids[0]],
+            )
+            return int(cursor.fetchone()[0])
+
+        assert wait_for(waiting_for_the_lock, 20, "the requested cycle to wait for the lock") == 1
+        # A request now (request_cycle's test-and-set) finds the mark and queues nothing.
+        assert not redis.set(QUEUED_KEY, 1, px=QUEUED_TTL_MS, nx=True)
+        cursor.execute("SELECT pg_advisory_unlock(%s)", [CYCLE_LOCK])
+    thread.join(timeout=60)
+    assert [r["started"] for r in results] == [4]
+    assert not redis.exists(QUEUED_KEY)  # the next request queues a cycle again
