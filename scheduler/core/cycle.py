@@ -284,6 +284,7 @@ def _decide(snapshot: Snapshot, profile: Profile, now: float) -> Plan:
             profile.cycle,
             run.released,
             horizons,
+            blocked=run.blocked,
             probes=proposals.probes,
             positions=positions,
             vc_horizons=run.vc_horizons,
@@ -590,6 +591,8 @@ class _CycleRun:
         self.reserved_for: PendingJob | None = None  # the job holding the reservation
         self.preemption_attempts = 0
         self.released: set[str] = set()  # running jobs whose GPUs this cycle handed on
+        # GPUs of this cycle's victims that their preemptors do not take: busy until the grace ends.
+        self.blocked: list[GpuHold] = []
         # Time-slicing: GPUs a suspended job is parked on, with that job. Its paused processes
         # stay there, so only a job of its tenant may use them meanwhile (see _start).
         self.parked: dict[tuple[int, int], PendingJob] = {
@@ -1585,17 +1588,17 @@ class _CycleRun:
                     )
                 if still_free:
                     whole = len(still_free) == len(hold.gpu_indices)
-                    self.state.block(
-                        GpuHold(
-                            hold.node_idx,
-                            hold.model,
-                            still_free,
-                            hold.cpu_milli if whole else 0,
-                            hold.memory_mib if whole else 0,
-                            hold.vc,
-                            hold.user,
-                        )
+                    blocked = GpuHold(
+                        hold.node_idx,
+                        hold.model,
+                        still_free,
+                        hold.cpu_milli if whole else 0,
+                        hold.memory_mib if whole else 0,
+                        hold.vc,
+                        hold.user,
                     )
+                    self.state.block(blocked)
+                    self.blocked.append(blocked)
         grace = self.settings.grace_period_s
         for victim, reason in chosen:
             self.released.add(victim.id)

@@ -44,6 +44,7 @@ def estimate_starts(
     settings: CycleSettings,
     released: set[str] | None = None,
     horizons: Sequence[PreemptionHorizonPlugin] = (),
+    blocked: Sequence[GpuHold] = (),
     probes: Mapping[str, Sequence[PendingJob]] | None = None,
     positions: Sequence[int] | None = None,
     vc_horizons: Mapping[str, Sequence[PreemptionHorizonPlugin]] | None = None,
@@ -67,6 +68,9 @@ def estimate_starts(
     cycle.own_order_evictors): between two jobs of such a VC and one priority class only those
     count, as in the cycle; a VC listed with none lets no such job yield before its end.
 
+    `blocked` are the GPUs of jobs preempted in this cycle that their preemptors do not take
+    (ClusterState.block): busy until the victims are gone, free after the grace period.
+
     `user_limits`: the profile admits by the VCs' per-user caps (user_limit), so a job of a VC
     with caps starts no earlier than its user's own jobs leave it room."""
     now, state = ctx.now, ctx.state
@@ -85,8 +89,9 @@ def estimate_starts(
     for job in ctx.snapshot.running:
         if job.id in released:
             # Preempted in this cycle: its VC is charged for its GPUs (those its preemptor takes
-            # as well) until it is gone, and its user's caps count it until then. Its GPUs come
-            # back through the preemptor's release, or not at all (those it blocks), as before.
+            # as well) until it is gone, and its user's caps count it until then. The GPUs its
+            # preemptor takes come back through the preemptor's release, the others (`blocked`)
+            # when it is gone.
             if not job.parked:
                 fixed.append((now + settings.grace_period_s, QUOTA_ONLY, job.gpus, job.vc))
             if job.vc in user_caps:
@@ -100,6 +105,8 @@ def estimate_starts(
                 user_ends[job.vc, job.user].append((now + settings.grace_period_s, *_amounts(job)))
         else:
             going_on.append(job)
+    for hold in blocked:  # the victims' VCs get their charge back by the QUOTA_ONLY releases
+        fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), ""))
     ends = expected_ends(going_on, ctx, default_s)
     running: list[tuple[RunningJob, float]] = list(zip(going_on, ends, strict=True))
     if user_caps:

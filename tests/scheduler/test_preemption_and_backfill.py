@@ -702,3 +702,21 @@ def test_reclaim_counts_the_guarantee_on_the_model_the_victim_holds(
         plan = decide(two_models_one_borrower(x_quotas), load_profile(name), now=10_000.0)
         assert [p.job_id for p in plan.preemptions] == victims, name
         assert all(p.reason == "reclaim" for p in plan.preemptions)
+
+
+def test_gpus_a_victim_blocks_count_as_free_once_its_grace_ends() -> None:
+    """prod takes 4 of dev's 8 GPUs; the other 4 stay dev's until dev is gone (after the
+    45 s grace), and then they are free: the next waiting job is estimated to start then,
+    not when prod ends."""
+    snap = (
+        full_node()
+        .running("dev", [("n0", tuple(range(8)))], priority=100, started_at=0)
+        .pending("prod", 4, priority=1000, submitted_at=5000)
+        .pending("low", 4, priority=100, submitted_at=5001)
+        .build()
+    )
+    plan = decide(snap, PREEMPT, now=5002.0)
+    assert [p.job_id for p in plan.preemptions] == ["dev"]
+    by_id = {status.job_id: status for status in plan.pending}
+    assert by_id["prod"].estimated_start == pytest.approx(5047.0)
+    assert by_id["low"].estimated_start == pytest.approx(5047.0)
