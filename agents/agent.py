@@ -104,6 +104,8 @@ from agents.versions import drain_reasons
 
 log = logging.getLogger("agents")
 
+CONNECTED_FILE = "connected"  # in the state directory while the agent is connected
+
 # What waits for the portal while disconnected: at most this many messages and about this
 # many bytes of log text; beyond that the oldest messages are dropped (and counted), shell
 # messages excepted (see OUTBOX_SHELL_CHARS).
@@ -218,8 +220,18 @@ class Agent:
     @connected.setter
     def connected(self, value: bool) -> None:
         """Losing the connection wakes the shells waiting for room in the outbox, whichever
-        path lost it: their sessions end with it, so they must not wait for a sender that is gone."""
+        path lost it: their sessions end with it, so they must not wait for a sender that is gone.
+        The file `STATE_DIR/connected` exists exactly while connected, for a container health
+        check (docker-compose.yml) that cannot ask the process."""
         self._connected = value
+        marker = self.config.state_dir / CONNECTED_FILE
+        try:
+            if value:
+                marker.touch()
+            else:
+                marker.unlink(missing_ok=True)
+        except OSError as error:
+            log.warning("cannot update %s: %s", marker, error)
         if not value:
             self.shell_room.set()
 
@@ -234,6 +246,7 @@ class Agent:
         4. When the connection fails or drops, wait (exponential backoff with jitter)
            and go back to 3. Attempts keep running throughout.
         """
+        self.connected = False  # a file left by an agent that died while connected is stale
         # 1.
         await self.refresh()
         # 2.

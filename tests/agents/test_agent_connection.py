@@ -678,3 +678,25 @@ async def test_an_attempt_cancelled_while_its_checkpoint_is_checked_never_starts
             await asyncio.sleep(0.5)
             assert not marker.exists()  # the command never ran
             assert await agent.runtime.list_attempts() == []
+
+
+@pytest.mark.asyncio
+async def test_the_connected_file_exists_exactly_while_the_agent_is_connected(state_dir: Path) -> None:
+    """docker-compose.yml's health check looks for it: one left by an agent that died while
+    connected is removed at start, it appears with the welcome and goes with the connection."""
+    marker = state_dir / "connected"
+    state_dir.mkdir(parents=True)
+    marker.touch()
+    async with FakePortal() as portal:
+        portal.refuse_all = True
+        agent = make_agent(portal.url, state_dir)
+        async with running(agent):
+            await wait_for(lambda: portal.refused >= 2)
+            assert not marker.exists()
+            portal.refuse_all = False
+            await wait_for(lambda: agent.connected)
+            assert marker.exists()
+            await portal.drop()
+            portal.refuse_all = True
+            await wait_for(lambda: portal.refused >= 3)
+            assert not agent.connected and not marker.exists()
