@@ -182,12 +182,19 @@ def revoke_node(node: Node, actor: Any, reason: str = "") -> list[int]:
     work until it enrolls again and an admin uncordons it). Its jobs go through the node-lost
     path: their attempts end and they are requeued elsewhere, or fail NODE_FAIL if they must not
     run twice. After commit the agent is sent its (now empty) desired set and its socket is
-    closed; its token is refused from then on. Returns the requeued job ids."""
+    closed; its token is refused from then on. Returns the requeued job ids.
+
+    The jobs on the node are locked before the node, the order of every writer: a revoke that
+    held the node while it waited for one of them deadlocked with a cancellation or a cycle that
+    held that job and then needed the node. A job placed on the node between the two locks is
+    requeued too; none can be placed once the node is locked, as the cycle checks it under a
+    lock of its own."""
     from portal.agentgw.outbox import close_node_sockets
     from portal.jobs.models import Allocation
-    from portal.jobs.services import request_scheduling_cycle, requeue_jobs_holding
+    from portal.jobs.services import lock_jobs_holding, request_scheduling_cycle, requeue_jobs_holding
 
     why = reason or "agent credentials revoked by an admin"
+    lock_jobs_holding(Allocation.objects.filter(node=node, released_at__isnull=True))
     node = Node.objects.select_for_update().get(pk=node.pk)
     node.revoked_at = node.revoked_at or timezone.now()
     node.state, node.state_reason = NodeState.CORDONED, f"untrusted: {why}"[:200]

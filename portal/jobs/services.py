@@ -1434,6 +1434,15 @@ def requeue_jobs_of_lost_node(node: Node) -> list[int]:
     )
 
 
+def lock_jobs_holding(allocations: models.QuerySet[Allocation]) -> None:
+    """Takes the row locks of the jobs holding these allocations, in id order. For a writer that
+    changes the node (or GPU) under them and then requeues them: it locks the jobs first, as the
+    cycle and every job transition do (jobs, then nodes, then GPUs); holding the node while it
+    waited for a job, it would deadlock with a writer that holds the job and needs the node."""
+    job_ids = allocations.values("attempt__job_id")
+    list(Job.objects.select_for_update().filter(pk__in=job_ids).order_by("pk").values_list("pk", flat=True))
+
+
 @transaction.atomic
 def requeue_jobs_holding(allocations: models.QuerySet[Allocation], reason: str) -> list[int]:
     """The jobs holding these allocations are lost (their attempt ends, GPUs freed) and go back to

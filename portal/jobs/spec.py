@@ -11,6 +11,7 @@ import copy
 import datetime
 import functools
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -68,6 +69,14 @@ SELECT
 """
 
 
+def date_problem(name: str, value: datetime.date) -> str:
+    """What to say of a date given for a field: no field of a job spec or a template takes one,
+    and only YAML makes one, of an unquoted 2026-01-01. DRF's own words ("Not a valid string.",
+    "A valid integer is required.") leave the user to guess why 2026-01-01 is not text."""
+    written = value.isoformat()
+    return f"{name} cannot be a date: YAML reads an unquoted {written} as one; put the value in quotes."
+
+
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know, rather than dropping them: a misspelt option, or one the
     portal does not offer (privileged: true), must be an error the user sees."""
@@ -77,7 +86,21 @@ class StrictSerializer(serializers.Serializer):
             unknown = sorted(str(key) for key in data if key not in self.fields)
             if unknown:
                 raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
-        return super().to_internal_value(data)
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            # A field refused for the date it was given says what YAML did (date_problem), in
+            # place of DRF's words; the other fields' errors stay as they are.
+            if not isinstance(data, Mapping) or not isinstance(exc.detail, dict):
+                raise
+            dates = {
+                key: [date_problem(key, data[key])]
+                for key in exc.detail
+                if isinstance(data.get(key), datetime.date)  # a datetime too
+            }
+            if not dates:
+                raise
+            raise serializers.ValidationError({**exc.detail, **dates}) from None
 
 
 def parse_duration(value: Any) -> int:
@@ -141,6 +164,13 @@ class CommandField(serializers.Field):
             if any("\x00" in a for a in data):
                 raise serializers.ValidationError("The command must not contain NUL characters.")
             return data
+        if isinstance(data, list) and data:
+            # Name the argument that is not text: YAML reads the 3 of [train.py, --epochs, 3] as a
+            # number, and "a list of strings" left the user to find it.
+            index, argument = next((i, a) for i, a in enumerate(data) if not isinstance(a, str))
+            raise serializers.ValidationError(
+                env_value_problem(f"Argument {index + 1} of the command", argument)
+            )
         raise serializers.ValidationError("Give the command as a string or a non-empty list of strings.")
 
     def to_representation(self, value: list[str]) -> list[str]:
@@ -203,7 +233,7 @@ class CheckpointSettingsSerializer(StrictSerializer):
 
 
 def env_value_problem(name: str, value: Any, *, secret: bool = False) -> str | None:
-    """Why a variable's value is not text, or None when it is.
+    """Why a variable's value (or a command's argument) is not text, or None when it is.
 
     A job's environment is text, but YAML reads an unquoted 4.40 as the number 4.4, 0022 as 18,
     12:30 as 750, yes as true and 2026-01-01 as a date. Turning those back into text would give
@@ -232,9 +262,33 @@ def env_value_problem(name: str, value: Any, *, secret: bool = False) -> str | N
     )
 
 
+def env_name_problem(name: Any) -> str | None:
+    """Why a variable's name is not text, or None when it is. Only YAML gives a mapping keys of
+    other types: unquoted, it reads the names ON, YES, TRUE as true, OFF and NO as false, NULL as
+    null, and 1 as a number, and DictField made the text "True" or "None" of them, variables
+    nobody named."""
+    if isinstance(name, str):
+        return None
+    if isinstance(name, bool):
+        what = "true" if name else "false"
+    elif name is None:
+        what = "null"
+    elif isinstance(name, datetime.date):
+        what = f"the date {name.isoformat()}"
+    elif isinstance(name, int | float):
+        what = f"the number {name}"
+    else:
+        what = type(name).__name__
+    return (
+        f"A variable name must be text, but YAML read this one as {what}: put the name in quotes"
+        " (unquoted, YAML reads yes, no, on, off, true, false and null as other values)."
+    )
+
+
 class EnvField(serializers.DictField):
-    """A job's environment variables: names to text. Refuses values that are not text before
-    the child CharField would quietly turn numbers into text (see env_value_problem)."""
+    """A job's environment variables: names to text. Refuses names and values that are not text
+    before DictField and the child CharField would quietly turn them into text (see
+    env_name_problem and env_value_problem)."""
 
     def __init__(self, *, secret: bool = False, **kwargs: Any) -> None:
         self.secret = secret
@@ -245,11 +299,53 @@ class EnvField(serializers.DictField):
             errors = {
                 str(name): [problem]
                 for name, value in data.items()
-                if (problem := env_value_problem(str(name), value, secret=self.secret))
+                if (
+                    problem := env_name_problem(name)
+                    or env_value_problem(str(name), value, secret=self.secret)
+                )
             }
             if errors:
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
+
+
+def unstorable(value: Any) -> Any:
+    """Errors for the values of a parsed document that a JSON column cannot hold as they are,
+    nested as DRF nests a serializer's errors (lists by index); None when there are none.
+
+    For what is stored as written (a template's spec): YAML makes dates, NaN and infinities,
+    binary strings, sets and keys that are not text, and neither json.dumps nor PostgreSQL takes
+    them; stored, they would fail the request with a 500. The job spec's own check refuses
+    nearly all of them by field first; this names the rest (name: .nan, which a text field
+    reads as 'nan')."""
+    if isinstance(value, Mapping):
+        errors = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                errors[str(key)] = [f"A field name must be text, but YAML read {key!r} as another value."]
+            elif (problem := unstorable(item)) is not None:
+                errors[key] = problem
+        return errors or None
+    if isinstance(value, list):
+        errors = {
+            str(index): problem
+            for index, item in enumerate(value)
+            if (problem := unstorable(item)) is not None
+        }
+        return errors or None
+    if value is None or isinstance(value, str | bool | int):
+        return None
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return None
+        written = ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
+        return [f"YAML reads an unquoted {written} as a number JSON cannot hold: put the value in quotes."]
+    if isinstance(value, datetime.date):
+        return [
+            f"YAML reads an unquoted {value.isoformat()} as a date, which JSON cannot hold: put it in quotes."
+        ]
+    what = type(value).__name__
+    return [f"YAML read this value as {what}, which JSON cannot hold: give text, a number or a list."]
 
 
 def checked_env(value: dict[str, str]) -> dict[str, str]:

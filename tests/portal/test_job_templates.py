@@ -89,6 +89,49 @@ def test_a_bad_spec_is_refused_under_spec_in_a_submission_s_words(api_for) -> No
     assert not JobTemplate.objects.exists()
 
 
+def test_yaml_dates_are_refused_by_field_name_as_a_submission_refuses_them(api_for) -> None:  # type: ignore[no-untyped-def]
+    """Unquoted, YAML reads 2026-01-01 as a date, which JSON cannot hold: the spec's check must
+    still name each field, in a submission's words, rather than call the whole spec bad JSON."""
+    alice = api_for("alice")
+
+    def both(spec: str) -> dict[str, Any]:
+        submitted = alice.post("/api/v1/jobs/", spec, content_type="application/yaml")
+        indented = "".join(f"  {line}\n" for line in spec.splitlines())
+        saved = alice.post(URL, f"name: train\nspec:\n{indented}", content_type="application/yaml")
+        assert (submitted.status_code, saved.status_code) == (400, 400), saved.content
+        assert saved.json() == {"spec": submitted.json()}
+        return saved.json()["spec"]
+
+    spec = "name: train\nvc: vision\nflavor: s-A100\ncommand: python train.py\n"
+    assert both(spec + "created: 2026-01-01\n") == {"created": ["Unknown field."]}
+    errors = both(spec.replace("train\n", "2026-01-01\n", 1) + "env:\n  RUN_DATE: 2026-01-01\n")
+    assert set(errors) == {"name", "env"}
+    assert errors["name"][0].startswith("name cannot be a date: YAML reads an unquoted 2026-01-01 as one")
+    assert errors["env"]["RUN_DATE"][0].startswith("RUN_DATE must be text, not the date 2026-01-01")
+
+    # The template's own fields too: a date is named, and so is a field a template does not have.
+    body = "name: train\nspec: {name: train, vc: vision, flavor: s-A100, command: python train.py}\n"
+    unknown = alice.post(URL, body + "created: 2026-01-01\n", content_type="application/yaml")
+    assert (unknown.status_code, unknown.json()) == (400, {"created": ["Unknown field."]})
+    dated = alice.post(URL, body + "description: 2026-01-01\n", content_type="application/yaml")
+    assert dated.status_code == 400 and list(dated.json()) == ["description"]
+    assert dated.json()["description"][0].startswith("description cannot be a date")
+    assert not JobTemplate.objects.exists()
+
+
+def test_values_json_cannot_hold_are_refused_by_field_name(api_for) -> None:  # type: ignore[no-untyped-def]
+    """A template keeps its spec as written, in a JSON column: YAML's .nan passes as the text
+    'nan' where a submission takes text, but no JSON document holds it. Refused by field, never
+    stored (PostgreSQL would refuse the row)."""
+    alice = api_for("alice")
+    body = "name: train\nspec: {name: .nan, vc: vision, flavor: s-A100, command: python train.py}\n"
+    saved = alice.post(URL, body, content_type="application/yaml")
+    assert saved.status_code == 400, saved.content
+    assert set(saved.json()) == {"spec"} and set(saved.json()["spec"]) == {"name"}
+    assert ".nan" in saved.json()["spec"]["name"][0]
+    assert not JobTemplate.objects.exists()
+
+
 def test_a_template_keeps_no_secrets(api_for) -> None:  # type: ignore[no-untyped-def]
     answer = save(api_for("alice"), spec={**SPEC, "secret_env": {"KEY": "sk-1"}})
     assert answer.status_code == 400

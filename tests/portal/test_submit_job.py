@@ -128,6 +128,54 @@ def test_env_values_that_yaml_reads_as_something_else_are_refused_by_name(api_fo
     }
 
 
+def test_yaml_dates_are_refused_by_field_name(api_for) -> None:  # type: ignore[no-untyped-def]
+    """No field of a job spec takes a date, and only YAML makes one (of an unquoted 2026-01-01):
+    the error names the field and says what YAML did, in the spec and in its parts."""
+    spec = (
+        "name: 2026-01-01\nvc: vision\ncommand: env\n"
+        "resources: {gpus: 1, gpu_model: 2026-01-01, cpu: 1, memory_gb: 1}\n"
+    )
+    response = api_for("alice").post("/api/v1/jobs/", spec, content_type="application/yaml")
+    assert response.status_code == 400, response.content
+    errors = response.json()
+    assert set(errors) == {"name", "resources"}
+    assert errors["name"] == [
+        "name cannot be a date: YAML reads an unquoted 2026-01-01 as one; put the value in quotes."
+    ]
+    assert errors["resources"]["gpu_model"][0].startswith("gpu_model cannot be a date")
+    assert Job.objects.count() == 0
+
+
+def test_a_command_argument_that_is_not_text_is_named(api_for) -> None:  # type: ignore[no-untyped-def]
+    spec = "name: cmd\nvc: vision\nflavor: s-A100\ncommand: [python, train.py, --epochs, 3]\n"
+    response = api_for("alice").post("/api/v1/jobs/", spec, content_type="application/yaml")
+    assert response.status_code == 400, response.content
+    [message] = response.json()["command"]
+    assert message.startswith("Argument 4 of the command must be text, not the number 3")
+    assert "in YAML put the value in quotes" in message
+    quoted = api_for("alice").post(
+        "/api/v1/jobs/", spec.replace(" 3]", " '3']"), content_type="application/yaml"
+    )
+    assert quoted.status_code == 201, quoted.content
+    assert Job.objects.get().spec["command"] == ["python", "train.py", "--epochs", "3"]
+
+
+def test_env_names_yaml_reads_as_other_values_are_refused(api_for) -> None:  # type: ignore[no-untyped-def]
+    """Unquoted, YAML reads the names ON, YES and NULL as true and null: the job got variables
+    named True and None. Refused, with the fix."""
+    spec = "name: envtest\nvc: vision\nflavor: s-A100\ncommand: env\nenv:\n  ON: '1'\n  NULL: x\n"
+    response = api_for("alice").post("/api/v1/jobs/", spec, content_type="application/yaml")
+    assert response.status_code == 400, response.content
+    errors = response.json()["env"]
+    assert set(errors) == {"True", "None"}
+    assert errors["True"][0].startswith("A variable name must be text, but YAML read this one as true")
+    assert "put the name in quotes" in errors["None"][0]
+    quoted = spec.replace("ON:", "'ON':").replace("NULL:", "'NULL':")
+    accepted = api_for("alice").post("/api/v1/jobs/", quoted, content_type="application/yaml")
+    assert accepted.status_code == 201, accepted.content
+    assert Job.objects.get().spec["env"] == {"ON": "1", "NULL": "x"}
+
+
 def test_flavor_and_resources_together_are_rejected(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
     spec = {**small_job, "resources": {"gpus": 1, "gpu_model": "A100", "cpu": 1, "memory_gb": 1}}
     response = api_for("alice").post("/api/v1/jobs/", spec, format="json")

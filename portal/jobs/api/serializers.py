@@ -18,7 +18,7 @@ from portal.jobs.models import (
     TelemetrySample,
 )
 from portal.jobs.services import is_paused
-from portal.jobs.spec import DurationField, JobSpecSerializer
+from portal.jobs.spec import DurationField, JobSpecSerializer, StrictSerializer, unstorable
 from scheduler.core import HintKind
 
 
@@ -331,14 +331,27 @@ class DryRunSerializer(serializers.Serializer):
     )
 
 
-class JobTemplateSerializer(serializers.ModelSerializer):
+class TemplateSpecField(serializers.JSONField):
+    """A template's spec, kept as written. Not checked as JSON here: DRF's check answered a date
+    (YAML's reading of an unquoted 2026-01-01) anywhere in the spec with "Value must be valid
+    JSON.", naming no field. JobTemplateSerializer.validate_spec checks the spec as a submission
+    does, then names any value that JSON still cannot hold."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        return data
+
+
+class JobTemplateSerializer(StrictSerializer, serializers.ModelSerializer):
     """A saved job spec. The spec is checked as a submission checks it, its errors nested under
     `spec` with the same words; the spec's VC gives the template its tenant."""
+
+    # StrictSerializer: a field a template does not have is refused, as the spec's are, and one
+    # given a date (YAML's reading of an unquoted 2026-01-01) says so.
 
     owner = serializers.CharField(source="owner.username", read_only=True)
     tenant = serializers.CharField(source="tenant.name", read_only=True)
     name = serializers.SlugField(max_length=100)
-    spec = serializers.JSONField(help_text="A job spec exactly as POST /api/v1/jobs/ takes it.")
+    spec = TemplateSpecField(help_text="A job spec exactly as POST /api/v1/jobs/ takes it.")
 
     class Meta:
         model = JobTemplate
@@ -359,6 +372,9 @@ class JobTemplateSerializer(serializers.ModelSerializer):
         checked = JobSpecSerializer(data=value, context=self.context)
         if not checked.is_valid():
             raise serializers.ValidationError(checked.errors)
+        problems = unstorable(value)
+        if problems:
+            raise serializers.ValidationError(problems)
         self.spec_tenant = checked.validated_data["vc"].tenant
         return value
 
