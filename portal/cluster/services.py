@@ -461,11 +461,16 @@ def requeue_holders_of_failed_gpus(node: Node) -> list[int]:
     """Requeues the jobs that hold an unhealthy GPU of the node, as record_gpu_health does for a
     GPU that fails while it runs. A hello is where an agent restarted after a crash or a reboot
     first says a card failed; telemetry then keeps saying so, but record_gpu_health acts only on
-    GPUs still held healthy, so without this the job kept its dead GPU. Returns the job ids."""
+    GPUs still held healthy, so without this the job kept its dead GPU. Returns the job ids.
+
+    All their jobs are locked first, in id order: the requeue of one job writes its nodes'
+    revision, and locking the next job only then deadlocked with a cancellation that held that
+    job and needed the node too."""
     from portal.jobs.models import Allocation
-    from portal.jobs.services import requeue_jobs_holding
+    from portal.jobs.services import lock_jobs_holding, requeue_jobs_holding
 
     held = Allocation.objects.filter(node=node, released_at__isnull=True, gpu__healthy=False)
+    lock_jobs_holding(held)
     requeued = []
     for gpu in Gpu.objects.filter(pk__in=held.values("gpu_id")).order_by("index"):
         reason = f"GPU {gpu.uuid} on {node.name} failed: {gpu.health_reason}"
@@ -515,18 +520,38 @@ def record_gpu_health(node: Node, samples: Iterable[GpuSample]) -> list[str]:
     """Marks GPUs unhealthy (Xid, ECC, NVML errors): an unhealthy GPU gets no new placements until
     an admin clears it, the job on it is requeued with the reason, and the GPU's history keeps
     the event. An Xid whose recovery needs the node rebooted (NODE_LEVEL_XIDS) drains the node,
-    which moves its other jobs away too. Returns the uuids of GPUs that became unhealthy."""
+    which moves its other jobs away too. Returns the uuids of GPUs that became unhealthy.
+
+    Locks are taken in the order of every writer: the jobs on the failing GPUs, then this node
+    (its health events refer to it, a drain writes it) and the other nodes of those jobs (their
+    requeue writes them), then the GPUs, each in id order. Locking a GPU first deadlocked: with a
+    cycle that held the job on it (suspending it for another job's time slice) and then locked
+    the GPU, with a hello that held the node and then wrote its GPUs, and, once a drain held the
+    node, with a cancellation of the job on a second failing GPU (which writes the node's
+    revision). A job placed on a GPU between the two locks is requeued too; none can be placed
+    once the GPU is locked, as the cycle checks it under a lock of its own."""
     from portal.jobs.models import Allocation
-    from portal.jobs.services import requeue_jobs_holding
+    from portal.jobs.services import lock_jobs_holding, requeue_jobs_holding
+
+    latest = {s.gpu_uuid: s for s in samples}
+    failing = {uuid: sample for uuid, sample in latest.items() if not sample.healthy}
+    candidates = Gpu.objects.filter(node=node, uuid__in=list(failing), healthy=True)
+    if not failing or not candidates.exists():
+        return []
+    holding = Allocation.objects.filter(gpu__in=candidates, released_at__isnull=True)
+    lock_jobs_holding(holding)
+    their_nodes = Allocation.objects.filter(attempt__in=holding.values("attempt_id")).values("node_id")
+    nodes = Node.objects.filter(models.Q(pk=node.pk) | models.Q(pk__in=their_nodes))
+    list(nodes.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
+    # Read again under the lock: a GPU another report took out meanwhile is left alone.
+    locked = {gpu.uuid: gpu for gpu in candidates.select_for_update().order_by("pk")}
 
     newly_unhealthy = []
-    for sample in {s.gpu_uuid: s for s in samples}.values():
-        if sample.healthy:
-            continue
-        reason = (sample.health_reason or "reported unhealthy")[:200]
-        gpu = Gpu.objects.select_for_update().filter(node=node, uuid=sample.gpu_uuid, healthy=True).first()
+    for sample in failing.values():
+        gpu = locked.get(sample.gpu_uuid)
         if gpu is None:
             continue
+        reason = (sample.health_reason or "reported unhealthy")[:200]
         gpu.healthy, gpu.health_reason = False, reason
         gpu.save(update_fields=["healthy", "health_reason"])
         _health_event(node, gpu.uuid, gpu.index, False, reason, f"agent {node.name}")
@@ -545,7 +570,12 @@ def clear_gpu_health(gpu: Gpu, actor: Any, note: str = "") -> bool:
     """Returns a GPU to service after a repair, a reset or a reboot (Slurm's `scontrol update
     state=resume`). The node keeps its state: an admin uncordons a drained node separately. If
     the card fails again, the agent reports it and it is taken out again. Returns whether it
-    was unhealthy."""
+    was unhealthy.
+
+    The node is locked before the GPU, the order of every writer: the GPU's health event refers
+    to the node, and holding the GPU while that waited for a hello, which holds the node and
+    then writes its GPUs, deadlocked."""
+    list(Node.objects.select_for_update(no_key=True).filter(pk=gpu.node_id).values_list("pk", flat=True))
     gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu.pk)
     if gpu.healthy:
         return False
