@@ -498,7 +498,12 @@ def _start_batch(starts: list[tuple[Job, core.Start]], loaded: LoadedState) -> i
 def record_pending_statuses(statuses: tuple[core.PendingStatus, ...], snapshot: core.Snapshot) -> None:
     """Reason, message, estimated start, queue position and what-if hints of every job left
     pending (or suspended, waiting for its next turn), in one statement; a job that left those
-    states meanwhile, or was held (its reason says so), is not touched."""
+    states meanwhile, or was held (its reason says so), is not touched.
+
+    A job another transaction holds locked is skipped (SKIP LOCKED): this runs last, after the
+    cycle locked and wrote nodes, and waiting here for a job whose writer then needs one of
+    those nodes (cancelling a suspended job frees its parked GPUs) deadlocked. The status is
+    advisory; the next cycle writes it."""
     if not statuses:
         return
     with connection.cursor() as cursor:
@@ -507,8 +512,9 @@ def record_pending_statuses(statuses: tuple[core.PendingStatus, ...], snapshot: 
             "estimated_start_at = s.estimate, queue_position = s.position, whatif_hints = s.hints::jsonb "
             "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[], %s::text[]) "
             "AS s(id, reason, message, estimate, position, hints) "
-            "WHERE jobs_job.id = s.id AND jobs_job.state IN ('pending', 'suspended') "
-            "AND NOT jobs_job.on_hold",
+            "WHERE jobs_job.id = s.id AND jobs_job.id IN ("
+            "  SELECT id FROM jobs_job WHERE id = ANY(%s::bigint[]) "
+            "  AND state IN ('pending', 'suspended') AND NOT on_hold FOR UPDATE SKIP LOCKED)",
             [
                 [int(st.job_id) for st in statuses],
                 [st.reason.value for st in statuses],
@@ -516,6 +522,7 @@ def record_pending_statuses(statuses: tuple[core.PendingStatus, ...], snapshot: 
                 [from_epoch(st.estimated_start) for st in statuses],
                 queue_numbers(statuses, snapshot),
                 [json.dumps([hint_data(h) for h in st.hints]) for st in statuses],
+                [int(st.job_id) for st in statuses],
             ],
         )
 
