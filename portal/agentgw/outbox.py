@@ -19,10 +19,18 @@ def node_group(node_id: int) -> str:
 
 
 def desired_set_changed(node_ids: Iterable[int]) -> None:
-    """Call inside the transaction that changed what these nodes should run."""
+    """Call inside the transaction that changed what these nodes should run. The nodes are
+    locked in id order first, as the cycle locks them: an UPDATE of several rows locks them in
+    whatever order it finds them, which could deadlock with a cycle holding one of them."""
     ids = sorted(set(node_ids))
     if not ids:
         return
+    list(
+        Node.objects.select_for_update(no_key=True)
+        .filter(pk__in=ids)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
     Node.objects.filter(pk__in=ids).update(desired_revision=F("desired_revision") + 1)
     transaction.on_commit(lambda: _send_all(ids, {"type": "desired.changed"}))
 

@@ -1446,10 +1446,26 @@ def lock_jobs_holding(allocations: models.QuerySet[Allocation]) -> None:
 @transaction.atomic
 def requeue_jobs_holding(allocations: models.QuerySet[Allocation], reason: str) -> list[int]:
     """The jobs holding these allocations are lost (their attempt ends, GPUs freed) and go back to
-    the queue, to resume from their last checkpoint on a new attempt."""
+    the queue, to resume from their last checkpoint on a new attempt.
+
+    The jobs are locked first, then every node they hold GPUs on, each in id order, before the
+    first requeue writes a node: requeued one after another, job by job, the nodes were written
+    out of id order and could deadlock with a cycle locking them in order (FOR SHARE)."""
     job_ids = set(allocations.values_list("attempt__job_id", flat=True))
+    jobs = list(
+        Job.objects.select_for_update().filter(pk__in=job_ids, state__in=ACTIVE_STATES).order_by("pk")
+    )
+    their_nodes = Allocation.objects.filter(
+        attempt__job__in=[job.pk for job in jobs], released_at__isnull=True
+    ).values("node_id")
+    list(
+        Node.objects.select_for_update(no_key=True)
+        .filter(pk__in=their_nodes)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
     requeued = []
-    for job in Job.objects.select_for_update().filter(pk__in=job_ids, state__in=ACTIVE_STATES).order_by("pk"):
+    for job in jobs:
         attempt = job.current_attempt()
         # Read again under the job's lock: a caller that read the allocations before another one
         # requeued the job (a redelivered heartbeat check, say) would otherwise end the next
