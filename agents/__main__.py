@@ -49,7 +49,7 @@ def build_runtime(config: AgentConfig) -> Runtime:
     if config.runtime == "process":
         from agents.runtime.process import ProcessRuntime
 
-        return ProcessRuntime(config.state_dir, policy)
+        return ProcessRuntime(config.state_dir, policy, log_max_bytes=config.log_max_bytes)
     import docker
 
     from agents.runtime.docker import DockerRuntime
@@ -65,6 +65,7 @@ def build_runtime(config: AgentConfig) -> Runtime:
         pull_policy=config.pull_policy,
         pull_timeout_s=config.pull_timeout_s,
         registry_auth=config.registry_auth,
+        log_max_bytes=config.log_max_bytes,
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from agents.enroll import read_stored_token
+from agents.runtime import DEFAULT_LOG_MAX_BYTES
 from agents.runtime.docker import (
     DEFAULT_PULL_TIMEOUT_S,
     PULL_POLICIES,
@@ -50,6 +51,7 @@ class AgentConfig:
     docker_host: str | None = None
     network_mode: str = "none"
     request_gpus: bool = True
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES  # per stream per attempt on the host; 0: no cap
     minimum_versions: MinimumVersions = field(default_factory=MinimumVersions)
     seed: int = 0
     backoff_initial_s: float = 0.5
@@ -149,6 +151,15 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         action="store_true",
         help="do not ask Docker for NVIDIA devices (no NVIDIA runtime)",
     )
+    parser.add_argument(
+        "--log-max-bytes",
+        type=int,
+        default=DEFAULT_LOG_MAX_BYTES,
+        metavar="BYTES",
+        help="output of each stream of an attempt kept on this host; beyond it the process runtime "
+        "drops the rest and Docker's log rotation the oldest (default 100 MiB, the portal's "
+        "LOG_MAX_BYTES_PER_ATTEMPT; 0: no cap)",
+    )
     parser.add_argument("--min-docker-version", default=MinimumVersions.docker)
     parser.add_argument("--min-runc-version", default=MinimumVersions.runc)
     parser.add_argument("--min-nvidia-toolkit-version", default=MinimumVersions.nvidia_container_toolkit)
@@ -164,6 +175,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         parser.error("job containers never share the host's or another container's network")
     if not args.pull_timeout > 0:
         parser.error("--pull-timeout must be a positive number of seconds")
+    if args.log_max_bytes < 0:
+        parser.error("--log-max-bytes must be 0 (no cap) or a number of bytes")
     registry_auth = {}
     if args.registry_auth is not None:
         try:
@@ -198,6 +211,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         docker_host=args.docker_host,
         network_mode=args.network_mode,
         request_gpus=not args.no_gpu_request,
+        log_max_bytes=args.log_max_bytes,
         minimum_versions=MinimumVersions(
             docker=args.min_docker_version or None,
             runc=args.min_runc_version or None,

@@ -22,6 +22,11 @@ LOG_STREAMS: tuple[LogStream, ...] = ("stdout", "stderr")
 # makes the agent hold its output in memory.
 MAX_LOG_LINE = 16384
 MAX_CHUNK_CHARS = 256 * 1024  # well below the protocol's limit for one log message
+# Bytes of an attempt's output, per stream, the node keeps on its disk (--log-max-bytes; 0: no
+# cap), so that a job that prints in a loop cannot fill the host's disk. It is the portal's
+# default LOG_MAX_BYTES_PER_ATTEMPT: the process runtime keeps the first bytes, as the portal
+# does, and so can always read again every line the portal could still want.
+DEFAULT_LOG_MAX_BYTES = 100 * 1024 * 1024
 
 
 class RuntimeFailure(Exception):

@@ -5,7 +5,8 @@ every capability except :data:`SAFE_CAPABILITIES`, runs with no-new-privileges, 
 shares the host's network, pid or ipc namespace, mounts only what the host policy
 allows, and sees exactly the GPUs allocated to it (an NVIDIA device request by uuid).
 Container labels carry the job and attempt ids: they are how a restarted agent finds
-its containers again.
+its containers again. The container's log is rotated by the engine (:func:`log_config`), so
+a job that prints without end cannot fill the host's disk.
 
 Before it creates a container, the runtime pulls the image when its pull policy says so
 (``missing``: only when the engine does not have it; ``always``; ``never``). Attempts that need
@@ -42,11 +43,12 @@ import docker.auth
 import docker.errors
 import docker.utils
 import requests.exceptions
-from docker.types import DeviceRequest
+from docker.types import DeviceRequest, LogConfig
 from docker.types import Mount as DockerMount
 
 from agents.protocol import AttemptState, DesiredAttempt, RuntimeInfo
 from agents.runtime import (
+    DEFAULT_LOG_MAX_BYTES,
     LineNumbering,
     LogLine,
     LogStream,
@@ -102,6 +104,9 @@ SAFE_CAPABILITIES = (
     "NET_BIND_SERVICE",
 )
 FORBIDDEN_NETWORK_MODES = ("host",)
+# The engine keeps a container's output in this many files of its json-file log driver, and
+# drops the older one when the newer is full.
+DOCKER_LOG_FILES = 2
 
 _STATES = {
     "created": AttemptState.STARTING,
@@ -121,14 +126,30 @@ def device_requests(gpu_uuids: list[str]) -> list[DeviceRequest]:
     return [DeviceRequest(driver="nvidia", device_ids=list(gpu_uuids), capabilities=[["gpu"]])]
 
 
+def log_config(log_max_bytes: int) -> LogConfig:
+    """The engine's json-file log driver with rotation, so that a container's output takes at most
+    about ``2 * log_max_bytes`` of the host's disk (its JSON lines, both streams in one log): what
+    the process runtime allows its two log files. Unlike the process runtime, the engine keeps
+    the newest output and drops the oldest. The driver is named, not left to the engine's
+    default, because the agent reads the output back with ``docker logs``, which other drivers
+    may not serve."""
+    max_size = max(1, math.ceil(2 * log_max_bytes / DOCKER_LOG_FILES))
+    return LogConfig(
+        type=LogConfig.types.JSON,
+        config={"max-size": str(max_size), "max-file": str(DOCKER_LOG_FILES)},
+    )
+
+
 def container_config(
     plan: LaunchPlan,
     network_mode: str = "none",
     request_gpus: bool = True,
     capabilities: tuple[str, ...] = SAFE_CAPABILITIES,
     user: str | None = None,
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
 ) -> dict[str, Any]:
-    """The keyword arguments for ``containers.create``: the fixed template filled from the plan."""
+    """The keyword arguments for ``containers.create``: the fixed template filled from the plan.
+    ``log_max_bytes`` 0 leaves the container's log to the engine's configuration."""
     if network_mode in FORBIDDEN_NETWORK_MODES or network_mode.startswith("container:"):
         raise ValueError(f"network mode {network_mode!r} is not allowed for job containers")
     attempt = plan.attempt
@@ -171,6 +192,8 @@ def container_config(
     }
     if user is not None:
         config["user"] = user
+    if log_max_bytes > 0:
+        config["log_config"] = log_config(log_max_bytes)
     return config
 
 
@@ -479,14 +502,19 @@ class DockerRuntime:
         pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S,
         registry_auth: Mapping[str, RegistryAuth] | None = None,
         progress: ProgressCallback | None = None,
+        log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
     ) -> None:
         """``request_gpus=False`` is for engines without the NVIDIA runtime (tests, CI).
         ``registry_auth`` maps registry hosts (as :func:`registry_host` names them) to credentials.
-        ``progress`` may also be set later: the agent that reports it is made after the runtime."""
+        ``progress`` may also be set later: the agent that reports it is made after the runtime.
+        ``log_max_bytes`` bounds each container's log on the host (see :func:`log_config`); 0
+        leaves it to the engine's configuration."""
         if network_mode in FORBIDDEN_NETWORK_MODES:
             raise ValueError(f"network mode {network_mode!r} is not allowed for job containers")
         if pull_policy not in PULL_POLICIES:
             raise ValueError(f"pull policy must be one of {', '.join(PULL_POLICIES)}, not {pull_policy!r}")
+        if log_max_bytes < 0:
+            raise ValueError(f"log_max_bytes must be 0 (no cap) or more, not {log_max_bytes}")
         self.client = client
         self.policy = policy
         self.network_mode = network_mode
@@ -496,6 +524,7 @@ class DockerRuntime:
         self.pull_timeout_s = pull_timeout_s
         self.registry_auth = {registry_host(host): auth for host, auth in (registry_auth or {}).items()}
         self.progress = progress
+        self.log_max_bytes = log_max_bytes
         self._attempt_by_container: dict[str, str] = {}  # refreshed by list_attempts
         self._pulls: dict[str, _Pull] = {}  # by canonical image reference
         # Attempts inside start(); the future is set when a stop comes before the container exists.
@@ -513,7 +542,9 @@ class DockerRuntime:
         if problems:
             raise PolicyError("; ".join(problems))
         plan = prepare(attempt, self.policy, checkpoint_target=CHECKPOINT_TARGET)
-        config = container_config(plan, self.network_mode, self.request_gpus, user=self.user)
+        config = container_config(
+            plan, self.network_mode, self.request_gpus, user=self.user, log_max_bytes=self.log_max_bytes
+        )
         if attempt.attempt_id in self._starting:
             raise RuntimeFailure(f"attempt {attempt.attempt_id} is already starting")
         stopped = asyncio.get_running_loop().create_future()

@@ -4,7 +4,9 @@ Layout of ``<state-dir>/process/<attempt-id>/``:
 
 - ``record.json``: attempt id, job id, GPU uuids, wrapper pid and its start time (guards
   against pid reuse), written before the agent reports the attempt as started
-- ``stdout.log``, ``stderr.log``: the command's output, appended by the command itself
+- ``stdout.log``, ``stderr.log``: the command's output. The wrapper copies it from pipes and
+  keeps at most ``log_max_bytes`` of each stream, then one line that says the rest was dropped
+  (see agents.runtime.wrapper); with ``log_max_bytes`` 0 the command appends to them itself
 - ``exit.json.ready``: created by the wrapper once its signal handlers are installed and
   the command runs (before that the attempt is starting)
 - ``exit.json``: ``{"exit_code": N}``, written atomically by the wrapper (or by the agent
@@ -34,6 +36,7 @@ from typing import Any, Literal
 
 from agents.protocol import AttemptState, DesiredAttempt, RuntimeInfo
 from agents.runtime import (
+    DEFAULT_LOG_MAX_BYTES,
     LineNumbering,
     LogLine,
     LogStream,
@@ -66,13 +69,24 @@ LOG_READ_BYTES = 1 << 16  # read from a log file at a time, with a turn of the e
 class ProcessRuntime:
     kind: Literal["process"] = "process"
 
-    def __init__(self, state_dir: Path, policy: HostPolicy, base_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        policy: HostPolicy,
+        base_env: dict[str, str] | None = None,
+        log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
+    ) -> None:
+        """``log_max_bytes``: how much of each stream of an attempt's output is kept on the host;
+        0 keeps all of it."""
+        if log_max_bytes < 0:
+            raise ValueError(f"log_max_bytes must be 0 (no cap) or more, not {log_max_bytes}")
         self.root = Path(state_dir) / "process"
         self.root.mkdir(parents=True, exist_ok=True)
         self.policy = policy
         # The command does not inherit the agent's environment (it may hold secrets), only PATH.
         default_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
         self.base_env = base_env if base_env is not None else default_env
+        self.log_max_bytes = log_max_bytes
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     async def info(self) -> RuntimeInfo:
@@ -89,8 +103,15 @@ class ProcessRuntime:
         directory.mkdir(parents=True)
         env = {**self.base_env, "HOME": str(directory), **plan.env}
         with open(directory / "stdout.log", "ab") as stdout, open(directory / "stderr.log", "ab") as stderr:
+            wrapper = [
+                sys.executable,
+                "-I",
+                str(WRAPPER),
+                str(directory / "exit.json"),
+                str(self.log_max_bytes),
+            ]
             child = subprocess.Popen(
-                [sys.executable, "-I", str(WRAPPER), str(directory / "exit.json"), "--", *attempt.command],
+                [*wrapper, "--", *attempt.command],
                 env=env,
                 cwd=directory,
                 stdin=subprocess.DEVNULL,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import docker
@@ -31,7 +31,7 @@ from agents.protocol import (
     RequestAck,
     RequestReject,
 )
-from agents.runtime import RuntimeFailure
+from agents.runtime import LogLine, RuntimeFailure
 from agents.runtime.docker import (
     CHECKPOINT_TARGET,
     LABEL_ATTEMPT,
@@ -354,3 +354,90 @@ async def test_a_container_checkpoints_through_the_agent(engine, policy: HostPol
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+# -- the cap on a container's log (--log-max-bytes) ------------------------------------
+
+
+def test_the_container_log_is_rotated_within_the_cap() -> None:
+    config = container_config(prepare(make_attempt(), HostPolicy()), log_max_bytes=64 * 1024)
+    assert config["log_config"] == {"Type": "json-file", "Config": {"max-size": "65536", "max-file": "2"}}
+    assert "log_config" not in container_config(prepare(make_attempt(), HostPolicy()), log_max_bytes=0)
+
+
+LOG_CAP = 64 * 1024
+# Numbered lines (about 3,000 of 50 bytes, some 300 KB of the engine's JSON, several times the
+# cap) once /data/go exists, with a short pause every 20 lines so that the reader keeps up.
+FLOOD_AFTER_GO = (
+    "echo ready; while [ ! -e /data/go ]; do sleep 0.02; done; i=0; while [ $i -lt 3000 ]; do "
+    "echo line-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); "
+    "[ $((i % 20)) = 0 ] && sleep 0.005; done; echo end"
+)
+
+
+def _numbers_in_order(lines: list[str]) -> list[int]:
+    """The line numbers as they come, less those that go back: Docker engines before 23.0 read
+    the end of the log file again when it is rotated under a follower (their follow code was
+    rewritten since), so a few lines come twice at each rotation."""
+    numbers: list[int] = []
+    for text in lines:
+        number = int(text.split("-")[1])
+        if not numbers or number > numbers[-1]:
+            numbers.append(number)
+    return numbers
+
+
+@pytest.mark.asyncio
+async def test_a_container_that_writes_more_than_the_cap_keeps_its_log_files_within_it(
+    engine, policy: HostPolicy, tmp_path: Path
+) -> None:
+    """The engine rotates the log: its files hold at most twice the cap (both streams in one log)
+    and it drops the oldest output. The agent's reader follows the log across the rotations
+    to the container's last line."""
+    runtime = DockerRuntime(engine, policy, request_gpus=False, log_max_bytes=LOG_CAP)
+    attempt = _attempt(
+        "dk-logcap", FLOOD_AFTER_GO, mounts=[Mount(source=str(tmp_path / "data"), target="/data")]
+    )
+    await runtime.start(attempt)
+    inspected = engine.api.inspect_container("gpuportal-dk-logcap")
+    assert inspected["HostConfig"]["LogConfig"] == {
+        "Type": "json-file",
+        "Config": {"max-file": "2", "max-size": str(LOG_CAP)},
+    }
+    stream = runtime.logs("dk-logcap", "stdout")  # following from the first line, as the agent does
+    assert (await anext(stream)).text == "ready"
+    (tmp_path / "data" / "go").touch()
+    followed = [line.text async for line in bounded_stream(stream)]
+    assert followed[-1] == "end"
+    assert _numbers_in_order(followed[:-1]) == list(range(3000))
+    assert await bounded(runtime.wait("dk-logcap")) == 0
+
+    # The engine's data root is this test's own: its files can be measured. Each may pass the size
+    # by the one entry (about 110 bytes here) that the engine wrote before it looked.
+    log_path = Path(inspected["LogPath"])
+    files = sorted(log_path.parent.glob(f"{log_path.name}*"))
+    assert [file.name for file in files] == [log_path.name, f"{log_path.name}.1"]
+    assert all(file.stat().st_size <= LOG_CAP + 200 for file in files)
+    # Reading the log again finds only the newest output: the first lines are gone.
+    kept = [text for _, text in await collect_logs(runtime, "dk-logcap", "stdout")]
+    assert kept[-1] == "end" and kept[0].startswith("line-") and _numbers_in_order(kept[:-1])[0] > 1000
+
+
+@pytest.mark.asyncio
+async def test_a_cap_of_0_leaves_the_log_to_the_engine(engine, policy: HostPolicy) -> None:
+    runtime = DockerRuntime(engine, policy, request_gpus=False, log_max_bytes=0)
+    await runtime.start(_attempt("dk-nocap", "echo hi"))
+    assert await bounded(runtime.wait("dk-nocap")) == 0
+    # This engine has no log options in its configuration: the container gets its default.
+    log_config = engine.api.inspect_container("gpuportal-dk-nocap")["HostConfig"]["LogConfig"]
+    assert log_config == {"Type": "json-file", "Config": {}}
+    assert await collect_logs(runtime, "dk-nocap", "stdout") == [(0, "hi")]
+
+
+async def bounded_stream(stream: AsyncIterator[LogLine]) -> AsyncIterator[LogLine]:
+    """The lines of a log stream, failing instead of hanging when the stream never ends."""
+    while True:
+        try:
+            yield await asyncio.wait_for(anext(stream), timeout=60)
+        except StopAsyncIteration:
+            return
