@@ -150,11 +150,12 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
         started[job_id] = allocation.attempt.created_at.timestamp()
         if allocation.attempt.resumed_at is not None:
             slice_started[job_id] = allocation.attempt.resumed_at.timestamp()
+    earlier = earlier_service(jobs)
     running, pending = [], []
     held: set[tuple[str, int]] | None = None  # GPUs of running jobs, worked out when needed
     for job in jobs:
         if job.state == JobState.PENDING:
-            pending.append(queued_job(job))
+            pending.append(queued_job(job, earlier.get(job.pk, 0.0)))
             continue
         common = core_fields(job)
         if job.state == JobState.SUSPENDED:
@@ -163,7 +164,8 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
                     replicas=job.replicas,
                     gpus_per_replica=job.gpus_per_replica,
                     suspended_on=placement_of(suspended_on[job.pk]),
-                    attained_gpu_s=job.total_gpus * max(0.0, now - started.get(job.pk, now)),
+                    attained_gpu_s=earlier.get(job.pk, 0.0)
+                    + job.total_gpus * max(0.0, now - started.get(job.pk, now)),
                     **common,
                 )
             )
@@ -197,7 +199,8 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
                 core.RunningJob(
                     placement=placement_of(placements[job.pk]),
                     started_at=started[job.pk],
-                    attained_gpu_s=job.total_gpus * max(0.0, now - started[job.pk]),
+                    attained_gpu_s=earlier.get(job.pk, 0.0)
+                    + job.total_gpus * max(0.0, now - started[job.pk]),
                     last_checkpoint_at=epoch(job.last_checkpoint),
                     checkpointable=bool((job.spec.get("checkpoint") or {}).get("enabled")),
                     # Told to stop already: preempted, or at its time limit (stop_reason), so a
@@ -239,12 +242,14 @@ def core_fields(job: Job) -> dict[str, Any]:
     }
 
 
-def queued_job(job: Job) -> core.PendingJob:
+def queued_job(job: Job, attained_gpu_s: float = 0.0) -> core.PendingJob:
     """A pending job as the core sees it. One place for it, so that a dry run's unsaved job
-    (scheduler.dry_run) enters the queue exactly as the stored job would."""
+    (scheduler.dry_run) enters the queue exactly as the stored job would. `attained_gpu_s`:
+    the service of its earlier attempts (earlier_service)."""
     return core.PendingJob(
         replicas=job.replicas,
         gpus_per_replica=job.gpus_per_replica,
+        attained_gpu_s=attained_gpu_s,
         spread_after_s=job.spec.get("spread_after"),
         # The last cycle preempted jobs for it, or a migration moved it.
         first_in_line=job.pending_reason == core.ReasonCode.WAITING_FOR_PREEMPTION,
@@ -252,6 +257,21 @@ def queued_job(job: Job) -> core.PendingJob:
         topped_at=epoch(job.topped_at),
         **core_fields(job),
     )
+
+
+def earlier_service(jobs: list[Job]) -> dict[int, float]:
+    """GPU-seconds each job ran in its ended attempts: run time times the job's GPUs, as
+    finished_service counts it. A requeued job keeps its attained service (the core's contract,
+    and what the simulator does): counted from its current attempt only, a preempted job came
+    back as new, ranked first by LAS and the Gittins index, and preempted its preemptor back."""
+    gpus = {job.pk: job.total_gpus for job in jobs}
+    run_time = (
+        JobAttempt.objects.filter(job_id__in=list(gpus), started_at__isnull=False, ended_at__isnull=False)
+        .values("job_id")
+        .annotate(run=Sum(F("ended_at") - F("started_at")))
+        .values_list("job_id", "run")
+    )
+    return {job_id: gpus[job_id] * max(run.total_seconds(), 0.0) for job_id, run in run_time}
 
 
 def finished_service() -> core.FinishedService:
