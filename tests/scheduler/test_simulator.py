@@ -345,3 +345,25 @@ def test_a_vc_that_lends_none_of_its_guarantee_starts_at_once(tmp_path: Path) ->
     assert kept["preemptions"] == 0
     assert kept["per_vc"]["a"]["avg_jct_s"] == 100.0
     assert kept["per_vc"]["b"]["avg_jct_s"] == (1000.0 + (1000.0 - 60.0 + 100.0)) / 2
+
+
+def test_free_preemptions_at_one_instant_all_start_their_preemptors_then() -> None:
+    """Eight long jobs fill the node; at t=100 five fresh ones (LAS queue 0) arrive, and with one
+    preemption attempt per cycle each preemption takes a cycle of its own. Free preemption must
+    start all five at t=100: the simulator once ran at most four cycles at an instant, and the
+    GPUs the last of them freed stayed idle until a later event."""
+    from scheduler.sim.trace import TraceJob
+
+    long = [TraceJob(f"long{i}", 0.0, 1000.0, 1) for i in range(8)]
+    fresh = [TraceJob(f"fresh{i}", 100.0, 50.0, 1) for i in range(5)]
+    profile = Profile.from_dict(
+        {
+            "name": "las-one-attempt",
+            "plugins": {"queue_sort": ["las", "fifo"], "preemption": ["las"], "post_cycle": ["las"]},
+            "plugin_args": {"las": {"thresholds": [60]}},
+            "cycle": {"max_preemption_attempts": 1, "grace_period_s": 0},
+        }
+    )
+    result = Simulator(uniform_cluster(1, 8), profile, [*long, *fresh], preempt_overhead_s=0.0).run()
+    starts = {job.trace.id: job.first_start for job in result.jobs if job.trace.id.startswith("fresh")}
+    assert starts == {f"fresh{i}": 100.0 for i in range(5)}
