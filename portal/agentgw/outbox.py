@@ -25,13 +25,10 @@ def desired_set_changed(node_ids: Iterable[int]) -> None:
     ids = sorted(set(node_ids))
     if not ids:
         return
-    list(
-        Node.objects.select_for_update(no_key=True)
-        .filter(pk__in=ids)
-        .order_by("pk")
-        .values_list("pk", flat=True)
-    )
-    Node.objects.filter(pk__in=ids).update(desired_revision=F("desired_revision") + 1)
+    with transaction.atomic():  # a savepoint in the caller's transaction; the lock needs one
+        nodes = Node.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk")
+        list(nodes.values_list("pk", flat=True))
+        Node.objects.filter(pk__in=ids).update(desired_revision=F("desired_revision") + 1)
     transaction.on_commit(lambda: _send_all(ids, {"type": "desired.changed"}))
 
 
