@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { flattenErrors, query } from "./client";
+import { errorMessage, flattenErrors, query } from "./client";
 
 describe("API errors", () => {
   it("flattens DRF field errors into dotted names", () => {
@@ -30,5 +30,13 @@ describe("query strings", () => {
       "?state=pending&state=running&limit=25",
     );
     expect(query({})).toBe("");
+  });
+});
+
+describe("errorMessage", () => {
+  it("gives a field's messages without the internal field name", () => {
+    const fields = flattenErrors({ time_limit: ["Only an admin of tenant vision may raise the time limit."] });
+    expect(errorMessage(400, fields)).toBe("Only an admin of tenant vision may raise the time limit.");
+    expect(errorMessage(404, { detail: ["Not found."] })).toBe("Not found.");
   });
 });

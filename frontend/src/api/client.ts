@@ -37,11 +37,13 @@ export function flattenErrors(body: unknown, prefix = ""): FieldErrors {
   return out;
 }
 
-function errorMessage(status: number, fields: FieldErrors): string {
+/** The words of a refusal for a place without fields: the API's messages, without the internal
+ * field names they were filed under (a form that shows the fields reads `ApiError.fields`). */
+export function errorMessage(status: number, fields: FieldErrors): string {
   const detail = fields["detail"]?.join(" ");
   if (detail) return detail;
-  const first = Object.entries(fields)[0];
-  if (first) return `${first[0]}: ${first[1].join(" ")}`;
+  const messages = Object.values(fields).flat();
+  if (messages.length) return messages.join(" ");
   if (status === 0) return "The portal cannot be reached. Check your connection.";
   return `The portal answered ${status}.`;
 }

@@ -1,9 +1,8 @@
 import type { ReactNode } from "react";
 
 import type { Job } from "../api/types";
-import { formatRelative } from "../lib/format";
 import { Link } from "../router";
-import { StateBadge } from "./common";
+import { Relative, StateBadge } from "./common";
 
 export interface JobTableProps {
   jobs: Job[];
@@ -61,12 +60,12 @@ export function JobTable({ jobs, caption, lead, leadHeader, showQueue }: JobTabl
                 <td data-label="Why waiting" className="reason">
                   {job.pending_message || job.pending_reason || "–"}
                   {job.estimated_start_at && (
-                    <span className="muted"> · start {formatRelative(job.estimated_start_at)}</span>
+                    <span className="muted"> · start <Relative iso={job.estimated_start_at} /></span>
                   )}
                 </td>
               ) : (
-                <td data-label="Submitted" title={job.submitted_at}>
-                  {formatRelative(job.submitted_at)}
+                <td data-label="Submitted">
+                  <Relative iso={job.submitted_at} />
                 </td>
               )}
             </tr>

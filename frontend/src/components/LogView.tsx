@@ -3,7 +3,8 @@ import { useCallback, useEffect, useRef, useState } from "react";
 import { api, query } from "../api/client";
 import type { LiveLogLine } from "../api/live";
 import type { LogLine, Page } from "../api/types";
-import { lastRedraw } from "../lib/format";
+import { emptyOutputText } from "../lib/empty";
+import { lastRedraw, pluralize } from "../lib/format";
 import { fetchTail } from "../lib/tail";
 import { ErrorBanner, Spinner } from "./common";
 
@@ -95,6 +96,7 @@ export function LogView({
   lines,
   loading,
   error,
+  ended = false,
 }: {
   jobId: number;
   attempts: number[];
@@ -103,6 +105,8 @@ export function LogView({
   lines: ShownLine[];
   loading: boolean;
   error: Error | null;
+  /** The job has ended: nothing more will come. */
+  ended?: boolean;
 }) {
   const [follow, setFollow] = useState(true);
   const [stream, setStream] = useState<"all" | "stdout" | "stderr">("all");
@@ -174,7 +178,7 @@ export function LogView({
           {download ?? "Download"}
         </button>
         <span className="muted small">
-          {needle || stream !== "all" ? `${shown.length} of ${lines.length} lines` : `${lines.length} lines`}
+          {needle || stream !== "all" ? `${shown.length} of ${pluralize(lines.length, "line")}` : pluralize(lines.length, "line")}
           {lines.length >= MAX_LINES && ` (the last ${MAX_LINES}; Download has all)`}
         </span>
         {loading && <Spinner label="Loading output" />}
@@ -183,7 +187,7 @@ export function LogView({
       <pre ref={box} className="log" tabIndex={0} aria-label="Job output" aria-live="off" data-testid="log">
         {shown.length === 0 ? (
           <span className="muted">
-            {attempt === null ? "The job has not started yet." : lines.length ? "No line matches." : "No output yet."}
+            {emptyOutputText(attempt, ended, lines.length > 0)}
           </span>
         ) : (
           shown.map((l) => (

@@ -1,5 +1,6 @@
 import type { LiveTelemetrySample } from "../api/live";
 import type { Allocation, TelemetrySample } from "../api/types";
+import { emptyTelemetryText } from "../lib/empty";
 import { LineChart, type Series } from "./charts";
 
 export type Sample = Pick<
@@ -37,15 +38,26 @@ function series(samples: Sample[], allocations: Allocation[], pick: (s: Sample) 
   return [...byGpu.values()].sort((a, b) => a.name.localeCompare(b.name));
 }
 
-export function TelemetryCharts({ samples, allocations }: { samples: Sample[]; allocations: Allocation[] }) {
+export function TelemetryCharts({
+  samples,
+  allocations,
+  attempt = null,
+  ended = false,
+}: {
+  samples: Sample[];
+  allocations: Allocation[];
+  attempt?: number | null;
+  ended?: boolean;
+}) {
+  const emptyText = emptyTelemetryText(attempt, ended);
   // The live samples say how much memory a GPU has; the chart then shows use against it.
   const totals = samples.map((s) => s.memory_total_mib ?? 0).filter((m) => m > 0);
   const memoryMax = totals.length ? Math.max(...totals) / 1024 : undefined;
   return (
     <div className="charts">
-      <LineChart title="GPU utilization" unit="%" yMax={100} series={series(samples, allocations, (s) => s.utilization_pct)} />
-      <LineChart title="GPU memory used" unit="GiB" yMax={memoryMax} series={series(samples, allocations, (s) => s.memory_used_mib / 1024)} />
-      <LineChart title="Power" unit="W" series={series(samples, allocations, (s) => s.power_w)} />
+      <LineChart title="GPU utilization" unit="%" yMax={100} emptyText={emptyText} series={series(samples, allocations, (s) => s.utilization_pct)} />
+      <LineChart title="GPU memory used" unit="GiB" yMax={memoryMax} emptyText={emptyText} series={series(samples, allocations, (s) => s.memory_used_mib / 1024)} />
+      <LineChart title="Power" unit="W" emptyText={emptyText} series={series(samples, allocations, (s) => s.power_w)} />
     </div>
   );
 }

@@ -43,6 +43,7 @@ export function TemplateBar({ username, canSave, currentSpec, onLoad, onSpecErro
   const save = async (event: FormEvent) => {
     event.preventDefault();
     const spec = currentSpec();
+    setSaved(null); // the last save's outcome, not this one's
     if (spec === null) {
       setErrors({ detail: ["Fix the YAML first: it does not parse."] });
       return;
@@ -109,7 +110,10 @@ export function TemplateBar({ username, canSave, currentSpec, onLoad, onSpecErro
             <input
               id="f-template-name"
               value={name}
-              onChange={(e) => setName(e.target.value)}
+              onChange={(e) => {
+                setName(e.target.value);
+                setErrors(({ name: _name, ...rest }) => rest);
+              }}
               required
               aria-invalid={own("name").length ? true : undefined}
               aria-describedby={own("name").length ? "f-template-name-error" : "f-template-name-hint"}

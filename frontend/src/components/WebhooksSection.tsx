@@ -2,10 +2,9 @@ import { type FormEvent, useState } from "react";
 
 import { ApiError, api, fetchAll } from "../api/client";
 import type { Webhook, WebhookFormat } from "../api/types";
-import { formatRelative } from "../lib/format";
 import { useResource } from "../lib/useResource";
 import { WEBHOOK_FORMATS, deliveryOutcome } from "../lib/webhooks";
-import { ErrorBanner, Section } from "./common";
+import { ErrorBanner, Relative, Section } from "./common";
 import { ResourceTable } from "./ResourceTable";
 
 /** The user's webhooks: where the portal posts about their jobs (a spec's `notify`, idle GPUs).
@@ -43,6 +42,7 @@ export function WebhooksSection() {
 
   const act = async (hook: Webhook, run: () => Promise<void>) => {
     setBusy(hook.id);
+    setAddFailure(null);
     setFailure(null);
     setTested(null);
     try {
@@ -94,7 +94,11 @@ export function WebhooksSection() {
               value={url}
               required
               placeholder="https://hooks.slack.com/services/…"
-              onChange={(e) => setUrl(e.target.value)}
+              onChange={(e) => {
+                setUrl(e.target.value);
+                setErrors(({ url: _url, ...rest }) => rest);
+                setAddFailure(null);
+              }}
             />
             {fieldErrors("url")}
           </div>
@@ -188,7 +192,7 @@ function WebhookCells({ hook }: { hook: Webhook }) {
         {hook.last_delivery_at && (
           <span className="hint">
             {" "}
-            {formatRelative(hook.last_delivery_at)}
+            <Relative iso={hook.last_delivery_at} />
             {hook.last_delivery_event && ` (${hook.last_delivery_event})`}
           </span>
         )}

@@ -85,7 +85,19 @@ export function seriesColor(i: number): string {
 }
 
 /** Lines over time, one per series; y from 0 to `yMax` (or the largest value). */
-export function LineChart({ title, unit, series, yMax }: { title: string; unit: string; series: Series[]; yMax?: number }) {
+export function LineChart({
+  title,
+  unit,
+  series,
+  yMax,
+  emptyText = "No samples yet.",
+}: {
+  title: string;
+  unit: string;
+  series: Series[];
+  yMax?: number;
+  emptyText?: string;
+}) {
   const W = 320;
   const H = 120;
   const PAD_L = 34;
@@ -100,7 +112,7 @@ export function LineChart({ title, unit, series, yMax }: { title: string; unit: 
     return (
       <figure className="chart">
         <figcaption>{title}</figcaption>
-        <p className="empty">No samples yet.</p>
+        <p className="empty">{emptyText}</p>
       </figure>
     );
   }

@@ -2,6 +2,8 @@ import { type ReactNode, useEffect } from "react";
 
 import type { JobState } from "../api/types";
 import type { LiveStatus } from "../api/live";
+import { useNow } from "../lib/clock";
+import { formatRelative, formatTime } from "../lib/format";
 
 export function StateBadge({ state }: { state: JobState | string | undefined }) {
   const s = state ?? "unknown";
@@ -65,6 +67,18 @@ export function Section({ title, children, actions }: { title: string; children:
       </div>
       {children}
     </section>
+  );
+}
+
+/** A relative time ("7s ago", "in 3m") that moves on with the shared clock; its absolute time,
+ * with the zone, in a tooltip. */
+export function Relative({ iso, empty }: { iso: string | null | undefined; empty?: string }) {
+  const now = useNow();
+  if (!iso) return <>{empty ?? "–"}</>;
+  return (
+    <time dateTime={iso} title={formatTime(iso, now)}>
+      {formatRelative(iso, now)}
+    </time>
   );
 }
 

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
 import { reconnectDelayMs } from "./backoff";
-import { formatClock, formatDuration, formatRelative, lastRedraw } from "./format";
+import { formatClock, formatDuration, formatRelative, formatTime, lastRedraw, timeZoneName } from "./format";
 
 describe("format", () => {
   it("formats durations", () => {
@@ -43,5 +43,22 @@ describe("reconnect backoff", () => {
     expect(reconnectDelayMs(3, () => 1)).toBe(4000);
     expect(reconnectDelayMs(50, () => 1)).toBe(15000);
     expect(reconnectDelayMs(50, () => 0)).toBe(7500);
+  });
+});
+
+describe("absolute times", () => {
+  it("give the year when it is not this year, and the time zone", () => {
+    const now = new Date(2026, 10, 28, 15, 0, 0).getTime();
+    const nextYear = new Date(2027, 1, 27, 1, 5, 55).toISOString();
+    const thisYear = new Date(2026, 1, 27, 1, 5, 55).toISOString();
+    expect(formatTime(nextYear, now)).toContain("2027");
+    expect(formatTime(thisYear, now)).not.toContain("2026");
+    expect(formatTime(thisYear, now)).toContain(timeZoneName(Date.parse(thisYear)));
+    expect(formatTime(null, now)).toBe("–");
+  });
+
+  it("name the year of a chart's moment in another year", () => {
+    const now = new Date(2026, 0, 2, 15, 0, 0).getTime();
+    expect(formatClock(new Date(2025, 11, 30, 3, 0, 0).getTime(), now)).toContain("2025");
   });
 });

@@ -23,16 +23,21 @@ export function formatRelative(iso: string | null | undefined, now: number = Dat
   return diff < 0 ? `${span} ago` : `in ${span}`;
 }
 
-export function formatTime(iso: string | null | undefined): string {
+/** An absolute time for people: day and month (and the year when it is not this year), the time
+ * of day and the time zone ("27 Feb 2027, 01:05:55 GMT+1"), so that a time read on another
+ * machine or next year still says when. */
+export function formatTime(iso: string | null | undefined, now: number = Date.now()): string {
   if (!iso) return "–";
   const d = new Date(iso);
   if (Number.isNaN(d.getTime())) return "–";
   return d.toLocaleString(undefined, {
+    year: d.getFullYear() !== new Date(now).getFullYear() ? "numeric" : undefined,
     month: "short",
     day: "numeric",
     hour: "2-digit",
     minute: "2-digit",
     second: "2-digit",
+    timeZoneName: "short",
   });
 }
 
@@ -48,14 +53,22 @@ export function lastRedraw(text: string): string {
 export function formatClock(t: number, now: number = Date.now()): string {
   const d = new Date(t);
   if (Number.isNaN(d.getTime())) return "–";
-  if (d.toDateString() !== new Date(now).toDateString()) return formatTime(d.toISOString());
-  return d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  const time = { hour: "2-digit", minute: "2-digit", second: "2-digit" } as const;
+  if (d.toDateString() === new Date(now).toDateString()) return d.toLocaleTimeString(undefined, time);
+  const year = d.getFullYear() !== new Date(now).getFullYear() ? "numeric" : undefined;
+  return d.toLocaleString(undefined, { year, month: "short", day: "numeric", ...time });
 }
 
 export function elapsedSeconds(fromIso: string | null | undefined, toIso?: string | null, now = Date.now()): number {
   if (!fromIso) return NaN;
   const end = toIso ? Date.parse(toIso) : now;
   return (end - Date.parse(fromIso)) / 1000;
+}
+
+/** The local time zone's short name, as absolute times show it ("UTC", "GMT+1"). */
+export function timeZoneName(at: number = Date.now()): string {
+  const part = new Intl.DateTimeFormat(undefined, { timeZoneName: "short" }).formatToParts(at).find((p) => p.type === "timeZoneName");
+  return part?.value ?? "";
 }
 
 export function pluralize(n: number, one: string, many = `${one}s`): string {

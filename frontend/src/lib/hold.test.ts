@@ -36,4 +36,12 @@ describe("holdAction", () => {
     expect(stopping).toMatchObject({ action: "release", label: "Resume" });
     expect(stopping?.note).toContain("Pausing");
   });
+
+  it("says a paused job without a checkpoint starts over, as its card does", () => {
+    const saved = holdAction(job({ state: "pending", on_hold: true, paused: true, checkpoints: [{}] as JobDetail["checkpoints"] }, true));
+    expect(saved?.note).toBe("Paused: it resumes from its checkpoint when resumed.");
+    const none = holdAction(job({ state: "pending", on_hold: true, paused: true, checkpoints: [] }, true));
+    expect(none?.note).toBe("Paused: it saved no checkpoint, so it starts over when resumed.");
+    expect(none?.note).not.toContain("resumes from its checkpoint");
+  });
 });

@@ -16,14 +16,18 @@ export function checkpointable(job: Job & { spec?: unknown }): boolean {
 }
 
 /** The hold or release the job's page offers, or null: none for a running job without
- * checkpointing (pausing it would lose its work: the portal refuses), nor once it ended. */
-export function holdAction(job: Job & { spec?: unknown }): HoldAction | null {
+ * checkpointing (pausing it would lose its work: the portal refuses), nor once it ended. A paused
+ * job that saved no checkpoint (its detail's `checkpoints` empty) starts over when resumed. */
+export function holdAction(job: Job & { spec?: unknown; checkpoints?: unknown[] }): HoldAction | null {
   if (job.on_hold) {
     if (!job.paused) return { action: "release", label: "Release", note: "Held: it does not start until released." };
+    const saved = job.checkpoints === undefined || job.checkpoints.length > 0;
     const note =
-      job.state === "pending"
-        ? "Paused: it resumes from its checkpoint when resumed."
-        : "Pausing: it checkpoints and stops, then waits until resumed.";
+      job.state !== "pending"
+        ? "Pausing: it checkpoints and stops, then waits until resumed."
+        : saved
+          ? "Paused: it resumes from its checkpoint when resumed."
+          : "Paused: it saved no checkpoint, so it starts over when resumed.";
     return { action: "release", label: "Resume", note };
   }
   if (job.state === "pending") {

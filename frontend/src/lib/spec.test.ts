@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { parse } from "yaml";
 
-import { afterText, applyHint, emptyForm, errorsFor, formToSpec, parseSpecYaml, specToForm, specToYaml, unplacedErrors } from "./spec";
+import { afterText, applyHint, checkForm, emptyForm, errorsFor, formToSpec, parseSpecYaml, specToForm, specToYaml, unplacedErrors, withoutEdited } from "./spec";
 
 describe("form and spec", () => {
   it("leaves defaults out of the spec", () => {
@@ -98,9 +98,38 @@ describe("form and spec", () => {
 
   it("places API errors under their fields", () => {
     const errors = { "retries.limit": ["too big"], replicas: ["bad"], gpus: ["unknown"] };
-    expect(errorsFor(errors, "retries")).toEqual(["limit: too big"]);
+    expect(errorsFor(errors, "retries")).toEqual(["too big"]);
     expect(errorsFor(errors, "replicas")).toEqual(["bad"]);
     expect(unplacedErrors(errors)).toEqual([["gpus", ["unknown"]]]);
+  });
+
+  it("names nested errors in the form's words, never by internal keys", () => {
+    const errors = {
+      "after.0": ["A valid integer is required."],
+      "retries.limit": ["Ensure this value is greater than or equal to 0."],
+      "retries.backoff_seconds": ["bad"],
+      "mounts.1.path": ["must be absolute"],
+    };
+    expect(errorsFor(errors, "after")).toEqual(["The first job id: A valid integer is required."]);
+    expect(errorsFor(errors, "retries")).toEqual(["Ensure this value is greater than or equal to 0.", "Backoff: bad"]);
+    expect(errorsFor(errors, "mounts")).toEqual(["Mount 2 path: must be absolute"]);
+    for (const msg of [...errorsFor(errors, "after"), ...errorsFor(errors, "retries")]) {
+      expect(msg).not.toMatch(/^(0|limit|backoff_seconds):/);
+    }
+  });
+
+  it("refuses job ids that are not numbers before sending", () => {
+    expect(checkForm({ ...emptyForm(), after: "abc, 99999" })).toEqual({
+      after: ['"abc" is not a job id: give job numbers, such as 41, 42.'],
+    });
+    expect(checkForm({ ...emptyForm(), after: "41, 42" })).toEqual({});
+    expect(checkForm({ ...emptyForm(), retryLimit: "-5" }).retries).toHaveLength(1);
+  });
+
+  it("drops the messages of the fields an edit changed", () => {
+    const errors = { after: ["x"], "retries.limit": ["y"], name: ["z"] };
+    expect(withoutEdited(errors, { retryLimit: "1" })).toEqual({ after: ["x"], name: ["z"] });
+    expect(withoutEdited(errors, { name: "n" })).toEqual({ after: ["x"], "retries.limit": ["y"] });
   });
 });
 

@@ -280,11 +280,85 @@ export function parseSpecYaml(source: string): YamlResult {
   return { ok: true, spec: value as SpecObject };
 }
 
-/** Errors for one form field: its own key and any nested key under it (`retries.limit`). */
+const ORDINALS = ["first", "second", "third", "fourth", "fifth"];
+const ordinal = (index: number): string => ORDINALS[index] ?? `${index + 1}th`;
+
+/** The words for a nested key under one of the form's fields (`rest` of `retries.limit` is
+ * `limit`), as the form names what it shows; "" when the field itself is meant. */
+export function nestedLabel(key: string, rest: string): string {
+  const [head = "", ...tail] = rest.split(".");
+  const index = /^\d+$/.test(head) ? Number(head) : null;
+  switch (key) {
+    case "after":
+      return index !== null ? `The ${ordinal(index)} job id` : "";
+    case "retries":
+      if (head === "limit") return "";
+      if (head === "backoff_seconds") return "Backoff";
+      if (head === "permanent_exit_codes") return tail.length ? `The ${ordinal(Number(tail[0]))} exit code` : "Exit codes";
+      break;
+    case "checkpoint":
+      if (head === "grace_seconds") return "Grace";
+      if (head === "signal") return "Signal";
+      if (head === "enabled") return "";
+      break;
+    case "mounts":
+      if (index !== null) return `Mount ${index + 1}${tail[0] === "path" ? " path" : tail[0] === "name" ? " volume" : ""}`;
+      break;
+    case "env":
+      return `Variable ${rest}`;
+    case "notify":
+      return "";
+  }
+  const words = rest.replace(/[._]+/g, " ").trim();
+  return words ? words.charAt(0).toUpperCase() + words.slice(1) : "";
+}
+
+/** Errors for one form field: its own key and any nested key under it (`retries.limit`), the
+ * nested ones named in the form's words ("The first job id: …"), never by internal keys. */
 export function errorsFor(errors: Record<string, string[]>, key: string): string[] {
   return Object.entries(errors)
     .filter(([k]) => k === key || k.startsWith(`${key}.`))
-    .flatMap(([k, msgs]) => (k === key ? msgs : msgs.map((m) => `${k.slice(key.length + 1)}: ${m}`)));
+    .flatMap(([k, msgs]) => {
+      const label = k === key ? "" : nestedLabel(key, k.slice(key.length + 1));
+      return label ? msgs.map((m) => `${label}: ${m}`) : msgs;
+    });
+}
+
+/** What the form can tell before sending: job ids to start after that are not whole numbers, and
+ * retries that are not a whole number of 0 or more. Keyed as the API keys its errors. */
+export function checkForm(form: SpecForm): Record<string, string[]> {
+  const errors: Record<string, string[]> = {};
+  const ids = form.after.split(/[\s,]+/).filter(Boolean);
+  const bad = ids.filter((id) => !/^\d+$/.test(id));
+  if (bad.length) {
+    const named = bad.map((id) => `"${id}"`).join(", ");
+    errors.after = [`${named} ${bad.length === 1 ? "is not a job id" : "are not job ids"}: give job numbers, such as 41, 42.`];
+  }
+  if (form.retryLimit.trim() !== "" && !/^\d+$/.test(form.retryLimit.trim())) {
+    errors.retries = ["Give a whole number of retries, 0 or more."];
+  }
+  return errors;
+}
+
+/** The API's key (a spec field) that each of the form's fields fills, to clear its messages
+ * when it is edited. */
+const SPEC_KEY: Partial<Record<keyof SpecForm, string>> = {
+  commandMode: "command",
+  retryLimit: "retries",
+  retryBackoff: "retries",
+  permanentExitCodes: "retries",
+  checkpointEnabled: "checkpoint",
+  checkpointSignal: "checkpoint",
+  checkpointGrace: "checkpoint",
+  timeLimit: "time_limit",
+  timeSliceable: "time_sliceable",
+  afterType: "after_type",
+};
+
+/** `errors` without those of the fields an edit (`patch`) changed: a fixed field loses its message. */
+export function withoutEdited(errors: Record<string, string[]>, patch: Partial<SpecForm>): Record<string, string[]> {
+  const edited = Object.keys(patch).map((field) => SPEC_KEY[field as keyof SpecForm] ?? field);
+  return Object.fromEntries(Object.entries(errors).filter(([k]) => !edited.includes(k.split(".")[0] ?? "")));
 }
 
 /** Errors whose key no form field shows. */

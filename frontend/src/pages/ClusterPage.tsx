@@ -4,9 +4,8 @@ import { api, fetchAll } from "../api/client";
 import { useLive } from "../api/live";
 import type { ClusterNode, Gpu } from "../api/types";
 import { GpuModelUse } from "../components/charts";
-import { Empty, ErrorBanner, PageHeader, Section, Spinner } from "../components/common";
+import { Empty, ErrorBanner, PageHeader, Relative, Section, Spinner } from "../components/common";
 import { type NodeAction, gpuReadingText, gpuUseByModel, nodeActions } from "../lib/cluster";
-import { formatRelative } from "../lib/format";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
@@ -85,7 +84,7 @@ function NodeCard({ node, canManage, onChanged }: { node: ClusterNode; canManage
       <p className="muted small">
         {node.rack && `rack ${node.rack} · `}
         {node.cpu} CPU · {node.memory_gb} GB · {allocated}/{node.gpus.length} GPUs allocated · heartbeat{" "}
-        {formatRelative(node.last_heartbeat_at)}
+        <Relative iso={node.last_heartbeat_at} />
       </p>
       {node.state_reason && <p className="small">{node.state_reason}</p>}
       {[...groups.entries()].map(([group, gpus]) => (

@@ -8,8 +8,10 @@ import { gpuUseByModel } from "../lib/cluster";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
+import { canSubmit, useSession } from "../session";
 
 export function DashboardPage() {
+  const { me } = useSession();
   const jobs = useResource(
     (signal) => api<Page<Job>>(`/api/v1/jobs/${query({ owner: "me", state: ACTIVE_STATES, limit: 50 })}`, { signal }),
     "my-jobs",
@@ -31,9 +33,13 @@ export function DashboardPage() {
   return (
     <>
       <PageHeader title="Dashboard">
-        <Link href="/submit" className="button primary">
-          Submit a job
-        </Link>
+        {canSubmit(me) ? (
+          <Link href="/submit" className="button primary">
+            Submit a job
+          </Link>
+        ) : (
+          <span className="muted">You are a viewer in your tenants: you can follow jobs but not submit them.</span>
+        )}
       </PageHeader>
       <div className="grid-2">
         <Section title="My running jobs">

@@ -11,7 +11,9 @@ import { ReplicaStatusList } from "../components/ReplicaStatusList";
 import { ShellPanel } from "../components/ShellPanel";
 import { type Sample, TelemetryCharts, toSample } from "../components/TelemetryCharts";
 import { mayManage, mayOpenShell } from "../lib/access";
+import { useNow } from "../lib/clock";
 import { elapsedSeconds, formatDuration, formatRelative, formatTime } from "../lib/format";
+import { JOB_POLL_MS, pollsJob } from "../lib/jobpoll";
 import { holdAction } from "../lib/hold";
 import { showReplicas } from "../lib/replicas";
 import { fetchTail } from "../lib/tail";
@@ -19,7 +21,7 @@ import { afterText } from "../lib/spec";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
-import { useSession } from "../session";
+import { canSubmit, useSession } from "../session";
 
 const MAX_SAMPLES = 2000;
 
@@ -55,7 +57,9 @@ export function JobDetailPage({ id }: { id: number }) {
     } else if (m.kind === "telemetry" && attempt === latest) telemetry.addLive(m.samples.map(toSample));
   };
   useLive(`job:${id}`, onMessage, resync, 5000);
-  useEvery(30_000, job.reload, job.data?.state === "pending");
+  // Figures the socket does not carry: a pending job's reason and estimates, and the GPU-hours and
+  // energy of one that holds GPUs, which grow while it runs.
+  useEvery(JOB_POLL_MS, job.reload, job.data !== undefined && pollsJob(job.data));
 
   if (job.loading && !job.data) return <Spinner label="Loading the job" />;
   if (!job.data) {
@@ -91,9 +95,11 @@ export function JobDetailPage({ id }: { id: number }) {
           </>
         }
       >
-        <Link href={`/submit?clone=${j.id}`} className="button">
-          Clone and resubmit
-        </Link>
+        {canSubmit(me) && (
+          <Link href={`/submit?clone=${j.id}`} className="button">
+            Clone and resubmit
+          </Link>
+        )}
         {(shellOffered || shellOpen) && (
           <button
             type="button"
@@ -149,11 +155,12 @@ export function JobDetailPage({ id }: { id: number }) {
           lines={logs.lines}
           loading={logs.loading}
           error={logs.error}
+          ended={isEnded(j.state)}
         />
       </Section>
       <Section title="GPU telemetry">
         <ErrorBanner error={telemetry.error} />
-        <TelemetryCharts samples={telemetry.samples} allocations={allocations} />
+        <TelemetryCharts samples={telemetry.samples} allocations={allocations} attempt={attempt} ended={isEnded(j.state)} />
       </Section>
       <CheckpointSection job={j} />
     </>
@@ -217,13 +224,18 @@ function useJobAction(jobId: number, onDone: () => void) {
   return { busy, error, run };
 }
 
-function ActionError({ error }: { error: string | null }) {
-  return error ? (
+function ActionError({ error, block = false }: { error: string | null; block?: boolean }) {
+  if (!error) return null;
+  return block ? (
+    <p className="field-error" role="alert" id="time-limit-error">
+      {error}
+    </p>
+  ) : (
     <span className="field-error" role="alert">
       {" "}
       {error}
     </span>
-  ) : null;
+  );
 }
 
 function CancelButton({ jobId, onDone }: { jobId: number; onDone: () => void }) {
@@ -312,6 +324,8 @@ function MoveToFrontButton({ job, onDone }: { job: JobDetail; onDone: () => void
 }
 
 function PendingCard({ job, manages, onChanged }: { job: JobDetail; manages: boolean; onChanged: () => void }) {
+  const now = useNow();
+  const submits = canSubmit(useSession().me);
   return (
     <section className="card pending-card" aria-labelledby="pending-title">
       <h2 id="pending-title">Why it is waiting</h2>
@@ -330,7 +344,7 @@ function PendingCard({ job, manages, onChanged }: { job: JobDetail; manages: boo
         <div>
           <dt>Estimated start</dt>
           <dd title={job.estimated_start_at ?? undefined}>
-            {job.estimated_start_at ? `${formatRelative(job.estimated_start_at)} (${formatTime(job.estimated_start_at)})` : "unknown"}
+            {job.estimated_start_at ? `${formatRelative(job.estimated_start_at, now)} (${formatTime(job.estimated_start_at, now)})` : "unknown"}
           </dd>
         </div>
       </dl>
@@ -344,11 +358,11 @@ function PendingCard({ job, manages, onChanged }: { job: JobDetail; manages: boo
                   {hint.starts_now
                     ? "starts now"
                     : hint.estimated_start_at
-                      ? `starts ${formatRelative(hint.estimated_start_at)}`
+                      ? `starts ${formatRelative(hint.estimated_start_at, now)}`
                       : "sooner"}
                 </span>{" "}
                 <span className="whatif-message">{hint.message}</span>{" "}
-                <Link href={`/submit?clone=${job.id}&hint=${index}`}>Resubmit like this</Link>
+                {submits && <Link href={`/submit?clone=${job.id}&hint=${index}`}>Resubmit like this</Link>}
               </li>
             ))}
           </ul>
@@ -393,24 +407,36 @@ function TimeLimit({ job, manages, onDone }: { job: JobDetail; manages: boolean;
     );
   }
   return (
-    <form className="inline" onSubmit={save}>
-      <label className="visually-hidden" htmlFor="time-limit">
-        New time limit
-      </label>
-      <input id="time-limit" value={value} onChange={(e) => setValue(e.target.value)} placeholder="36h" size={6} autoFocus />
-      <button type="submit" className="button small" disabled={busy || !value.trim()}>
-        Save
-      </button>
-      <button type="button" className="button ghost small" onClick={() => setEditing(false)} disabled={busy}>
-        Keep
-      </button>
-      <ActionError error={error} />
+    <form className="time-limit-form" onSubmit={save}>
+      <div className="time-limit-row">
+        <label className="visually-hidden" htmlFor="time-limit">
+          New time limit
+        </label>
+        <input
+          id="time-limit"
+          value={value}
+          onChange={(e) => setValue(e.target.value)}
+          placeholder="36h"
+          size={6}
+          autoFocus
+          aria-invalid={error ? true : undefined}
+          aria-describedby={error ? "time-limit-error" : undefined}
+        />
+        <button type="submit" className="button small" disabled={busy || !value.trim()}>
+          Save
+        </button>
+        <button type="button" className="button ghost small" onClick={() => setEditing(false)} disabled={busy}>
+          Keep
+        </button>
+      </div>
+      <ActionError error={error} block />
     </form>
   );
 }
 
 function JobSummary({ job, manages, onChanged }: { job: JobDetail; manages: boolean; onChanged: () => void }) {
-  const ran = job.started_at ? formatDuration(elapsedSeconds(job.started_at, job.finished_at)) : "–";
+  const now = useNow();
+  const ran = job.started_at ? formatDuration(elapsedSeconds(job.started_at, job.finished_at, now)) : "–";
   const facts: [string, ReactNode][] = [
     ["Virtual cluster", <Link href={`/vcs/${encodeURIComponent(job.vc)}`}>{job.vc}</Link>],
     ["Owner", job.owner],

@@ -59,10 +59,8 @@ export function MembersPage({ tenant }: { tenant: string }) {
 
   const add = async (event: FormEvent) => {
     event.preventDefault();
+    clearOutcomes();
     setBusy("add");
-    setAddErrors({});
-    setAddFailure(null);
-    setAdded(null);
     try {
       const member = await api<Member>(membersApiPath(tenant), { method: "POST", body: { username: username.trim(), role } });
       setAdded(`Added ${member.username} as ${member.role_label}.`);
@@ -78,7 +76,17 @@ export function MembersPage({ tenant }: { tenant: string }) {
     }
   };
 
+  // Each action's outcome replaces the last one's: no "Added …" beside a later refusal.
+  const clearOutcomes = () => {
+    setAdded(null);
+    setAddErrors({});
+    setAddFailure(null);
+    setRoleErrors(null);
+    setFailure(null);
+  };
+
   const changeRole = async (member: Member, newRole: Role) => {
+    clearOutcomes();
     setBusy(member.username);
     setSaving({ username: member.username, role: newRole });
     setRoleErrors(null);
@@ -97,6 +105,7 @@ export function MembersPage({ tenant }: { tenant: string }) {
   };
 
   const remove = async (member: Member) => {
+    clearOutcomes();
     setBusy(member.username);
     setRoleErrors(null);
     setFailure(null);
@@ -143,7 +152,12 @@ export function MembersPage({ tenant }: { tenant: string }) {
                 required
                 autoComplete="off"
                 spellCheck={false}
-                onChange={(e) => setUsername(e.target.value)}
+                onChange={(e) => {
+                  setUsername(e.target.value);
+                  setAddErrors({});
+                  setAddFailure(null);
+                  setAdded(null);
+                }}
               />
               <FieldMessages messages={addErrors["username"]} />
             </div>

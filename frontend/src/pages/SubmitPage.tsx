@@ -1,4 +1,4 @@
-import { type FormEvent, type ReactNode, useRef, useState } from "react";
+import { type FormEvent, type ReactNode, useEffect, useRef, useState } from "react";
 
 import { ApiError, type FieldErrors, type RequestOptions, api, fetchAll, query } from "../api/client";
 import type { BulkSubmitResult, ClusterNode, DryRun, Flavor, JobDetail, PriorityClass, VirtualCluster, WhatIfHint } from "../api/types";
@@ -14,6 +14,7 @@ import {
   type SpecForm,
   type SpecObject,
   applyHint,
+  checkForm,
   emptyForm,
   errorsFor,
   formToSpec,
@@ -21,7 +22,9 @@ import {
   specToForm,
   specToYaml,
   unplacedErrors,
+  withoutEdited,
 } from "../lib/spec";
+import { useNow } from "../lib/clock";
 import { useResource } from "../lib/useResource";
 import { hintBadge, verdictText } from "../lib/verdict";
 import { Link, navigate, useLocation } from "../router";
@@ -69,8 +72,9 @@ export function SubmitPage() {
         <PageHeader title={cloneOf ? `Resubmit ${cloneOf.name}` : "Submit a job"} />
         {cloneId && <ErrorBanner error={clone.error} />}
         {!canSubmit(me) && (
-          <p className="notice" role="note">
-            You are a viewer in your tenants: you can look at jobs but not submit them.
+          <p className="notice" role="note" id="viewer-note">
+            You are a viewer in your tenants: you can look at jobs but not submit or check them. A tenant admin can make you a
+            member.
           </p>
         )}
         <SubmitForm
@@ -124,12 +128,23 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
   const [verdict, setVerdict] = useState<DryRun | null>(null);
   const [checking, setChecking] = useState(false);
   const edits = useRef(0);
+  // A refusal is scrolled to and focused, however far down the button was: counted, so that the
+  // same message refused twice is shown again.
+  const banner = useRef<HTMLDivElement>(null);
+  const [refusals, setRefusals] = useState(0);
+  useEffect(() => {
+    if (refusals === 0 || !banner.current) return;
+    banner.current.scrollIntoView({ block: "center" });
+    banner.current.focus({ preventScroll: true });
+  }, [refusals]);
   const { form, extra } = state;
+  const viewer = !canSubmit(me);
 
   const edited = () => {
     edits.current += 1;
     setVerdict(null);
     setQueued(false); // a changed spec may be submitted again
+    setFailure(null); // a refusal was for the spec as it was
   };
 
   const replace = (next: { form: SpecForm; extra: SpecObject }) => {
@@ -139,10 +154,14 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
     edited();
   };
 
-  const update = (patch: Partial<SpecForm>) => replace({ form: { ...form, ...patch }, extra });
+  const update = (patch: Partial<SpecForm>) => {
+    setErrors((old) => withoutEdited(old, patch));
+    replace({ form: { ...form, ...patch }, extra });
+  };
 
   const editYaml = (source: string) => {
     setYamlText(source);
+    setErrors({}); // YAML mode lists them in the banner, which goes too
     edited();
     const parsed = parseSpecYaml(source);
     if (parsed.ok) {
@@ -173,10 +192,25 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
     } else {
       setFailure(err instanceof Error ? err.message : String(err));
     }
+    setRefusals((n) => n + 1);
+  };
+
+  // What the form can tell without asking the portal (job ids that are not numbers): shown as a
+  // refusal would be, and nothing is sent.
+  const checkedLocally = (): boolean => {
+    if (mode !== "form") return true;
+    const local = checkForm(form);
+    if (Object.keys(local).length === 0) return true;
+    setErrors(local);
+    setFailure("Some fields need a change before the portal can read the job. See the messages below.");
+    setVerdict(null);
+    setRefusals((n) => n + 1);
+    return false;
   };
 
   const submit = async (event: FormEvent) => {
     event.preventDefault();
+    if (!checkedLocally()) return;
     setBusy(true);
     setErrors({});
     setFailure(null);
@@ -207,6 +241,7 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
   };
 
   const check = async () => {
+    if (!checkedLocally()) return;
     setChecking(true);
     setErrors({});
     setFailure(null);
@@ -233,6 +268,7 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
   const templateSpecErrors = (fields: FieldErrors | null) => {
     setErrors(fields ?? {});
     setFailure(fields ? "The portal did not accept the spec for the template. See the messages below." : null);
+    if (fields) setRefusals((n) => n + 1);
   };
 
   return (
@@ -258,7 +294,7 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
         </ModeTab>
       </div>
       {failure && (
-        <div className="error-banner" role="alert" id="submit-failure">
+        <div className="error-banner" role="alert" id="submit-failure" tabIndex={-1} ref={banner}>
           <span>{failure}</span>
           {(mode === "yaml" ? allErrors : others).length > 0 && (
             <ul className="error-list">
@@ -306,6 +342,8 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
             onChange={(e) => {
               setCopiesText(e.target.value);
               setQueued(false);
+              setFailure(null);
+              setErrors(({ array: _copies, ...rest }) => rest);
             }}
             aria-invalid={copiesErrors.length ? true : undefined}
             aria-describedby={describedBy("f-copies", copiesErrors, true)}
@@ -315,15 +353,30 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
       <div className="form-actions">
         {/* After an array is queued the same spec is not submitted again by a second click:
             the button waits for an edit. */}
-        <button type="submit" className="button primary" disabled={busy || queued || (mode === "yaml" && yamlError !== null)}>
+        <button
+          type="submit"
+          className="button primary"
+          disabled={viewer || busy || queued || (mode === "yaml" && yamlError !== null)}
+          aria-describedby={viewer ? "viewer-note" : undefined}
+        >
           {busy ? "Submitting…" : queued ? "Submitted" : typeof copies === "number" && copies > 1 ? `Submit ${copies} jobs` : "Submit job"}
         </button>
-        <button type="button" className="button" onClick={check} disabled={busy || checking || (mode === "yaml" && yamlError !== null)}>
+        <button
+          type="button"
+          className="button"
+          onClick={check}
+          disabled={viewer || busy || checking || (mode === "yaml" && yamlError !== null)}
+          aria-describedby={viewer ? "viewer-note" : undefined}
+        >
           {checking ? "Checking…" : "Check"}
         </button>
         {busy && <Spinner label="Submitting" />}
         {checking && <Spinner label="Checking" />}
-        {!busy && !checking && !verdict && <span className="muted">Check: whether it would start now, without submitting it.</span>}
+        {viewer ? (
+          <span className="muted">A viewer cannot submit: see the note at the top.</span>
+        ) : (
+          !busy && !checking && !verdict && <span className="muted">Check: whether it would start now, without submitting it.</span>
+        )}
       </div>
       {submitted && <SubmittedCard {...submitted} />}
       {verdict && <VerdictCard verdict={verdict} onHint={(hint) => replace(specToForm(withHint(formToSpec(form, extra), hint, choices.flavors)))} />}
@@ -351,7 +404,8 @@ function SubmittedCard({ ids, name }: { ids: number[]; name: string }) {
 /** The portal's dry run of the spec: where the job would start, or why it would wait, until
  * when, and what would start it sooner (each applicable to the form). */
 function VerdictCard({ verdict, onHint }: { verdict: DryRun; onHint: (hint: WhatIfHint) => void }) {
-  const { headline, detail } = verdictText(verdict);
+  const now = useNow();
+  const { headline, detail } = verdictText(verdict, now);
   return (
     <section className={verdict.would_start_now ? "card verdict starts" : "card verdict waits"} aria-labelledby="verdict-title">
       <h2 id="verdict-title">If you submit it now</h2>
@@ -370,7 +424,7 @@ function VerdictCard({ verdict, onHint }: { verdict: DryRun; onHint: (hint: What
           <ul className="whatif-hints" aria-labelledby="verdict-hints-title">
             {verdict.hints.map((hint, index) => (
               <li key={`${hint.kind}-${index}`}>
-                <span className={hint.starts_now ? "badge ok" : "badge"}>{hintBadge(hint)}</span>{" "}
+                <span className={hint.starts_now ? "badge ok" : "badge"}>{hintBadge(hint, now)}</span>{" "}
                 <span className="whatif-message">{hint.message}</span>{" "}
                 <button type="button" className="button small" onClick={() => onHint(hint)}>
                   Use this

@@ -2,10 +2,10 @@ import { type FormEvent, useState } from "react";
 
 import { ApiError, api, fetchAll } from "../api/client";
 import type { ApiToken, CreatedApiToken } from "../api/types";
-import { ErrorBanner, PageHeader, Section } from "../components/common";
+import { ErrorBanner, PageHeader, Relative, Section } from "../components/common";
 import { ResourceTable } from "../components/ResourceTable";
 import { WebhooksSection } from "../components/WebhooksSection";
-import { formatRelative, formatTime } from "../lib/format";
+import { formatTime } from "../lib/format";
 import { useResource } from "../lib/useResource";
 
 /** API tokens for the CLI and scripts: create (the secret is shown once), list, revoke; and the
@@ -106,7 +106,7 @@ export function TokensPage() {
                 <code>{t.prefix}…</code>
               </td>
               <td>{formatTime(t.created_at)}</td>
-              <td>{t.last_used_at ? formatRelative(t.last_used_at) : "never"}</td>
+              <td><Relative iso={t.last_used_at} empty="never" /></td>
               <td>{t.revoked_at ? "revoked" : t.expires_at ? formatTime(t.expires_at) : "never"}</td>
             </>
           )}

@@ -1,4 +1,4 @@
-import { api, fetchAll, query } from "../api/client";
+import { ApiError, api, fetchAll, query } from "../api/client";
 import { useLive } from "../api/live";
 import type { Job, Page, VirtualCluster } from "../api/types";
 import { BudgetBar, QuotaBar } from "../components/charts";
@@ -133,27 +133,47 @@ export function VirtualClusterPage({ name }: { name: string }) {
 
   const ordered = queue.data?.results ?? []; // in queue order, as the API sorts them
 
+  // A VC of another tenant answers as one that does not exist: one card, and no queue or running
+  // list (which would read as empty, not as unknown).
+  if (vc.error instanceof ApiError && vc.error.status === 404) {
+    return (
+      <div className="card">
+        <PageHeader title="Virtual cluster not found" />
+        <p role="alert">No such virtual cluster among yours: there is no virtual cluster {name} in your tenants.</p>
+        <p>
+          <Link href="/vcs">Back to your virtual clusters</Link>
+        </p>
+      </div>
+    );
+  }
+
   return (
     <>
       <PageHeader title={`Virtual cluster ${name}`} />
       <ErrorBanner error={vc.error} onRetry={vc.reload} />
+      {vc.loading && !vc.data && !vc.error && <Spinner />}
       {vc.data && (
         <Section title="Quota and use">
           <VcQuotas vc={vc.data} />
         </Section>
       )}
-      <Section title="Queue">
-        <ErrorBanner error={queue.error} onRetry={queue.reload} />
-        {queue.loading && !queue.data && <Spinner />}
-        {queue.data && ordered.length === 0 && <Empty>No job is waiting.</Empty>}
-        {ordered.length > 0 && <JobTable jobs={ordered} caption={`Queue of ${name}, in order`} showQueue />}
-        {queue.data && queue.data.count > ordered.length && <p className="hint">Showing the first {ordered.length} of {queue.data.count}.</p>}
-      </Section>
-      <Section title="Running">
-        <ErrorBanner error={running.error} onRetry={running.reload} />
-        {running.data && running.data.results.length === 0 && <Empty>Nothing running.</Empty>}
-        {running.data && running.data.results.length > 0 && <JobTable jobs={running.data.results} caption={`Running in ${name}`} />}
-      </Section>
+      {/* Its jobs once the VC is known to be one of the user's: else "No job is waiting" would mislead. */}
+      {vc.data && (
+        <>
+          <Section title="Queue">
+            <ErrorBanner error={queue.error} onRetry={queue.reload} />
+            {queue.loading && !queue.data && <Spinner />}
+            {queue.data && ordered.length === 0 && <Empty>No job is waiting.</Empty>}
+            {ordered.length > 0 && <JobTable jobs={ordered} caption={`Queue of ${name}, in order`} showQueue />}
+            {queue.data && queue.data.count > ordered.length && <p className="hint">Showing the first {ordered.length} of {queue.data.count}.</p>}
+          </Section>
+          <Section title="Running">
+            <ErrorBanner error={running.error} onRetry={running.reload} />
+            {running.data && running.data.results.length === 0 && <Empty>Nothing running.</Empty>}
+            {running.data && running.data.results.length > 0 && <JobTable jobs={running.data.results} caption={`Running in ${name}`} />}
+          </Section>
+        </>
+      )}
     </>
   );
 }
