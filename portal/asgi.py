@@ -3,17 +3,22 @@
 import gc
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 # Each request runs in a thread of its own here: without a pool, every request leaves a
 # connection behind until the garbage collector finds it (settings.py, DATABASE_POOL_SIZE).
 os.environ.setdefault("DATABASE_POOL_SIZE", "16")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # as get_asgi_application() does, for the handler below
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from portal.lib.asgi import PortalASGIHandler  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
+
+# Django's handler, except that a request the client aborts still returns its pooled database
+# connection (portal/lib/asgi.py).
+django_asgi_app = PortalASGIHandler()
 
 application = ProtocolTypeRouter(
     {
