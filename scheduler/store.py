@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Max, Q, Sum, Window
+from django.db.models import F, Max, Q, Window
 from django.db.models.functions import RowNumber
 
 from agents.protocol import CheckpointRequest, StopRequest, encode
@@ -23,6 +23,7 @@ from portal.agentgw.outbox import desired_set_changed, send_request
 from portal.cluster import budgets
 from portal.cluster.choices import NodeState
 from portal.cluster.models import Flavor, Gpu, Node, Quota, VirtualCluster
+from portal.jobs.accounting import run_seconds
 from portal.jobs.choices import (
     ACTIVE_STATES,
     PENDING_MOVED,
@@ -138,6 +139,7 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
     placements: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
     suspended_on: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
     started: dict[int, float] = {}
+    current_attempt: dict[int, int] = {}
     slice_started: dict[int, float] = {}
     live = Allocation.objects.filter(
         released_at__isnull=True, attempt__job__in=[j.pk for j in jobs]
@@ -148,9 +150,18 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
         replica = held[job_id].setdefault(allocation.replica, (allocation.node.name, []))
         replica[1].append(allocation.gpu.index)
         started[job_id] = allocation.attempt.created_at.timestamp()
+        current_attempt[job_id] = allocation.attempt_id
         if allocation.attempt.resumed_at is not None:
             slice_started[job_id] = allocation.attempt.resumed_at.timestamp()
     earlier = earlier_service(jobs)
+    # The current attempt's service: its run so far, the time it spent suspended left out (a
+    # time-sliced job that waited for its turn did not run, and the simulator counts only runs).
+    current_run = run_seconds(current_attempt.values(), now_at)
+
+    def attained_gpu_s(job: Job) -> float:
+        run = current_run.get(current_attempt.get(job.pk, 0), 0.0)
+        return earlier.get(job.pk, 0.0) + job.total_gpus * run
+
     running, pending = [], []
     held: set[tuple[str, int]] | None = None  # GPUs of running jobs, worked out when needed
     for job in jobs:
@@ -164,8 +175,7 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
                     replicas=job.replicas,
                     gpus_per_replica=job.gpus_per_replica,
                     suspended_on=placement_of(suspended_on[job.pk]),
-                    attained_gpu_s=earlier.get(job.pk, 0.0)
-                    + job.total_gpus * max(0.0, now - started.get(job.pk, now)),
+                    attained_gpu_s=attained_gpu_s(job),
                     **common,
                 )
             )
@@ -199,8 +209,7 @@ def load_snapshot(now: float, held: Collection[int] = ()) -> LoadedState:
                 core.RunningJob(
                     placement=placement_of(placements[job.pk]),
                     started_at=started[job.pk],
-                    attained_gpu_s=earlier.get(job.pk, 0.0)
-                    + job.total_gpus * max(0.0, now - started[job.pk]),
+                    attained_gpu_s=attained_gpu_s(job),
                     last_checkpoint_at=epoch(job.last_checkpoint),
                     checkpointable=bool((job.spec.get("checkpoint") or {}).get("enabled")),
                     # Told to stop already: preempted, or at its time limit (stop_reason), so a
@@ -260,24 +269,34 @@ def queued_job(job: Job, attained_gpu_s: float = 0.0) -> core.PendingJob:
 
 
 def earlier_service(jobs: list[Job]) -> dict[int, float]:
-    """GPU-seconds each job ran in its ended attempts: run time times the job's GPUs, as
-    finished_service counts it. A requeued job keeps its attained service (the core's contract,
-    and what the simulator does): counted from its current attempt only, a preempted job came
-    back as new, ranked first by LAS and the Gittins index, and preempted its preemptor back."""
+    """GPU-seconds each job ran in its ended attempts: run time (suspensions left out,
+    portal.jobs.accounting.run_seconds) times the job's GPUs, as finished_service counts it. A
+    requeued job keeps its attained service (the core's contract, and what the simulator does):
+    counted from its current attempt only, a preempted job came back as new, ranked first by LAS
+    and the Gittins index, and preempted its preemptor back."""
     gpus = {job.pk: job.total_gpus for job in jobs}
-    run_time = (
-        JobAttempt.objects.filter(job_id__in=list(gpus), started_at__isnull=False, ended_at__isnull=False)
-        .values("job_id")
-        .annotate(run=Sum(F("ended_at") - F("started_at")))
-        .values_list("job_id", "run")
+    return ended_attempts_gpu_s(gpus)
+
+
+def ended_attempts_gpu_s(gpus: dict[int, int]) -> dict[int, float]:
+    """Per job of `gpus` (job id -> its GPUs), the run time of its ended attempts that started
+    times its GPUs; jobs without one are left out."""
+    attempts = dict(
+        JobAttempt.objects.filter(
+            job_id__in=list(gpus), started_at__isnull=False, ended_at__isnull=False
+        ).values_list("pk", "job_id")
     )
-    return {job_id: gpus[job_id] * max(run.total_seconds(), 0.0) for job_id, run in run_time}
+    service: dict[int, float] = defaultdict(float)
+    for attempt_id, seconds in run_seconds(attempts).items():
+        service[attempts[attempt_id]] += gpus[attempts[attempt_id]] * seconds
+    return dict(service)
 
 
 def finished_service() -> core.FinishedService:
     """Width, GPU-seconds, VC and owner of the most recently ended jobs of each width
     (`FINISHED_PER_WIDTH` of each among the last `FINISHED_LOOKBACK`, see service_history),
-    oldest first. Service is the run time of all their attempts times the job's GPUs."""
+    oldest first. Service is the run time of all their attempts (suspensions left out) times the
+    job's GPUs."""
     ended = Job.objects.filter(state__in=TERMINAL_STATES, finished_at__isnull=False)
     lookback = ended.order_by("-finished_at", "-pk").values("pk")[:FINISHED_LOOKBACK]
     recent = list(
@@ -292,19 +311,12 @@ def finished_service() -> core.FinishedService:
         .order_by("-finished_at", "-pk")
         .values_list("pk", "replicas", "gpus_per_replica", "virtual_cluster__name", "owner__username")
     )
-    run_time = dict(
-        JobAttempt.objects.filter(
-            job_id__in=[pk for pk, *_ in recent], started_at__isnull=False, ended_at__isnull=False
-        )
-        .values("job_id")
-        .annotate(run=Sum(F("ended_at") - F("started_at")))
-        .values_list("job_id", "run")
-    )
+    widths = {pk: replicas * gpus_per_replica for pk, replicas, gpus_per_replica, *_ in recent}
+    service = ended_attempts_gpu_s(widths)
     jobs, owners = [], []
     for pk, replicas, gpus_per_replica, vc, username in reversed(recent):
-        run = run_time.get(pk)
-        if run is not None and run.total_seconds() > 0:
-            jobs.append((replicas * gpus_per_replica, replicas * gpus_per_replica * run.total_seconds()))
+        if service.get(pk, 0.0) > 0:
+            jobs.append((replicas * gpus_per_replica, service[pk]))
             owners.append((vc, username))
     return core.FinishedService(tuple(jobs), tuple(owners))
 

@@ -11,6 +11,11 @@ an interval is shared out in proportion to the part inside (the counter read at 
 `until` by linear interpolation). So a long job is charged to each month for that month's part,
 and consecutive periods add up to the whole, with nothing counted twice or lost at a boundary.
 Without a period, the whole life counts.
+
+A time-sliced attempt's suspensions (Suspension rows) are left out of its allocated time: while
+it is suspended, the job that took its turn holds and is charged for the same GPUs. The
+scheduler's attained service leaves them out the same way (`run_seconds`), so a job's share,
+its VC's budget and its rank in the queue all count the time it ran, never the time it waited.
 """
 
 from __future__ import annotations
@@ -48,10 +53,29 @@ class Usage:
         }
 
 
-# Each allocation's time, clipped to the period. GREATEST and LEAST ignore a NULL bound, so
-# without a period this is the whole allocation, up to now when it is not released.
-ALLOCATED_SQL = """
-SELECT attempt_id, SUM(EXTRACT(EPOCH FROM held_until - held_from))
+def suspended_within(attempt_id: str, lower: str, upper: str) -> str:
+    """SQL for the seconds the attempt `attempt_id` was suspended within [`lower`, `upper`)
+    (three SQL expressions of the row it is computed for; a suspension still going on lasts
+    up to `upper`). The one measure of suspended time: allocated GPU time, budgets and attained
+    service all subtract it, so they leave out the same periods. The row's columns must be
+    qualified: `id` or `attempt_id` alone would name the suspension's own."""
+    return f"""COALESCE((
+        SELECT SUM(EXTRACT(EPOCH FROM LEAST(COALESCE(s.ended_at, {upper}), {upper})
+                                      - GREATEST(s.started_at, {lower})))
+        FROM jobs_suspension AS s
+        WHERE s.attempt_id = {attempt_id}
+          AND s.started_at < {upper}
+          AND (s.ended_at IS NULL OR s.ended_at > {lower})
+    ), 0)"""
+
+
+# Each allocation's time, clipped to the period, less its attempt's suspensions within that
+# time. GREATEST and LEAST ignore a NULL bound, so without a period this is the whole
+# allocation, up to now when it is not released.
+ALLOCATED_SQL = f"""
+SELECT allocations.attempt_id,
+       SUM(EXTRACT(EPOCH FROM allocations.held_until - allocations.held_from)
+           - {suspended_within("allocations.attempt_id", "allocations.held_from", "allocations.held_until")})
 FROM (
     SELECT attempt_id,
            GREATEST(created_at, %(since)s::timestamptz) AS held_from,
@@ -59,9 +83,38 @@ FROM (
     FROM jobs_allocation
     WHERE attempt_id = ANY(%(ids)s)
 ) AS allocations
-WHERE held_until > held_from
-GROUP BY attempt_id
+WHERE allocations.held_until > allocations.held_from
+GROUP BY allocations.attempt_id
 """
+
+# Each attempt's run: from its start (from its placement while it is starting) to its end, or
+# to now while it runs, less its suspensions.
+RUN_SQL = f"""
+SELECT attempts.id,
+       EXTRACT(EPOCH FROM attempts.run_until - attempts.run_from)
+       - {suspended_within("attempts.id", "attempts.run_from", "attempts.run_until")}
+FROM (
+    SELECT id,
+           COALESCE(started_at, created_at) AS run_from,
+           COALESCE(ended_at, %(now)s::timestamptz) AS run_until
+    FROM jobs_jobattempt
+    WHERE id = ANY(%(ids)s)
+) AS attempts
+WHERE attempts.run_until > attempts.run_from
+"""
+
+
+def run_seconds(attempt_ids: Iterable[int], now: datetime | None = None) -> dict[int, float]:
+    """How long each attempt ran as of `now`, its suspensions left out: the scheduler's
+    attained service is this times the job's GPUs (scheduler.store), for the current attempt
+    and the ended ones alike. Attempts that have not run are left out."""
+    ids = list(attempt_ids)
+    if not ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(RUN_SQL, {"ids": ids, "now": now or timezone.now()})
+        return {attempt_id: max(float(seconds or 0), 0.0) for attempt_id, seconds in cursor.fetchall()}
+
 
 # Each sample stands for the interval since its GPU's previous sample (LAG over all of the
 # attempt's samples, so the first sample in the period still knows when the previous one was);
@@ -153,25 +206,32 @@ def with_usage_between(jobs: Any, since: datetime, until: datetime, now: datetim
     return jobs.filter(Exists(overlapping))
 
 
-# The GPU time each VC's jobs held in [since, now), every allocation clipped to it, in one
-# query: what a VC's budget is checked against in every scheduling cycle.
-ALLOCATED_BY_VC_SQL = """
-SELECT job.virtual_cluster_id,
-       SUM(EXTRACT(EPOCH FROM LEAST(COALESCE(a.released_at, %(now)s::timestamptz), %(now)s::timestamptz)
-                              - GREATEST(a.created_at, %(since)s::timestamptz)))
-FROM jobs_allocation AS a
-JOIN jobs_jobattempt AS attempt ON attempt.id = a.attempt_id
-JOIN jobs_job AS job ON job.id = attempt.job_id
-WHERE job.virtual_cluster_id = ANY(%(ids)s)
-  AND a.created_at < %(now)s::timestamptz
-  AND (a.released_at IS NULL OR a.released_at > %(since)s::timestamptz)
-GROUP BY job.virtual_cluster_id
+# The GPU time each VC's jobs held in [since, now), every allocation clipped to it and its
+# attempt's suspensions left out as in ALLOCATED_SQL, in one query: what a VC's budget is
+# checked against in every scheduling cycle.
+ALLOCATED_BY_VC_SQL = f"""
+SELECT held.virtual_cluster_id,
+       SUM(EXTRACT(EPOCH FROM held.held_until - held.held_from)
+           - {suspended_within("held.attempt_id", "held.held_from", "held.held_until")})
+FROM (
+    SELECT job.virtual_cluster_id,
+           a.attempt_id,
+           GREATEST(a.created_at, %(since)s::timestamptz) AS held_from,
+           LEAST(COALESCE(a.released_at, %(now)s::timestamptz), %(now)s::timestamptz) AS held_until
+    FROM jobs_allocation AS a
+    JOIN jobs_jobattempt AS attempt ON attempt.id = a.attempt_id
+    JOIN jobs_job AS job ON job.id = attempt.job_id
+    WHERE job.virtual_cluster_id = ANY(%(ids)s)
+      AND a.created_at < %(now)s::timestamptz
+      AND (a.released_at IS NULL OR a.released_at > %(since)s::timestamptz)
+) AS held
+GROUP BY held.virtual_cluster_id
 """
 
 
 def allocated_gpu_s_by_vc(vc_ids: Iterable[int], since: datetime, now: datetime) -> dict[int, float]:
     """GPU-seconds the jobs of each VC held in [since, now), as `attempt_usage` counts allocated
-    time; VCs whose jobs held none are left out."""
+    time (suspended periods left out); VCs whose jobs held none are left out."""
     ids = list(vc_ids)
     if not ids:
         return {}

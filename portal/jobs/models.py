@@ -211,6 +211,31 @@ class JobAttempt(models.Model):
         return f"job {self.job_id} attempt {self.number}"
 
 
+class Suspension(models.Model):
+    """One period in which a time-sliced attempt was suspended: its processes paused, its GPUs
+    used by the job that took its turn. It is open (no `ended_at`) exactly while the job is
+    suspended; the transition out of that state ends it (portal.jobs.services.transition_jobs).
+
+    The periods themselves are kept, not a running total, because usage reports and monthly
+    budgets count a period's part only: a suspension across a month's turn is left out of each
+    month for its own part (portal.jobs.accounting.suspended_within)."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="suspensions")
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["attempt", "started_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt"], condition=Q(ended_at__isnull=True), name="one_open_suspension_per_attempt"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.attempt} suspended at {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
 class AllocationQuerySet(models.QuerySet["Allocation"]):
     def holding(self) -> AllocationQuerySet:
         """Allocations that hold their GPU now: not released, and not parked by a suspension."""

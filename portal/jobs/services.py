@@ -35,7 +35,7 @@ from portal.jobs.choices import (
     JobState,
     can_transition,
 )
-from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine
+from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, LogLine, Suspension
 from portal.jobs.spec import MAX_RETRY_BACKOFF_S, SECRET_MASK
 from portal.lib.db import insert_together
 from portal.live.publish import publish_job_change, publish_log_lines, publish_replica_change
@@ -132,11 +132,13 @@ def transition_jobs(
     for job_id, notify in rows:
         if notify:
             mail_owner_about(job_id, to_state, reasons.get(job_id, ""))
-    moved, events = [], []
+    moved, events, leaving_suspension = [], [], []
     person = actor if getattr(actor, "is_authenticated", False) else None
     for job in jobs:
         if job.pk not in moved_ids:
             continue
+        if job.state == JobState.SUSPENDED:
+            leaving_suspension.append(job.pk)
         events.append(
             JobEvent(
                 job=job,
@@ -155,7 +157,34 @@ def transition_jobs(
         publish_job_change(job)
         moved.append(job)
     JobEvent.objects.bulk_create(events)
+    record_suspensions(
+        suspended=[job.pk for job in moved] if to_state == JobState.SUSPENDED else [],
+        resumed_or_ended=leaving_suspension,
+    )
     return moved
+
+
+def record_suspensions(suspended: Sequence[int], resumed_or_ended: Sequence[int]) -> None:
+    """Opens a suspension on the current attempt of each job that was just `suspended`, and ends
+    the open one of each job that just left that state, in the transition's transaction.
+
+    Done here, where every state change passes, rather than by the time-slicing code alone: a
+    suspended job also leaves that state when it is cancelled, lost, timed out, paused, evicted
+    or ends on its own, and a suspension left open would keep leaving the job's time out of its
+    usage, its VC's budget and its attained service (portal.jobs.accounting.run_seconds)."""
+    now = timezone.now()
+    if resumed_or_ended:
+        Suspension.objects.filter(attempt__job_id__in=resumed_or_ended, ended_at__isnull=True).update(
+            ended_at=now
+        )
+    if suspended:
+        current = (
+            JobAttempt.objects.filter(job_id__in=suspended)
+            .order_by("job_id", "-number")
+            .distinct("job_id")
+            .values_list("pk", flat=True)
+        )
+        Suspension.objects.bulk_create(Suspension(attempt_id=pk, started_at=now) for pk in current)
 
 
 def resolve_resources(spec: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The invariants every scheduling test ends with (reliability-security.md, I1-I6).
 
-assert_invariants covers the allocation invariants (I1, I2 per VC, I3, I5);
+assert_invariants covers the allocation invariants (I1, I2 per VC, I3, I5) and that a
+suspension is recorded exactly while a job is suspended;
 assert_all_invariants adds node capacity (I2), acknowledged jobs (I4), the event trail (I6) and
 F17's safety rule: no live attempt resumes from a checkpoint garbage collection took.
 The fixture invariants_checked runs all of them after each test of a module that uses it.
@@ -18,7 +19,7 @@ import pytest
 from portal.accounts.models import AuditEntry
 from portal.cluster.models import Node, Quota
 from portal.jobs.choices import ACTIVE_STATES, ATTEMPT_ENDED_STATES, JobState, can_transition
-from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent
+from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobEvent, Suspension
 
 
 def assert_invariants(ceilings: Mapping[tuple[int, str], int] | None = None) -> None:
@@ -55,6 +56,22 @@ def assert_invariants(ceilings: Mapping[tuple[int, str], int] | None = None) -> 
     for allocation in live:
         assert allocation.attempt.job.state in ACTIVE_STATES, (
             f"{allocation.attempt.job} holds GPUs while not active"
+        )
+    # A suspension is open exactly while its job is suspended, on the job's current attempt:
+    # usage, budgets and attained service leave an open one out up to now.
+    open_suspensions = Counter(
+        Suspension.objects.filter(ended_at__isnull=True).values_list("attempt__job_id", flat=True)
+    )
+    suspended_jobs = set(Job.objects.filter(state=JobState.SUSPENDED).values_list("pk", flat=True))
+    assert set(open_suspensions) == suspended_jobs, (
+        f"open suspensions of jobs {sorted(open_suspensions)}, suspended jobs {sorted(suspended_jobs)}"
+    )
+    assert all(n == 1 for n in open_suspensions.values()), (
+        f"jobs with several open suspensions: {open_suspensions}"
+    )
+    for job in Job.objects.filter(pk__in=suspended_jobs):
+        assert job.current_attempt().suspensions.filter(ended_at__isnull=True).exists(), (
+            f"{job} is suspended but its current attempt is not"
         )
     # No VC above guarantee plus borrow limit.
     held: dict[tuple[int, str], int] = defaultdict(int)
