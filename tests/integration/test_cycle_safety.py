@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,19 @@ from tests.integration.invariants import assert_invariants
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[2]
+
+
+def advisory_lock_waits(cursor: Any, worker_pids: list[int]) -> int:
+    """How many advisory locks the worker's session waits for. Only its own session counts:
+    pg_locks spans every database on the server, and other tests' workers may be waiting for
+    locks of their own."""
+    if not worker_pids:
+        return 0
+    cursor.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = %s",
+        [worker_pids[0]],
+    )
+    return int(cursor.fetchone()[0])
 
 
 @pytest.fixture
@@ -144,18 +158,8 @@ def test_a_cycle_queued_behind_another_does_not_run_once_the_loop_is_paused(read
         thread = threading.Thread(target=worker)
         thread.start()
 
-        def waiting_for_the_lock() -> int:
-            # Only the worker's own session counts: pg_locks spans every database on the server,
-            # and other tests' workers may be waiting for locks of their own.
-            if not worker_pids:
-                return 0
-            cursor.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = %s",
-                [worker_pids[0]],
-            )
-            return int(cursor.fetchone()[0])
-
-        assert wait_for(waiting_for_the_lock, 20, "the worker's cycle to wait for the lock") == 1
+        waiting = partial(advisory_lock_waits, cursor, worker_pids)
+        assert wait_for(waiting, 20, "the worker's cycle to wait for the lock") == 1
         set_loop_paused(True)
         cursor.execute("SELECT pg_advisory_unlock(%s)", [CYCLE_LOCK])
     thread.join(timeout=60)
@@ -202,16 +206,8 @@ def test_requests_while_a_requested_cycle_waits_add_no_waiter(ready_cluster_with
         thread = threading.Thread(target=worker)
         thread.start()
 
-        def waiting_for_the_lock() -> int:
-            if not worker_pids:
-                return 0
-            cursor.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = %s",
-                [worker_pids[0]],
-            )
-            return int(cursor.fetchone()[0])
-
-        assert wait_for(waiting_for_the_lock, 20, "the requested cycle to wait for the lock") == 1
+        waiting = partial(advisory_lock_waits, cursor, worker_pids)
+        assert wait_for(waiting, 20, "the requested cycle to wait for the lock") == 1
         # A request now (request_cycle's test-and-set) finds the mark and queues nothing.
         assert not redis.set(QUEUED_KEY, 1, px=QUEUED_TTL_MS, nx=True)
         cursor.execute("SELECT pg_advisory_unlock(%s)", [CYCLE_LOCK])

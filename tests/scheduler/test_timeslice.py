@@ -115,6 +115,24 @@ def test_a_job_takes_turns_only_on_gpus_of_a_model_it_accepts() -> None:
     assert [s.job_id for s in plan.starts] == ["v100"]
 
 
+def turn_on_two_models(first: str, asks: str) -> Snap:
+    """r (VC team, whose quota the caller adds) runs on one GPU of each model, the replica on
+    `first` listed first; x of another VC keeps the rest busy, so w (asking for `asks`, "" any
+    model) waits for capacity."""
+    replicas = [("a100", (0,)), ("v100", (0,))]
+    if first == "v100":
+        replicas.reverse()
+    return (
+        Snap()
+        .node("a100", 2, model="A100")
+        .node("v100", 2, model="V100")
+        .vc("other", guaranteed=8)
+        .running("r", replicas, started_at=0.0, time_sliceable=True)
+        .running("x", [("a100", (1,)), ("v100", (1,))], vc="other", started_at=0.0)
+        .pending("w", 1, replicas=2, submitted_at=100.0, time_sliceable=True, gpu_model=asks)
+    )
+
+
 @pytest.mark.parametrize(
     ("first", "asks", "swaps"),
     [
@@ -133,21 +151,7 @@ def test_a_turn_on_gpus_of_two_models_goes_only_to_a_job_that_accepts_both(
     replica's (a snapshot can show a running job on GPUs of two models), whatever the order
     of the running job's replicas. `x` of another VC keeps the rest busy, so `w` waits for
     capacity. Fuzzer seed 20004 gave an A100 job a V100 this way."""
-    replicas = [("a100", (0,)), ("v100", (0,))]
-    if first == "v100":
-        replicas.reverse()
-    snap = (
-        Snap()
-        .node("a100", 2, model="A100")
-        .node("v100", 2, model="V100")
-        .vc("team", guaranteed=8)
-        .vc("other", guaranteed=8)
-        .running("r", replicas, started_at=0.0, time_sliceable=True)
-        .running("x", [("a100", (1,)), ("v100", (1,))], vc="other", started_at=0.0)
-        .pending("w", 1, replicas=2, submitted_at=100.0, time_sliceable=True, gpu_model=asks)
-        .build()
-    )
-    plan = decide(snap, SLICE, 5000.0)
+    plan = decide(turn_on_two_models(first, asks).vc("team", guaranteed=8).build(), SLICE, 5000.0)
     assert [(s.job_id, s.for_job) for s in plan.suspends] == ([("r", "w")] if swaps else [])
     assert [s.job_id for s in plan.starts] == (["w"] if swaps else [])
 
@@ -272,20 +276,7 @@ def test_a_turn_on_gpus_of_two_models_needs_quota_of_both(first: str) -> None:
     """Team's V100 quota was cut to 0 while r held a V100: an any-model job may take r's turn
     only if admission gives it GPUs of both models, not just of the model of r's first
     replica (the A100 quota alone would let it in)."""
-    replicas = [("a100", (0,)), ("v100", (0,))]
-    if first == "v100":
-        replicas.reverse()
-    snap = (
-        Snap()
-        .node("a100", 2, model="A100")
-        .node("v100", 2, model="V100")
-        .vc("team", guaranteed=2, model="A100")
-        .vc("other", guaranteed=8)
-        .running("r", replicas, started_at=0.0, time_sliceable=True)
-        .running("x", [("a100", (1,)), ("v100", (1,))], vc="other", started_at=0.0)
-        .pending("w", 1, replicas=2, submitted_at=100.0, time_sliceable=True, gpu_model="")
-        .build()
-    )
+    snap = turn_on_two_models(first, "").vc("team", guaranteed=2, model="A100").build()
     team = next(vc for vc in snap.vcs if vc.name == "team")
     cut = replace(team, quotas=(*team.quotas, Quota("V100", 0, 0, None)))
     snap = replace(snap, vcs=tuple(cut if vc.name == "team" else vc for vc in snap.vcs))
