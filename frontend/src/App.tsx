@@ -18,7 +18,12 @@ import { VirtualClusterPage, VirtualClustersPage } from "./pages/VirtualClusterP
 import { Link, useLocation } from "./router";
 import { SessionContext } from "./session";
 
-type SessionState = { kind: "loading" } | { kind: "signed-out" } | { kind: "signed-in"; me: Me } | { kind: "error"; error: Error };
+// `ended`: the session ended while the page was open (signed out in another tab, or expired).
+type SessionState =
+  | { kind: "loading" }
+  | { kind: "signed-out"; ended?: boolean }
+  | { kind: "signed-in"; me: Me }
+  | { kind: "error"; error: Error };
 
 export function App() {
   const [session, setSession] = useState<SessionState>({ kind: "loading" });
@@ -33,10 +38,27 @@ export function App() {
       });
   }, []);
 
+  // Whether the session still holds, after the live socket or a request was refused: if not,
+  // the sign-in page replaces the page (at the same address, so signing in comes back to it).
+  const checking = useRef(false);
+  const ended = useCallback(() => setSession((old) => (old.kind === "signed-in" ? { kind: "signed-out", ended: true } : old)), []);
+  const recheck = useCallback(() => {
+    if (checking.current) return;
+    checking.current = true;
+    api<Me>("/api/v1/session/", { quiet401: true })
+      .catch((err: unknown) => {
+        if (err instanceof ApiError && (err.status === 401 || err.status === 403)) ended();
+      })
+      .finally(() => {
+        checking.current = false;
+      });
+  }, [ended]);
+
   useEffect(() => {
     probe();
-    setUnauthorizedHandler(() => setSession({ kind: "signed-out" }));
-  }, [probe]);
+    setUnauthorizedHandler((status) => (status === 401 ? ended() : recheck()));
+    return live.onRefused(recheck);
+  }, [probe, ended, recheck]);
 
   useEffect(() => {
     if (session.kind === "signed-in") live.start();
@@ -64,7 +86,7 @@ export function App() {
     );
   }
   if (session.kind === "signed-out") {
-    return <SignInPage onSignedIn={(me) => setSession({ kind: "signed-in", me })} />;
+    return <SignInPage ended={session.ended === true} onSignedIn={(me) => setSession({ kind: "signed-in", me })} />;
   }
   return (
     <SessionContext.Provider value={{ me: session.me, signOut }}>

@@ -51,10 +51,16 @@ async def test_a_waiting_job_offers_a_smaller_flavor_that_starts_now(
 
     await expect(page.get_by_role("heading", name="Resubmit wants-four")).to_be_visible(timeout=LONG)
     await expect(page.get_by_role("radio", name=re.compile("^s-A100"))).to_be_checked()
+    # The original still waits under the same name: the page says so and offers to cancel it.
+    original = page.get_by_role("region", name="The original job")
+    await expect(original).to_contain_text(f"The original job #{waiting['id']} (wants-four) is still waiting")
+    await original.get_by_label(f"Cancel job #{waiting['id']} once this one is submitted").check()
     await page.get_by_role("button", name="Submit job").click()
     await expect(page).to_have_url(re.compile(r"/jobs/\d+$"), timeout=LONG)
     badge = page.locator("main h1 .badge")
     await expect(badge).to_have_text(re.compile("scheduled|starting|running"), timeout=LONG)
+    left = await (await page.request.get(f"{live_stack['http']}/api/v1/jobs/{waiting['id']}/")).json()
+    assert left["state"] == "cancelled", left
 
 
 async def test_the_grid_shows_gpu_load_and_admins_cordon_a_node(

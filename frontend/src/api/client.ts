@@ -53,8 +53,10 @@ export function csrfToken(): string {
   return match?.[1] ? decodeURIComponent(match[1]) : "";
 }
 
-let onUnauthorized: (() => void) | null = null;
-export function setUnauthorizedHandler(handler: () => void): void {
+let onUnauthorized: ((status: 401 | 403) => void) | null = null;
+/** `handler` hears of each refused request: 401 (not signed in: the session ended, perhaps in
+ * another tab) and 403 (not allowed, or perhaps not signed in: it asks the session to tell). */
+export function setUnauthorizedHandler(handler: (status: 401 | 403) => void): void {
   onUnauthorized = handler;
 }
 
@@ -65,7 +67,7 @@ export interface RequestOptions {
   rawBody?: string;
   contentType?: string;
   signal?: AbortSignal;
-  /** Do not call the sign-out handler on 401 (for the session probe). */
+  /** Do not call the sign-out handler on 401 or 403 (for the session probe). */
   quiet401?: boolean;
 }
 
@@ -99,7 +101,7 @@ export async function api<T>(path: string, options: RequestOptions = {}): Promis
     }
   }
   if (!response.ok) {
-    if (response.status === 401 && !options.quiet401) onUnauthorized?.();
+    if ((response.status === 401 || response.status === 403) && !options.quiet401) onUnauthorized?.(response.status);
     const fields = flattenErrors(data);
     throw new ApiError(response.status, errorMessage(response.status, fields), fields);
   }

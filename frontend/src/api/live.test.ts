@@ -9,16 +9,16 @@ class FakeSocket {
   sent: unknown[] = [];
   onopen: (() => void) | null = null;
   onmessage: ((e: { data: string }) => void) | null = null;
-  onclose: (() => void) | null = null;
+  onclose: ((e?: { code: number }) => void) | null = null;
   constructor(readonly url: string) {
     FakeSocket.all.push(this);
   }
   send(data: string) {
     this.sent.push(JSON.parse(data));
   }
-  close() {
+  close(code?: number) {
     this.readyState = 3;
-    this.onclose?.();
+    this.onclose?.(code === undefined ? undefined : { code });
   }
   open() {
     this.readyState = FakeSocket.OPEN;
@@ -68,6 +68,28 @@ describe("live connection", () => {
     expect(second.sent).toEqual([{ subscribe: "jobs" }, { subscribe: "job", id: 7 }]);
     second.onmessage?.({ data: JSON.stringify({ subscribed: "job", id: 7 }) });
     expect(resync).toHaveBeenCalledTimes(3);
+  });
+
+  it("reports a socket closed for access, or refused before it opened, so the session is checked", () => {
+    const live = new LiveConnection();
+    const refused = vi.fn();
+    live.onRefused(refused);
+    live.start();
+    const first = FakeSocket.all[0]!;
+    first.open();
+    first.close(1006); // a dropped connection: not about the session
+    expect(refused).not.toHaveBeenCalled();
+    vi.advanceTimersByTime(20_000);
+    const second = FakeSocket.all[1]!;
+    second.open();
+    second.close(4403); // signed out in another tab
+    expect(refused).toHaveBeenCalledTimes(1);
+    vi.advanceTimersByTime(20_000);
+    FakeSocket.all[2]!.close(1006); // the handshake refused with 403: it never opened
+    expect(refused).toHaveBeenCalledTimes(2);
+    live.stop(); // signed out: no more sockets
+    vi.advanceTimersByTime(60_000);
+    expect(FakeSocket.all).toHaveLength(3);
   });
 
   it("stops reconnecting when stopped", () => {

@@ -5,6 +5,10 @@
 // topic no page uses any more stays joined until the socket closes. When the server refuses a
 // subscription for that limit while the socket still carries such stale topics, the connection
 // is recycled: a new socket subscribes to the topics in use only.
+// A socket the server refuses or closes for access (4401, 4403: signed out, here or in another
+// tab, or the sign-in expired), or one that closes before it opened (a refused handshake reads
+// so in a browser), is reported to `onRefused` listeners, which ask the portal whether the
+// session still holds; reconnecting goes on until they stop the connection.
 import { useEffect, useState, useSyncExternalStore } from "react";
 
 import { reconnectDelayMs } from "../lib/backoff";
@@ -63,6 +67,16 @@ export function isSubscriptionLimit(message: object): boolean {
   return typeof error === "string" && error.includes("subscriptions per connection");
 }
 
+/** Close codes with which the portal ends a live socket for access: not signed in, or access
+ * changed (a sign-out, an expired sign-in, a membership changed). */
+const ACCESS_CLOSE_CODES = [4401, 4403];
+
+/** Whether a closed socket may have been refused for the session: closed for access, or before it
+ * ever opened (a browser reports a handshake the server refused as 1006, like an unreachable one). */
+export function mayBeRefused(code: number | undefined, opened: boolean): boolean {
+  return !opened || (code !== undefined && ACCESS_CLOSE_CODES.includes(code));
+}
+
 export class LiveConnection {
   private socket: WebSocket | null = null;
   private topics = new Map<Topic, number>(); // reference counts
@@ -70,6 +84,7 @@ export class LiveConnection {
   private listeners = new Set<Listener>();
   private subscribedListeners = new Set<(topic: Topic) => void>();
   private statusListeners = new Set<() => void>();
+  private refusedListeners = new Set<() => void>();
   private attempt = 0;
   private timer: ReturnType<typeof setTimeout> | null = null;
   private wanted = false;
@@ -107,7 +122,9 @@ export class LiveConnection {
     this.socket = socket;
     this.sentOnSocket = new Set();
     this.setStatus("connecting");
+    let opened = false;
     socket.onopen = () => {
+      opened = true;
       this.attempt = 0;
       this.setStatus("live");
       for (const topic of this.topics.keys()) this.sendSubscribe(topic);
@@ -128,10 +145,11 @@ export class LiveConnection {
         this.subscribedListeners.forEach((l) => l(topic));
       }
     };
-    socket.onclose = () => {
+    socket.onclose = (event?: CloseEvent) => {
       if (this.socket === socket) this.socket = null;
       this.setStatus("offline");
       if (this.wanted) this.scheduleReconnect();
+      if (this.wanted && mayBeRefused(event?.code, opened)) this.refusedListeners.forEach((l) => l());
     };
   }
 
@@ -182,6 +200,12 @@ export class LiveConnection {
   onSubscribed(listener: (topic: Topic) => void): () => void {
     this.subscribedListeners.add(listener);
     return () => this.subscribedListeners.delete(listener);
+  }
+
+  /** Called when a socket may have been refused for the session (see `mayBeRefused`). */
+  onRefused(listener: () => void): () => void {
+    this.refusedListeners.add(listener);
+    return () => this.refusedListeners.delete(listener);
   }
 
   onStatus(listener: () => void): () => void {

@@ -2,9 +2,11 @@ import { type FormEvent, useState } from "react";
 
 import { ApiError, type FieldErrors, api, fetchAll } from "../api/client";
 import type { JobTemplate } from "../api/types";
+import { mayDeleteTemplate } from "../lib/access";
 import type { SpecObject } from "../lib/spec";
 import { sortTemplates, splitTemplateErrors, templateLabel } from "../lib/templates";
 import { useResource } from "../lib/useResource";
+import { useSession } from "../session";
 
 interface Props {
   username: string;
@@ -17,8 +19,9 @@ interface Props {
   onSpecErrors: (errors: FieldErrors | null) => void;
 }
 
-/** The submit page's templates: a picker that loads a saved spec into the form, and "Save as
- * template" for the spec as it stands (the portal checks it as it would a submission). */
+/** The submit page's templates: a picker that loads a saved spec into the form, "Save as
+ * template" for the spec as it stands (the portal checks it as it would a submission), and Delete
+ * for the chosen one, when the user may delete it (after a confirmation). */
 export function TemplateBar({ username, canSave, currentSpec, onLoad, onSpecErrors }: Props) {
   const templates = useResource<JobTemplate[]>((signal) => fetchAll<JobTemplate>("/api/v1/templates/", signal), "templates");
   const [chosen, setChosen] = useState("");
@@ -30,6 +33,8 @@ export function TemplateBar({ username, canSave, currentSpec, onLoad, onSpecErro
   const [busy, setBusy] = useState(false);
   const [saved, setSaved] = useState<string | null>(null);
   const list = sortTemplates(templates.data ?? [], username);
+  const { me } = useSession();
+  const current = list.find((t) => String(t.id) === chosen);
 
   const choose = (id: string) => {
     setChosen(id);
@@ -91,6 +96,17 @@ export function TemplateBar({ username, canSave, currentSpec, onLoad, onSpecErro
             </option>
           ))}
         </select>
+        {current && mayDeleteTemplate(current, me) && (
+          <DeleteTemplate
+            key={current.id}
+            template={current}
+            onDeleted={() => {
+              setChosen("");
+              setSaved(`Deleted template ${current.name}.`);
+              templates.reload();
+            }}
+          />
+        )}
         {canSave && (
           <button type="button" className="button small" aria-expanded={saving} aria-controls="save-template" onClick={() => setSaving(!saving)}>
             Save as template
@@ -165,5 +181,50 @@ export function TemplateBar({ username, canSave, currentSpec, onLoad, onSpecErro
         </form>
       )}
     </section>
+  );
+}
+
+/** Delete for the chosen template, asked once more before it goes; a refusal in the portal's words. */
+function DeleteTemplate({ template, onDeleted }: { template: JobTemplate; onDeleted: () => void }) {
+  const [confirming, setConfirming] = useState(false);
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const remove = async () => {
+    setBusy(true);
+    setError(null);
+    try {
+      await api(`/api/v1/templates/${template.id}/`, { method: "DELETE" });
+      onDeleted();
+    } catch (err) {
+      setError(err instanceof Error ? err.message : String(err));
+      setConfirming(false);
+      setBusy(false);
+    }
+  };
+  const whose = template.shared ? ", shared in the tenant," : "";
+  return (
+    <>
+      {confirming ? (
+        <span className="confirm" role="group" aria-label="Confirm delete">
+          Delete template {template.name}
+          {whose} for good?{" "}
+          <button type="button" className="button small danger" onClick={remove} disabled={busy} autoFocus>
+            {busy ? "Deleting…" : "Yes, delete"}
+          </button>{" "}
+          <button type="button" className="button small ghost" onClick={() => setConfirming(false)} disabled={busy}>
+            Keep
+          </button>
+        </span>
+      ) : (
+        <button type="button" className="button small" onClick={() => setConfirming(true)}>
+          Delete template
+        </button>
+      )}
+      {error && (
+        <p className="field-error" role="alert">
+          {error}
+        </p>
+      )}
+    </>
   );
 }

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
 import type { Job, Me } from "../api/types";
-import { mayManage, mayOpenShell, roleIn } from "./access";
+import { mayDeleteTemplate, mayManage, mayOpenShell, priorityRefusal, roleIn } from "./access";
 
 function me(username: string, memberships: Me["memberships"], is_staff = false): Me {
   return { username, is_staff, email: "", mail_enabled: false, memberships };
@@ -50,5 +50,30 @@ describe("mayOpenShell", () => {
     expect(mayOpenShell(job("bob"), me("ann", [{ tenant: "vision", role: "admin" }]))).toBe(false);
     expect(mayOpenShell(job("root"), me("root", [], true))).toBe(false);
     expect(mayOpenShell(job("bob"), me("root", [{ tenant: "vision", role: "admin" }], true))).toBe(false);
+  });
+});
+
+describe("priorityRefusal", () => {
+  const production = { tenant_admins_only: true };
+  it("keeps a class for tenant admins from the tenant's members, with the reason", () => {
+    const bob = me("bob", [{ tenant: "vision", role: "member" }, { tenant: "speech", role: "admin" }]);
+    expect(priorityRefusal(production, bob, "vision")).toBe("only admins of vision may use it");
+    expect(priorityRefusal(production, bob, "speech")).toBeNull();
+    expect(priorityRefusal({ tenant_admins_only: false }, bob, "vision")).toBeNull();
+    expect(priorityRefusal(production, me("root", [], true), "vision")).toBeNull();
+    expect(priorityRefusal(production, bob, undefined)).toBe("only tenant admins may use it");
+  });
+});
+
+describe("mayDeleteTemplate", () => {
+  it("is its owner, or for a shared one an admin of its tenant", () => {
+    const ann = me("ann", [{ tenant: "vision", role: "admin" }]);
+    const bob = me("bob", [{ tenant: "vision", role: "member" }]);
+    const bobs = { owner: "bob", tenant: "vision", shared: true };
+    expect(mayDeleteTemplate(bobs, bob)).toBe(true);
+    expect(mayDeleteTemplate(bobs, ann)).toBe(true);
+    expect(mayDeleteTemplate({ ...bobs, shared: false }, ann)).toBe(false);
+    expect(mayDeleteTemplate({ owner: "ann", tenant: "vision", shared: true }, bob)).toBe(false);
+    expect(mayDeleteTemplate(bobs, me("root", [], true))).toBe(true);
   });
 });

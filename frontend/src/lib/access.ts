@@ -21,3 +21,18 @@ export function mayOpenShell(job: Pick<Job, "tenant" | "owner" | "state">, me: M
   const role = roleIn(me, job.tenant);
   return job.state === "running" && job.owner === me.username && (role === "member" || role === "admin");
 }
+
+/** Why the user may not submit a job of this priority class to a VC of `tenant`, or null when
+ * they may: a class marked `tenant_admins_only` is for the tenant's admins and cluster admins. */
+export function priorityRefusal(priority: { tenant_admins_only?: boolean }, me: Me, tenant: string | undefined): string | null {
+  if (!priority.tenant_admins_only || me.is_staff) return null;
+  if (tenant !== undefined && roleIn(me, tenant) === "admin") return null;
+  return tenant ? `only admins of ${tenant} may use it` : "only tenant admins may use it";
+}
+
+/** Whether the user may delete a job template: its owner, or for a shared one an admin of its
+ * tenant or a cluster admin. */
+export function mayDeleteTemplate(template: { owner: string; tenant: string; shared?: boolean }, me: Me): boolean {
+  if (template.owner === me.username) return true;
+  return template.shared === true && (me.is_staff || roleIn(me, template.tenant) === "admin");
+}

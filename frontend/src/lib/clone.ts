@@ -15,3 +15,9 @@ export function cloneSource(
   if (loaded && String(loaded.id) === cloneId) return loaded;
   return failed ? null : "loading";
 }
+
+/** Whether the form replaces a job still waiting in the queue: "Resubmit like this" (a what-if
+ * hint) from a pending job, which stays queued under the same name unless it is cancelled. */
+export function replacesWaitingJob(cloneOf: Pick<JobDetail, "state"> | null, fromHint: boolean): boolean {
+  return fromHint && cloneOf !== null && cloneOf.state === "pending";
+}

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { clampPage, pageCount } from "./pages";
+import { clampPage, pageCount, selectedText } from "./pages";
 
 describe("pageCount", () => {
   it("counts pages, one for an empty list", () => {
@@ -19,5 +19,12 @@ describe("clampPage", () => {
   it("moves to the last page once the page shown emptied", () => {
     expect(clampPage(3, 50, 25)).toBe(2); // page 3's jobs all cancelled
     expect(clampPage(3, 0, 25)).toBe(1);
+  });
+});
+
+describe("selectedText", () => {
+  it("says the selection is the page's when there are more pages", () => {
+    expect(selectedText(25, true)).toBe("25 on this page selected");
+    expect(selectedText(3, false)).toBe("3 selected");
   });
 });

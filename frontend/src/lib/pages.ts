@@ -10,3 +10,9 @@ export function pageCount(count: number, size: number): number {
 export function clampPage(page: number, count: number, size: number): number {
   return Math.min(page, pageCount(count, size));
 }
+
+/** The selection beside a list's count: "3 selected", or with more than one page "25 on this page
+ * selected", as selecting covers the page shown only (the API cancels one job at a time). */
+export function selectedText(selected: number, paged: boolean): string {
+  return paged ? `${selected} on this page selected` : `${selected} selected`;
+}

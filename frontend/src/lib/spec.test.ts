@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { parse } from "yaml";
 
-import { afterText, applyHint, checkForm, emptyForm, errorsFor, formToSpec, parseSpecYaml, specToForm, specToYaml, unplacedErrors, withoutEdited } from "./spec";
+import { afterText, applyHint, durationText, checkForm, emptyForm, errorsFor, formToSpec, parseSpecYaml, specToForm, specToYaml, unplacedErrors, withoutEdited } from "./spec";
 
 describe("form and spec", () => {
   it("leaves defaults out of the spec", () => {
@@ -75,11 +75,39 @@ describe("form and spec", () => {
   });
 
   it("says what the jobs of after must do", () => {
-    expect(afterText(undefined, 2)).toBe("succeeded");
-    expect(afterText("ok", 2)).toBe("succeeded");
-    expect(afterText("any", 2)).toBe("ended");
-    expect(afterText("notok", 1)).toBe("ended, if it did not succeed");
-    expect(afterText("notok", 2)).toBe("ended, if one did not succeed");
+    // A condition ("Starts once #7 has succeeded"), not a report that #7 succeeded.
+    expect(afterText(undefined, 1)).toBe("has succeeded");
+    expect(afterText("ok", 2)).toBe("have succeeded");
+    expect(afterText("any", 2)).toBe("have ended");
+    expect(afterText("notok", 1)).toBe("has ended without succeeding");
+    expect(afterText("notok", 2)).toBe("have all ended, one of them without succeeding");
+  });
+
+  it("loads a stored spec back as it was written: a shell line, a readable time limit", () => {
+    // The portal stores `command: sleep 600` as sh -c and `time_limit: 1h` as 3600.
+    const { form } = specToForm({ name: "a", vc: "v", command: ["sh", "-c", "sleep 600"], time_limit: 3600 });
+    expect(form.commandMode).toBe("shell");
+    expect(form.command).toBe("sleep 600");
+    expect(form.timeLimit).toBe("1h");
+    expect(formToSpec(form)).toMatchObject({ command: "sleep 600", time_limit: "1h" });
+    const list = specToForm({ command: ["python", "train.py"] }).form;
+    expect(list.commandMode).toBe("args");
+    expect(list.command).toBe("python\ntrain.py");
+    expect(specToForm({ command: ["sh", "-c"] }).form.commandMode).toBe("args");
+  });
+
+  it("writes seconds as a duration the portal reads back as the same seconds", () => {
+    const cases: [number, string][] = [
+      [3600, "1h"],
+      [5400, "90m"],
+      [129600, "1d12h"],
+      [86400, "1d"],
+      [45, "45s"],
+      [3630, "1h30s"],
+      [88200, "1d30m"],
+    ];
+    for (const [seconds, text] of cases) expect(durationText(seconds)).toBe(text);
+    expect(specToForm({ time_limit: "36h" }).form.timeLimit).toBe("36h");
   });
 
   it("places an after_type error under its field", () => {

@@ -69,13 +69,39 @@ export const AFTER_TYPES: [string, string][] = [
   ["notok", "all ended, one of them without success (else it is cancelled)"],
 ];
 
-/** What a job's `after` jobs must have done for it to start, said after their list ("#41, #42
- * succeeded"); a type this page does not know is shown as named. */
+/** What a job's `after` jobs must have done for it to start, said after their list ("Starts once
+ * #41, #42 have succeeded"): a condition, not a report of what they did. A type this page does not
+ * know is shown as named. */
 export function afterText(afterType: string | undefined, count: number): string {
-  if (afterType === undefined || afterType === "ok") return "succeeded";
-  if (afterType === "any") return "ended";
-  if (afterType === "notok") return count === 1 ? "ended, if it did not succeed" : "ended, if one did not succeed";
+  const have = count === 1 ? "has" : "have";
+  if (afterType === undefined || afterType === "ok") return `${have} succeeded`;
+  if (afterType === "any") return `${have} ended`;
+  if (afterType === "notok") return count === 1 ? "has ended without succeeding" : "have all ended, one of them without succeeding";
   return `(after_type ${afterType})`;
+}
+
+/** A number of seconds as duration text the portal reads back as the same number: "1h" for 3600,
+ * "90m" for 5400 (minutes that are not whole hours, under a day), "1d12h", "45s", "1h0m30s" as
+ * "1h30s". Anything but a positive whole number is left as it is. */
+export function durationText(seconds: number): string {
+  if (!Number.isInteger(seconds) || seconds <= 0) return String(seconds);
+  const days = Math.floor(seconds / 86400);
+  const hours = Math.floor((seconds % 86400) / 3600);
+  const minutes = Math.floor((seconds % 3600) / 60);
+  const secs = seconds % 60;
+  if (minutes && !secs && !days) return `${hours * 60 + minutes}m`;
+  const parts: [number, string][] = [
+    [days, "d"],
+    [hours, "h"],
+    [minutes, "m"],
+    [secs, "s"],
+  ];
+  return parts.map(([n, unit]) => (n ? `${n}${unit}` : "")).join("");
+}
+
+/** A command the portal stored as `["sh", "-c", LINE]` (as it stores a shell line) is that line. */
+function shellLine(command: unknown[]): string | null {
+  return command.length === 3 && command[0] === "sh" && command[1] === "-c" && typeof command[2] === "string" ? command[2] : null;
 }
 
 /** The states a spec's `notify` may name, in the order the form offers them. */
@@ -179,7 +205,10 @@ export function specToForm(spec: SpecObject): { form: SpecForm; extra: SpecObjec
   form.vc = text(spec.vc);
   form.flavor = text(spec.flavor);
   form.image = text(spec.image);
-  if (Array.isArray(spec.command)) {
+  const line = Array.isArray(spec.command) ? shellLine(spec.command) : null;
+  if (line !== null) {
+    form.command = line;
+  } else if (Array.isArray(spec.command)) {
     form.commandMode = "args";
     form.command = spec.command.map(text).join("\n");
   } else {
@@ -210,7 +239,8 @@ export function specToForm(spec: SpecObject): { form: SpecForm; extra: SpecObjec
     if (c.signal !== undefined) form.checkpointSignal = text(c.signal);
     if (c.grace_seconds !== undefined) form.checkpointGrace = text(c.grace_seconds);
   }
-  if (spec.time_limit !== undefined && spec.time_limit !== null) form.timeLimit = text(spec.time_limit);
+  if (typeof spec.time_limit === "number") form.timeLimit = durationText(spec.time_limit);
+  else if (spec.time_limit !== undefined && spec.time_limit !== null) form.timeLimit = text(spec.time_limit);
   form.timeSliceable = spec.time_sliceable === true;
   if (Array.isArray(spec.after)) form.after = spec.after.map(text).join(", ");
   if (spec.after_type !== undefined) form.afterType = text(spec.after_type);

@@ -457,7 +457,7 @@ function JobSummary({ job, manages, onChanged }: { job: JobDetail; manages: bool
   if (Array.isArray(notify) && notify.length > 0) facts.push(["Notifies its owner when", notify.join(", ")]);
   if (job.after && job.after.length > 0) {
     facts.push([
-      "Starts after",
+      "Starts once",
       <>
         {job.after.map((id, index) => (
           <span key={id}>

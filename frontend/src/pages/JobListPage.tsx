@@ -6,7 +6,7 @@ import { ALL_STATES, type Job, type JobState, type Page, type VirtualCluster, is
 import { Empty, ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { JobTable } from "../components/JobTable";
 import { mayManage } from "../lib/access";
-import { clampPage, pageCount } from "../lib/pages";
+import { clampPage, pageCount, selectedText } from "../lib/pages";
 import { useResource } from "../lib/useResource";
 import { useSoon } from "../lib/useSoon";
 import { navigate, useLocation } from "../router";
@@ -204,7 +204,7 @@ export function JobListPage() {
         <div className="toolbar">
           <span>
             {shown ? `${shown.count} ${shown.count === 1 ? "job" : "jobs"}` : ""}
-            {chosen.length > 0 && ` · ${chosen.length} selected`}
+            {chosen.length > 0 && ` · ${selectedText(chosen.length, pages > 1)}`}
           </span>
           {confirming && chosen.length > 0 ? (
             <span className="confirm" role="group" aria-label="Confirm cancel">
@@ -260,7 +260,7 @@ export function JobListPage() {
             leadHeader={
               <input
                 type="checkbox"
-                aria-label="Select all jobs that can be cancelled"
+                aria-label="Select all jobs that can be cancelled on this page"
                 checked={cancellable.length > 0 && chosen.length === cancellable.length}
                 onChange={(e) => setSelected(new Set(e.target.checked ? cancellable.map((j) => j.id) : []))}
               />

@@ -3,7 +3,9 @@ import { type FormEvent, useEffect, useState } from "react";
 import { ApiError, api } from "../api/client";
 import type { Me, Sso } from "../api/types";
 
-export function SignInPage({ onSignedIn }: { onSignedIn: (me: Me) => void }) {
+/** `ended`: the session ended while a page was open (signed out in another tab, or expired); the
+ * page is the one asked for, shown again once signed in. */
+export function SignInPage({ onSignedIn, ended = false }: { onSignedIn: (me: Me) => void; ended?: boolean }) {
   const [username, setUsername] = useState("");
   const [password, setPassword] = useState("");
   const [error, setError] = useState<string | null>(null);
@@ -35,6 +37,11 @@ export function SignInPage({ onSignedIn }: { onSignedIn: (me: Me) => void }) {
     <main className="center-page">
       <form className="card signin" onSubmit={submit} aria-labelledby="signin-title">
         <h1 id="signin-title">Sign in to GPU Portal</h1>
+        {ended && (
+          <p className="notice" role="status">
+            You were signed out (in another tab, or your sign-in expired). Sign in again to go back to this page.
+          </p>
+        )}
         <label htmlFor="username">User name</label>
         <input
           id="username"

@@ -6,7 +6,8 @@ import { NotifyField } from "../components/NotifyField";
 import { TemplateBar } from "../components/TemplateBar";
 import { ErrorBanner, PageHeader, Spinner } from "../components/common";
 import { MAX_COPIES, arrayBody, arrayErrors, arrayYaml, copiesHint, idRanges, isArray, parseCopies } from "../lib/array";
-import { cloneSource } from "../lib/clone";
+import { cloneSource, replacesWaitingJob } from "../lib/clone";
+import { mayManage, priorityRefusal } from "../lib/access";
 import { replicasThatFitNow } from "../lib/cluster";
 import {
   AFTER_TYPES,
@@ -123,6 +124,10 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
   const [copiesText, setCopiesText] = useState("1");
   const [submitted, setSubmitted] = useState<{ ids: number[]; name: string } | null>(null);
   const [queued, setQueued] = useState(false); // the array as it stands was just submitted
+  // "Resubmit like this" from a pending job: the original stays queued unless this cancels it.
+  const original = replacesWaitingJob(cloneOf, hint !== null) ? cloneOf : null;
+  const [cancelOriginal, setCancelOriginal] = useState(false);
+  const [originalLeft, setOriginalLeft] = useState<{ id: number; error: string } | null>(null);
   // The last check's verdict, for the spec as it was then: any change clears it, and a verdict
   // that arrives after a change (counted in `edits`) is not shown.
   const [verdict, setVerdict] = useState<DryRun | null>(null);
@@ -208,6 +213,18 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
     return false;
   };
 
+  // Once the new job is in, the original it replaces is cancelled when that was asked for: null
+  // when done (or not asked), else the portal's words.
+  const cancelTheOriginal = async (): Promise<string | null> => {
+    if (!original || !cancelOriginal) return null;
+    try {
+      await api(`/api/v1/jobs/${original.id}/cancel/`, { method: "POST" });
+      return null;
+    } catch (err) {
+      return err instanceof Error ? err.message : String(err);
+    }
+  };
+
   const submit = async (event: FormEvent) => {
     event.preventDefault();
     if (!checkedLocally()) return;
@@ -215,15 +232,26 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
     setErrors({});
     setFailure(null);
     setSubmitted(null);
+    setOriginalLeft(null);
     const copies = parseCopies(copiesText);
     if (!isArray(copies)) {
+      let job: JobDetail;
       try {
-        const job = await api<JobDetail>("/api/v1/jobs/", specRequest());
-        navigate(`/jobs/${job.id}`);
+        job = await api<JobDetail>("/api/v1/jobs/", specRequest());
       } catch (err) {
         refused(err, "The portal did not accept the job.");
         setBusy(false);
+        return;
       }
+      const left = await cancelTheOriginal();
+      if (left === null) {
+        navigate(`/jobs/${job.id}`);
+        return;
+      }
+      // The page stays, to say the original could not be cancelled; Submit waits for an edit.
+      setOriginalLeft({ id: job.id, error: left });
+      setQueued(true);
+      setBusy(false);
       return;
     }
     // The page stays, to say which jobs were made: an array has no one page to go to.
@@ -232,6 +260,8 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
       setSubmitted({ ids: created.ids, name: form.name.trim() });
       setQueued(true);
       setVerdict(null); // it was for a queue without these jobs
+      const left = await cancelTheOriginal();
+      if (left !== null && created.ids[0] !== undefined) setOriginalLeft({ id: created.ids[0], error: left });
     } catch (err) {
       const named = err instanceof ApiError ? new ApiError(err.status, err.message, arrayErrors(err.fields)) : err;
       refused(named, "The portal did not accept the jobs.");
@@ -350,6 +380,9 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
           />
         </Field>
       </div>
+      {original && (
+        <OriginalNote original={original} mayCancel={mayManage(original, me)} cancel={cancelOriginal} onCancelChange={setCancelOriginal} left={originalLeft} />
+      )}
       <div className="form-actions">
         {/* After an array is queued the same spec is not submitted again by a second click:
             the button waits for an edit. */}
@@ -382,6 +415,42 @@ function SubmitForm({ choices, cloneOf, hint }: { choices: Choices; cloneOf: Job
       {verdict && <VerdictCard verdict={verdict} onHint={(hint) => replace(specToForm(withHint(formToSpec(form, extra), hint, choices.flavors)))} />}
     </form>
     </>
+  );
+}
+
+/** "Resubmit like this" from a pending job: the original still waits under the same name, and
+ * may be cancelled once the new one is in; `left` says when that was refused. */
+function OriginalNote({
+  original,
+  mayCancel,
+  cancel,
+  onCancelChange,
+  left,
+}: {
+  original: JobDetail;
+  mayCancel: boolean;
+  cancel: boolean;
+  onCancelChange: (on: boolean) => void;
+  left: { id: number; error: string } | null;
+}) {
+  return (
+    <section className="card original-note" aria-label="The original job">
+      <p role="note">
+        The original job <Link href={`/jobs/${original.id}`}>#{original.id}</Link> ({original.name}) is still waiting in the queue, and stays
+        there unless it is cancelled.
+      </p>
+      {mayCancel && (
+        <label className="checkbox">
+          <input type="checkbox" checked={cancel} onChange={(e) => onCancelChange(e.target.checked)} /> Cancel job #{original.id} once this one is
+          submitted
+        </label>
+      )}
+      {left && (
+        <p className="field-error" role="alert">
+          Submitted as job <Link href={`/jobs/${left.id}`}>#{left.id}</Link>, but job #{original.id} could not be cancelled: {left.error}
+        </p>
+      )}
+    </section>
   );
 }
 
@@ -578,17 +647,7 @@ function SpecFields({ form, update, choices, errors, tenants }: FieldsProps) {
 
       <fieldset className="card">
         <legend>Scheduling</legend>
-        <Field id="f-priority" label="Priority" errors={errors("priority")}>
-          <select id="f-priority" value={form.priority} onChange={(e) => update({ priority: e.target.value })}>
-            <option value="">default</option>
-            {choices.priorities.map((p) => (
-              <option key={p.id} value={p.name}>
-                {p.name} ({p.value}
-                {p.preemptible ? ", preemptible" : ""})
-              </option>
-            ))}
-          </select>
-        </Field>
+        <PriorityField form={form} update={update} choices={choices} errors={errors("priority")} />
         <Field id="f-time-limit" label="Time limit" errors={errors("time_limit")} hint="Seconds, or 90m, 36h, 1d12h. Empty: the flavor's limit.">
           <input
             id="f-time-limit"
@@ -691,6 +750,41 @@ function SpecFields({ form, update, choices, errors, tenants }: FieldsProps) {
         <MountEditor form={form} update={update} errors={errors("mounts")} />
       </fieldset>
     </div>
+  );
+}
+
+/** The priority classes, those the user may not use for the chosen VC disabled with the reason. A
+ * spec without a priority gets the default class, which the select shows as chosen. */
+function PriorityField({ form, update, choices, errors }: { form: SpecForm; update: (p: Partial<SpecForm>) => void; choices: Choices; errors: string[] }) {
+  const { me } = useSession();
+  const tenant = choices.vcs.find((vc) => vc.name === form.vc)?.tenant;
+  const fallback = choices.priorities.find((p) => p.is_default)?.name ?? "";
+  const value = form.priority || fallback;
+  const known = choices.priorities.some((p) => p.name === value);
+  const chosen = choices.priorities.find((p) => p.name === value);
+  const refusal = chosen ? priorityRefusal(chosen, me, tenant) : null;
+  return (
+    <Field id="f-priority" label="Priority" errors={errors} hint={refusal ? `${value}: ${refusal}; the portal would refuse the job.` : undefined}>
+      <select
+        id="f-priority"
+        value={value}
+        onChange={(e) => update({ priority: e.target.value })}
+        aria-describedby={describedBy("f-priority", errors, refusal !== null)}
+      >
+        {!known && <option value={value}>{value || "the portal's default"}</option>}
+        {choices.priorities.map((p) => {
+          const why = priorityRefusal(p, me, tenant);
+          return (
+            // The chosen class stays selectable, so that the select shows what the spec says.
+            <option key={p.id} value={p.name} disabled={why !== null && p.name !== value}>
+              {p.name} ({p.value}
+              {p.preemptible ? ", preemptible" : ""}
+              {p.is_default ? ", the default" : ""}){why ? `: ${why}` : ""}
+            </option>
+          );
+        })}
+      </select>
+    </Field>
   );
 }
 
