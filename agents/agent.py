@@ -116,6 +116,7 @@ LOST_LOGS_READ_TIMEOUT_S = 60.0
 # the monitor round: a job that writes fast (or a long log read again after a restart) would
 # otherwise pile up lines in memory between two rounds.
 LOG_BUFFER_CHARS = 4 * 1024 * 1024
+LOG_DRAIN_ON_REMOVE_S = 5.0  # how long a removal waits for the attempt's log pump to finish
 WELCOME_TIMEOUT_S = 30.0
 REMEMBERED_REQUESTS = 1000
 # Shell output waiting in the outbox, in characters and in shell messages; beyond either,
@@ -887,6 +888,12 @@ class Agent:
     async def remove_attempt(self, attempt_id: str) -> None:
         pump = self.log_pumps.pop(attempt_id, None)
         if pump is not None:
+            # The pump of an ended attempt reads the rest of its output and ends by itself: let it,
+            # for a moment. Cancelled at once, it lost the lines written just before the end (a
+            # job's "checkpoint requested at step N") whenever the portal removed the attempt
+            # before the pump had read them.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(pump), LOG_DRAIN_ON_REMOVE_S)
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
         self.log_buffers.pop(attempt_id, None)

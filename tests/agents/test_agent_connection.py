@@ -700,3 +700,34 @@ async def test_the_connected_file_exists_exactly_while_the_agent_is_connected(st
             portal.refuse_all = True
             await wait_for(lambda: portal.refused >= 3)
             assert not agent.connected and not marker.exists()
+
+
+class LaggingReader(ProcessRuntime):
+    """Reads a log a moment after asked to, as a busy host's log pump may."""
+
+    async def logs(self, attempt_id, stream, from_seq=0):  # type: ignore[no-untyped-def,override]
+        await asyncio.sleep(1.0)
+        async for line in super().logs(attempt_id, stream, from_seq):
+            yield line
+
+
+@pytest.mark.asyncio
+async def test_an_attempt_removed_at_once_after_its_end_still_delivers_its_last_lines(
+    state_dir: Path,
+) -> None:
+    """The portal drops an ended attempt from the desired set as soon as it hears of the end;
+    the lines the job printed last must not be lost with its log pump."""
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        agent.runtime = LaggingReader(state_dir, HostPolicy(checkpoint_roots=agent.config.checkpoint_roots))
+        attempt = make_attempt(
+            "att-1", command=[PY, "-c", "print('last words', flush=True)"], gpus=[gpu(agent, 0)]
+        )
+        portal.desired = [attempt]
+        async with running(agent):
+            await wait_for(
+                lambda: (s := portal.last_status("att-1")) is not None and s.state == AttemptState.EXITED
+            )
+            await portal.set_desired([])
+            await wait_for(lambda: agent.store.get("att-1") is None)
+            await wait_for(lambda: portal.log_lines("att-1") == {0: "last words"}, 10)
