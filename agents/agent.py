@@ -206,6 +206,9 @@ class Agent:
         # the attempt's whole grace period (up to an hour), and other tenants' attempts on the
         # node must not wait for it. Only a start that needs their GPUs waits for them.
         self.stopping: dict[str, asyncio.Task[None]] = {}
+        # Removals of ended attempts under way, also outside the lock: each lets the attempt's log
+        # reader finish for up to LOG_DRAIN_ON_REMOVE_S, which no desired set should wait for.
+        self.removing: dict[str, asyncio.Task[None]] = {}
         self.resending: asyncio.Task[None] | None = None  # the resend of lost log lines under way
         # The last checkpoint marker seen per running attempt, and attempts whose newer marker's
         # manifest is being built: checkpoints a job saves on its own are reported too.
@@ -739,6 +742,7 @@ class Agent:
             local = [
                 LocalAttempt(r.attempt_id, r.state, r.grace_s, busy=self._is_busy(r.attempt_id))
                 for r in self.store.all()
+                if r.attempt_id not in self.removing
             ]
             actions = reconcile(desired.attempts, local)
             for action in actions:
@@ -767,7 +771,7 @@ class Agent:
                     if record is not None:
                         self.send(self._status(record))  # same generation: a harmless duplicate
                 elif isinstance(action, Remove):
-                    await self.remove_attempt(action.attempt_id)
+                    self._spawn_remove(action.attempt_id)
             await self.refresh()
 
     def _is_busy(self, attempt_id: str) -> bool:
@@ -776,12 +780,24 @@ class Agent:
     def _spawn_stop(self, attempt_id: str, grace_s: float) -> None:
         """Stop an attempt in a task of its own, noted in ``stopping`` at once (synchronously), so
         that a desired set applied meanwhile leaves it alone and a start needing its GPUs waits."""
-        task = self._spawn(self.stop_attempt(attempt_id, grace_s, ExitReason.STOPPED))
-        self.stopping[attempt_id] = task
+        self._spawn_noted(
+            self.stopping, attempt_id, self.stop_attempt(attempt_id, grace_s, ExitReason.STOPPED)
+        )
+
+    def _spawn_remove(self, attempt_id: str) -> None:
+        """Remove an ended attempt in a task of its own, noted in ``removing`` at once, so that a
+        desired set applied meanwhile neither waits for it nor removes it a second time."""
+        self._spawn_noted(self.removing, attempt_id, self.remove_attempt(attempt_id))
+
+    def _spawn_noted(
+        self, under_way: dict[str, asyncio.Task[None]], attempt_id: str, work: Awaitable[None]
+    ) -> None:
+        task = self._spawn(work)
+        under_way[attempt_id] = task
 
         def done(_: asyncio.Task[None]) -> None:
-            if self.stopping.get(attempt_id) is task:
-                del self.stopping[attempt_id]
+            if under_way.get(attempt_id) is task:
+                del under_way[attempt_id]
 
         task.add_done_callback(done)
 

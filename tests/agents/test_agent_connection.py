@@ -731,3 +731,52 @@ async def test_an_attempt_removed_at_once_after_its_end_still_delivers_its_last_
             await portal.set_desired([])
             await wait_for(lambda: agent.store.get("att-1") is None)
             await wait_for(lambda: portal.log_lines("att-1") == {0: "last words"}, 10)
+
+
+class HeldReader(ProcessRuntime):
+    """Reads one attempt's log only once the test lets it: a log pump still busy with an ended
+    attempt's last output."""
+
+    held_attempt = "att-1"
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.release = asyncio.Event()
+
+    async def logs(self, attempt_id, stream, from_seq=0):  # type: ignore[no-untyped-def,override]
+        if attempt_id == self.held_attempt:
+            await self.release.wait()
+        async for line in super().logs(attempt_id, stream, from_seq):
+            yield line
+
+
+@pytest.mark.asyncio
+async def test_a_removal_waiting_for_its_log_pump_does_not_hold_up_the_next_desired_set(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The removal of an ended attempt waits for its log pump; a start that comes meanwhile must
+    not wait with it. The pump here reads only once the second attempt has started, and removal
+    would wait 60 s for it: holding the desired sets, it lost the first attempt's last line."""
+    monkeypatch.setattr("agents.agent.LOG_DRAIN_ON_REMOVE_S", 60.0)
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        reader = HeldReader(state_dir, HostPolicy(checkpoint_roots=agent.config.checkpoint_roots))
+        agent.runtime = reader
+        first = make_attempt(
+            "att-1", command=[PY, "-c", "print('last words', flush=True)"], gpus=[gpu(agent, 0)]
+        )
+        second = make_attempt("att-2", command=[PY, "-c", "print('next', flush=True)"], gpus=[gpu(agent, 0)])
+        portal.desired = [first]
+        async with running(agent):
+            await wait_for(
+                lambda: (s := portal.last_status("att-1")) is not None and s.state == AttemptState.EXITED
+            )
+            reports = len(portal.statuses("att-1"))
+            await portal.set_desired([])
+            await wait_for(lambda: len(portal.statuses("att-1")) > reports)  # reported again, then removed
+            await portal.set_desired([second])
+            await wait_for(lambda: portal.log_lines("att-2") == {0: "next"}, 20)
+            assert agent.store.get("att-1") is not None  # its removal still waits for the pump
+            reader.release.set()
+            await wait_for(lambda: portal.log_lines("att-1") == {0: "last words"}, 20)
+            await wait_for(lambda: agent.store.get("att-1") is None)
