@@ -683,6 +683,7 @@ def end_overdue_stops(now: datetime, force_after_s: int, profile_grace_s: float)
     return requeued
 
 
+@transaction.atomic
 def suspend_job(job: Job, suspend: core.Suspend) -> bool:
     """running -> suspended: its processes are paused where they are (the desired set says so,
     level-triggered) and its allocations parked, so the job taking its turn gets the GPUs."""
@@ -730,7 +731,7 @@ def resume_job(job: Job, start: core.Start, now: float) -> bool:
             JobAttempt.objects.filter(pk=attempt.pk).update(
                 state=AttemptState.RUNNING, resumed_at=from_epoch(now)
             )
+            desired_set_changed({a.node_id for a in parked})
     except IntegrityError:  # a GPU is held by another job: a stale view, the next cycle decides again
         return False
-    desired_set_changed({a.node_id for a in parked})
     return True

@@ -19,16 +19,15 @@ def node_group(node_id: int) -> str:
 
 
 def desired_set_changed(node_ids: Iterable[int]) -> None:
-    """Call inside the transaction that changed what these nodes should run. The nodes are
-    locked in id order first, as the cycle locks them: an UPDATE of several rows locks them in
-    whatever order it finds them, which could deadlock with a cycle holding one of them."""
+    """Call inside the transaction that changed what these nodes should run. One statement locks
+    the nodes in id order, as the cycle locks them, and bumps their revisions: an UPDATE of
+    several rows alone locks them in whatever order it finds them, which could deadlock with a
+    cycle holding one of them."""
     ids = sorted(set(node_ids))
     if not ids:
         return
-    with transaction.atomic():  # a savepoint in the caller's transaction; the lock needs one
-        nodes = Node.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk")
-        list(nodes.values_list("pk", flat=True))
-        Node.objects.filter(pk__in=ids).update(desired_revision=F("desired_revision") + 1)
+    in_id_order = Node.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk").values("pk")
+    Node.objects.filter(pk__in=in_id_order).update(desired_revision=F("desired_revision") + 1)
     transaction.on_commit(lambda: _send_all(ids, {"type": "desired.changed"}))
 
 

@@ -194,8 +194,8 @@ def revoke_node(node: Node, actor: Any, reason: str = "") -> list[int]:
     from portal.jobs.services import lock_jobs_holding, request_scheduling_cycle, requeue_jobs_holding
 
     why = reason or "agent credentials revoked by an admin"
-    lock_jobs_holding(Allocation.objects.filter(node=node, released_at__isnull=True))
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    lock_jobs_holding(Allocation.objects.filter(node=node, released_at__isnull=True), and_nodes=[node.pk])
+    node = Node.objects.get(pk=node.pk)  # locked above
     node.revoked_at = node.revoked_at or timezone.now()
     node.state, node.state_reason = NodeState.CORDONED, f"untrusted: {why}"[:200]
     node.save(update_fields=["revoked_at", "state", "state_reason"])
@@ -539,10 +539,7 @@ def record_gpu_health(node: Node, samples: Iterable[GpuSample]) -> list[str]:
     if not failing or not candidates.exists():
         return []
     holding = Allocation.objects.filter(gpu__in=candidates, released_at__isnull=True)
-    lock_jobs_holding(holding)
-    their_nodes = Allocation.objects.filter(attempt__in=holding.values("attempt_id")).values("node_id")
-    nodes = Node.objects.filter(models.Q(pk=node.pk) | models.Q(pk__in=their_nodes))
-    list(nodes.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
+    lock_jobs_holding(holding, and_nodes=[node.pk])
     # Read again under the lock: a GPU another report took out meanwhile is left alone.
     locked = {gpu.uuid: gpu for gpu in candidates.select_for_update().order_by("pk")}
 

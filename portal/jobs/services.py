@@ -5,7 +5,7 @@ also writes a JobEvent, so a lost race changes nothing and every change leaves a
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -1463,38 +1463,34 @@ def requeue_jobs_of_lost_node(node: Node) -> list[int]:
     )
 
 
-def lock_jobs_holding(allocations: models.QuerySet[Allocation]) -> None:
-    """Takes the row locks of the jobs holding these allocations, in id order. For a writer that
-    changes the node (or GPU) under them and then requeues them: it locks the jobs first, as the
-    cycle and every job transition do (jobs, then nodes, then GPUs); holding the node while it
-    waited for a job, it would deadlock with a writer that holds the job and needs the node."""
-    job_ids = allocations.values("attempt__job_id")
-    list(Job.objects.select_for_update().filter(pk__in=job_ids).order_by("pk").values_list("pk", flat=True))
+def lock_jobs_holding(allocations: models.QuerySet[Allocation], and_nodes: Iterable[int] = ()) -> list[Job]:
+    """Takes the row locks of the active jobs holding these allocations, then of every node they
+    hold GPUs on (and of `and_nodes`), each in id order, and returns the jobs. For a writer that
+    changes the nodes or GPUs under the jobs and requeues them: it locks in the order of the
+    cycle and of every job transition (jobs, then nodes, then GPUs). Holding a node while it
+    waited for a job deadlocked with a writer that held the job and needed the node; requeued
+    one after another, the jobs' nodes were written out of id order and deadlocked with a cycle
+    locking them in order (FOR SHARE)."""
+    jobs = list(
+        Job.objects.select_for_update()
+        .filter(pk__in=allocations.values("attempt__job_id"), state__in=ACTIVE_STATES)
+        .order_by("pk")
+    )
+    their_nodes = Allocation.objects.filter(
+        attempt__job__in=[job.pk for job in jobs], released_at__isnull=True
+    ).values("node_id")
+    nodes = Node.objects.filter(Q(pk__in=their_nodes) | Q(pk__in=list(and_nodes)))
+    list(nodes.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
+    return jobs
 
 
 @transaction.atomic
 def requeue_jobs_holding(allocations: models.QuerySet[Allocation], reason: str) -> list[int]:
     """The jobs holding these allocations are lost (their attempt ends, GPUs freed) and go back to
-    the queue, to resume from their last checkpoint on a new attempt.
-
-    The jobs are locked first, then every node they hold GPUs on, each in id order, before the
-    first requeue writes a node: requeued one after another, job by job, the nodes were written
-    out of id order and could deadlock with a cycle locking them in order (FOR SHARE)."""
-    job_ids = set(allocations.values_list("attempt__job_id", flat=True))
-    jobs = list(
-        Job.objects.select_for_update().filter(pk__in=job_ids, state__in=ACTIVE_STATES).order_by("pk")
-    )
-    their_nodes = Allocation.objects.filter(
-        attempt__job__in=[job.pk for job in jobs], released_at__isnull=True
-    ).values("node_id")
-    list(
-        Node.objects.select_for_update(no_key=True)
-        .filter(pk__in=their_nodes)
-        .order_by("pk")
-        .values_list("pk", flat=True)
-    )
+    the queue, to resume from their last checkpoint on a new attempt. A caller that locked them
+    already (lock_jobs_holding) loses nothing by their being locked again here."""
     requeued = []
-    for job in jobs:
+    for job in lock_jobs_holding(allocations):
         attempt = job.current_attempt()
         # Read again under the job's lock: a caller that read the allocations before another one
         # requeued the job (a redelivered heartbeat check, say) would otherwise end the next

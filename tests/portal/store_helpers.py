@@ -36,7 +36,7 @@ def run(job_id: int) -> None:
 
 
 def placed_attempt(api_for: Any, command: str = "sleep 600") -> tuple[Node, JobAttempt]:
-    """A one-GPU job of alice's placed by a real cycle on a100-node-1 (the only ready node)."""
+    """A two-GPU job (s-A100) of alice's placed by a real cycle on a100-node-1 (the only ready node)."""
     from scheduler.tasks import run_cycle
 
     Node.objects.exclude(name="a100-node-1").update(state="cordoned")
