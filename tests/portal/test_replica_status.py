@@ -17,6 +17,7 @@ from portal.agentgw.desired import agent_attempt_id
 from portal.cluster.models import Node
 from portal.jobs.models import JobAttempt
 from portal.jobs.services import record_attempt_status
+from portal.lib.channels import publish
 from portal.lib.redis import get_redis
 from portal.live.hub import channel_for
 from portal.live.publish import ALL_JOBS_GROUP, job_group, tenant_group
@@ -101,24 +102,45 @@ def test_a_changed_message_reaches_the_job_page_and_a_repeat_does_not(api_for: A
     alice = api_for("alice")
     job_id, attempt = placed_job(alice)
     tenant_id = attempt.job.tenant_id
-    pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(
-        channel_for(job_group(job_id)), channel_for(tenant_group(tenant_id)), channel_for(ALL_JOBS_GROUP)
-    )
+    job_topic = channel_for(job_group(job_id))
+    topics = [job_topic, channel_for(tenant_group(tenant_id)), channel_for(ALL_JOBS_GROUP)]
+    pubsub = get_redis().pubsub()
+    markers = itertools.count()
 
-    def hints(wait_s: float = 1.5) -> list[tuple[str, dict[str, Any]]]:
-        """What arrived until `wait_s` passed without another message."""
-        found = []
-        deadline = time.monotonic() + wait_s
+    def next_message(what: str) -> dict[str, Any]:
+        """The deadline only keeps a broken sender from hanging the suite."""
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            message = pubsub.get_message(timeout=0.2)
+            message = pubsub.get_message(timeout=1.0)
             if message is not None:
-                found.append((message["channel"].decode(), json.loads(message["data"])))
-                deadline = time.monotonic() + wait_s
+                return message
+        raise AssertionError(f"no {what} arrived")
+
+    def hints() -> list[tuple[str, dict[str, Any]]]:
+        """The hints handed to this process's sender since the last call.
+
+        The sender publishes them from its own thread, which on a loaded machine may run long
+        after the change: waiting for a lull took a late hint of one step for one of the next,
+        and heard those of the submission and the placement after the first report. But it
+        publishes in the order it was handed, and Redis delivers them in that order: a marker
+        handed to it now comes after every hint of the steps so far and before any of the next."""
+        marker = f"marker {next(markers)}"
+        publish(job_topic, marker)
+        found = []
+        while (message := next_message(marker))["data"] != marker.encode():
+            found.append((message["channel"].decode(), json.loads(message["data"])))
         return found
 
-    job_topic = channel_for(job_group(job_id))
     try:
+        # Subscribed before the first marker is published, or it would never be heard.
+        pubsub.subscribe(*topics)
+        subscribed = set()
+        while len(subscribed) < len(topics):
+            message = next_message("subscription")
+            if message["type"] == "subscribe":
+                subscribed.add(message["channel"].decode())
+        hints()  # the submission's and the placement's, and any still queued by earlier tests
+
         # The first report moves the job to starting: that move is told everywhere, once.
         assert report(attempt, 0, AttemptState.STARTING, "pulling registry.example.org/ml/pytorch:24.10")
         first = hints()
