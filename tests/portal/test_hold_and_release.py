@@ -4,8 +4,6 @@ entry. Holding a job that holds GPUs: tests/portal/test_pause_running_job.py."""
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 import pytest
@@ -14,10 +12,10 @@ from portal.accounts.models import AuditEntry
 from portal.cluster.models import Node
 from portal.jobs.choices import JobState
 from portal.jobs.models import Job
-from portal.lib.redis import get_redis
 from portal.live.hub import channel_for
 from portal.live.publish import job_group
 from scheduler.tasks import run_cycle
+from tests.portal.hint_helpers import HintListener
 from tests.portal.store_helpers import live_profile, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,20 +73,15 @@ def test_hold_and_release_reach_open_pages_at_once(api_for: Any, paused_loop: An
     its next poll (the hub forwards what arrives on the job's channel to its browsers)."""
     alice = api_for("alice")
     job_id = submit(alice, "watched", flavor="s-A100")
-    pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(channel_for(job_group(job_id)))
+    with HintListener(channel_for(job_group(job_id))) as listener:  # the submission's dropped
 
-    def next_hint(seen: int) -> dict[str, Any]:
-        """The first hint newer than version `seen` (the job before the action): a page drops
-        older ones, such as the submission's, should it arrive after the subscription."""
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            message = pubsub.get_message(timeout=1)
-            if message is not None and json.loads(message["data"])["version"] > seen:
-                return dict(json.loads(message["data"]))
-        pytest.fail("no hint was published for the job")
+        def next_hint(seen: int) -> dict[str, Any]:
+            """The first hint of the action newer than version `seen` (the job before it): a
+            page drops older ones."""
+            newer = [hint for _, hint in listener.hints() if hint["version"] > seen]
+            assert newer, "no hint was published for the job"
+            return dict(newer[0])
 
-    try:
         before = Job.objects.get(pk=job_id).version
         assert alice.post(f"/api/v1/jobs/{job_id}/hold/").status_code == 200
         hint = next_hint(before)
@@ -97,8 +90,6 @@ def test_hold_and_release_reach_open_pages_at_once(api_for: Any, paused_loop: An
         before = Job.objects.get(pk=job_id).version
         assert alice.post(f"/api/v1/jobs/{job_id}/release/").status_code == 200
         assert next_hint(before)["pending_reason"] == "new"
-    finally:
-        pubsub.close()
 
 
 def test_a_cycle_that_read_the_job_before_its_hold_does_not_overwrite_the_hold(

@@ -4,8 +4,6 @@ and another tenant does not learn the job exists."""
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 import pytest
@@ -13,11 +11,11 @@ import pytest
 from portal.cluster.models import Node
 from portal.jobs.choices import JobState
 from portal.jobs.models import Job
-from portal.lib.redis import get_redis
 from portal.live.hub import channel_for
 from portal.live.publish import job_group
 from scheduler.tasks import run_cycle
 from tests.integration.scripted_agents import ScriptedAgents
+from tests.portal.hint_helpers import HintListener
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,21 +74,13 @@ def test_a_running_job_without_checkpointing_is_refused_with_409(api_for: Any, p
 
 
 def test_a_pause_reaches_open_pages_at_once(api_for: Any, paused_loop: Any) -> None:
+    """The pause's hint is handed to the sender by the time the request answers: an open page
+    does not wait for its next poll to see the job checkpointing."""
     job_id = running_job(api_for, checkpoint={"enabled": True})
-    pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(channel_for(job_group(job_id)))
-    try:
+    with HintListener(channel_for(job_group(job_id))) as listener:  # the start's hints dropped
         assert api_for("alice").post(f"/api/v1/jobs/{job_id}/hold/").status_code == 200
-        # Hints of the job's start may still arrive: the pause's is the one that says checkpointing.
-        hints: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(h["state"] == "checkpointing" for h in hints):
-            message = pubsub.get_message(timeout=1)
-            if message is not None:
-                hints.append(json.loads(message["data"]))
-        hint = next((h for h in hints if h["state"] == "checkpointing"), None)
-        assert hint is not None, hints
-        assert hint["pending_reason"] == "held"
-        assert hint["pending_message"].startswith("Paused by alice")
-    finally:
-        pubsub.close()
+        hints = [hint for _, hint in listener.hints()]
+    hint = next((h for h in hints if h["state"] == "checkpointing"), None)
+    assert hint is not None, hints
+    assert hint["pending_reason"] == "held"
+    assert hint["pending_message"].startswith("Paused by alice")

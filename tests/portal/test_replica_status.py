@@ -5,8 +5,6 @@ which hears of a message that changed even though the job did not move."""
 from __future__ import annotations
 
 import itertools
-import json
-import time
 from typing import Any
 
 import pytest
@@ -17,11 +15,10 @@ from portal.agentgw.desired import agent_attempt_id
 from portal.cluster.models import Node
 from portal.jobs.models import JobAttempt
 from portal.jobs.services import record_attempt_status
-from portal.lib.channels import publish
-from portal.lib.redis import get_redis
 from portal.live.hub import channel_for
 from portal.live.publish import ALL_JOBS_GROUP, job_group, tenant_group
 from scheduler.tasks import run_cycle
+from tests.portal.hint_helpers import HintListener
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -104,46 +101,12 @@ def test_a_changed_message_reaches_the_job_page_and_a_repeat_does_not(api_for: A
     tenant_id = attempt.job.tenant_id
     job_topic = channel_for(job_group(job_id))
     topics = [job_topic, channel_for(tenant_group(tenant_id)), channel_for(ALL_JOBS_GROUP)]
-    pubsub = get_redis().pubsub()
-    markers = itertools.count()
-
-    def next_message(what: str) -> dict[str, Any]:
-        """The deadline only keeps a broken sender from hanging the suite."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            message = pubsub.get_message(timeout=1.0)
-            if message is not None:
-                return message
-        raise AssertionError(f"no {what} arrived")
-
-    def hints() -> list[tuple[str, dict[str, Any]]]:
-        """The hints handed to this process's sender since the last call.
-
-        The sender publishes them from its own thread, which on a loaded machine may run long
-        after the change: waiting for a lull took a late hint of one step for one of the next,
-        and heard those of the submission and the placement after the first report. But it
-        publishes in the order it was handed, and Redis delivers them in that order: a marker
-        handed to it now comes after every hint of the steps so far and before any of the next."""
-        marker = f"marker {next(markers)}"
-        publish(job_topic, marker)
-        found = []
-        while (message := next_message(marker))["data"] != marker.encode():
-            found.append((message["channel"].decode(), json.loads(message["data"])))
-        return found
-
-    try:
-        # Subscribed before the first marker is published, or it would never be heard.
-        pubsub.subscribe(*topics)
-        subscribed = set()
-        while len(subscribed) < len(topics):
-            message = next_message("subscription")
-            if message["type"] == "subscribe":
-                subscribed.add(message["channel"].decode())
-        hints()  # the submission's and the placement's, and any still queued by earlier tests
-
+    # The submission's and the placement's hints, and any still queued by earlier tests, are
+    # dropped once subscribed.
+    with HintListener(*topics) as listener:
         # The first report moves the job to starting: that move is told everywhere, once.
         assert report(attempt, 0, AttemptState.STARTING, "pulling registry.example.org/ml/pytorch:24.10")
-        first = hints()
+        first = listener.hints()
         assert sorted(channel for channel, _ in first) == sorted(
             [job_topic, channel_for(tenant_group(tenant_id)), channel_for(ALL_JOBS_GROUP)]
         )
@@ -151,14 +114,14 @@ def test_a_changed_message_reaches_the_job_page_and_a_repeat_does_not(api_for: A
 
         # Progress: the job does not move, its page hears of it.
         assert report(attempt, 0, AttemptState.STARTING, PULLING)
-        progress = hints()
+        progress = listener.hints()
         assert [channel for channel, _ in progress] == [job_topic]
         assert progress[0][1]["kind"] == "job" and progress[0][1]["job"] == job_id
         assert progress[0][1]["state"] == "starting"
 
         # The same message again (a new generation, as after an agent's reconnect): nothing.
         assert report(attempt, 0, AttemptState.STARTING, PULLING)
-        assert hints() == []
+        assert listener.hints() == []
         # A late report (an older generation) is refused and publishes nothing either.
         late = AttemptStatus(
             attempt_id=agent_attempt_id(attempt, 0),
@@ -169,6 +132,4 @@ def test_a_changed_message_reaches_the_job_page_and_a_repeat_does_not(api_for: A
             message="pulling registry.example.org/ml/pytorch:24.10: 1 of 1,024 MiB",
         )
         assert not record_attempt_status(Node.objects.get(name="a100-node-1"), late)
-        assert hints() == []
-    finally:
-        pubsub.close()
+        assert listener.hints() == []
