@@ -36,6 +36,7 @@ from gpuportal.client import (
     NotFound,
     PortalClient,
     PortalError,
+    Unreachable,
     parse_yaml_spec,
 )
 from gpuportal.models import (
@@ -46,6 +47,7 @@ from gpuportal.models import (
     JobEvent,
     JobTemplate,
     LogLine,
+    Me,
     Quota,
     TenantMember,
     VirtualCluster,
@@ -315,6 +317,30 @@ def cmd_login(ctx: Context) -> int:
     url = (args.url or os.environ.get(config.ENV_URL) or stored.get("url") or "").rstrip("/")
     if not url:
         raise UsageError("which portal? give --url URL (e.g. https://gpus.example.org)")
+    if not url.lower().startswith(("http://", "https://")):
+        raise UsageError(f"{url} is not a portal URL: give it with http:// or https://, e.g. https://{url}")
+    try:
+        token, me = sign_in(args, url)
+    except NotFound:
+        # The sign-in and /me/ exist on every portal: a 404 means the URL is not the portal's
+        # address (often the API's own path, .../api/v1, given as the portal's).
+        own = url.removesuffix("/api/v1") if url.endswith("/api/v1") else "https://gpus.example.org"
+        raise Unreachable(
+            f"{url} is not the portal's address (no portal API at {url}/api/v1/): give the"
+            f" address its web app opens at, e.g. gpuportal login --url {own}"
+        ) from None
+    path = config.save(url, token, me.username)
+    tenants = ", ".join(f"{m.tenant} ({m.role})" for m in me.memberships) or "no tenant"
+    ctx.err.print(f"Signed in to {escape(url)} as [bold]{escape(me.username)}[/]: {escape(tenants)}.")
+    ctx.err.print(f"Token stored in {escape(str(path))} (readable only by you).")
+    if os.environ.get(config.ENV_TOKEN):
+        ctx.err.print("[yellow]Note: GPUPORTAL_TOKEN is set and overrides the stored token.[/]")
+    return OK
+
+
+def sign_in(args: argparse.Namespace, url: str) -> tuple[str, Me]:
+    """The token `login` stores (the one given, or a new one made with the password) and
+    whom it signs in as."""
     if args.token:
         token = args.token
         with PortalClient(url, token) as client:
@@ -333,18 +359,14 @@ def cmd_login(ctx: Context) -> int:
         token = created.token
         with PortalClient(url, token) as client:
             me = client.me()
-    path = config.save(url, token, me.username)
-    tenants = ", ".join(f"{m.tenant} ({m.role})" for m in me.memberships) or "no tenant"
-    ctx.err.print(f"Signed in to {escape(url)} as [bold]{escape(me.username)}[/]: {escape(tenants)}.")
-    ctx.err.print(f"Token stored in {escape(str(path))} (readable only by you).")
-    if os.environ.get(config.ENV_TOKEN):
-        ctx.err.print("[yellow]Note: GPUPORTAL_TOKEN is set and overrides the stored token.[/]")
-    return OK
+    return token, me
 
 
 def cmd_logout(ctx: Context) -> int:
-    removed = config.forget()
-    ctx.err.print("Stored token removed; the portal's URL is kept." if removed else "No stored token.")
+    if not config.forget():
+        ctx.err.print("No stored token.")
+        return OK
+    ctx.err.print("Stored token removed; the portal's URL is kept.")
     ctx.err.print("The token stays valid on the portal until it expires; revoke it at /api/v1/tokens/.")
     return OK
 
@@ -372,7 +394,9 @@ def cmd_submit(ctx: Context) -> int:
         job = ctx.client().submit_job(text)
     except BadRequest as error:
         if set(error.errors) != {"detail"}:  # field errors: say which file they are about
-            raise BadRequest(f"the portal refused the job spec in {args.file}", error.errors) from None
+            raise BadRequest(
+                f"the portal refused the job spec in {spec_source(args.file)}", error.errors
+            ) from None
         raise
     if args.output == "json":
         print_json(ctx, job.model_dump(mode="json"))
@@ -435,7 +459,7 @@ def report_array(ctx: Context, job_ids: list[int]) -> int:
     if not ctx.args.quiet:
         last = len(job_ids) - 1
         ctx.err.print(
-            f"Submitted a job array of {len(job_ids)} from {escape(ctx.args.file)}: jobs "
+            f"Submitted a job array of {len(job_ids)} from {escape(spec_source(ctx.args.file))}: jobs "
             f"{index_ranges(job_ids)} (names ending in -0 to -{last}, ARRAY_INDEX 0 to {last})."
         )
     return OK
@@ -1016,17 +1040,22 @@ def cmd_webhooks(ctx: Context) -> int:
     return OK if hook.last_delivery_ok else JOB_FAILED
 
 
+def spec_source(name: str) -> str:
+    """How messages name where a spec came from: its file, or standard input for `-`."""
+    return "standard input" if name == "-" else name
+
+
 def read_spec_file(name: str) -> str:
     """The text of a spec file (- for stdin), refused before anything is sent when it cannot
     be read or is empty."""
     try:
         text = sys.stdin.read() if name == "-" else Path(name).read_text()
     except OSError as error:
-        raise UsageError(f"cannot read {name}: {error.strerror or error}") from None
+        raise UsageError(f"cannot read {spec_source(name)}: {error.strerror or error}") from None
     except UnicodeDecodeError:
-        raise UsageError(f"{name} is not UTF-8 text") from None
+        raise UsageError(f"{spec_source(name)} is not UTF-8 text") from None
     if not text.strip():
-        raise UsageError(f"{name} is empty")
+        raise UsageError(f"{spec_source(name)} is empty")
     return text
 
 
@@ -1072,11 +1101,15 @@ def cmd_templates(ctx: Context) -> int:
                 args.name, spec, description=args.description, shared=args.shared
             )
         except BadRequest as error:
-            if set(error.errors) != {"detail"}:
-                raise BadRequest(
-                    f"template {args.name} not saved: the spec in {args.file} was refused", error.errors
-                ) from None
-            raise
+            if set(error.errors) == {"detail"}:
+                raise
+            # Only errors under `spec` are about the file; the template's own fields (a name
+            # already used, or one the portal does not take) are not, and must not read so.
+            about_spec = all(field == "spec" or field.startswith("spec.") for field in error.errors)
+            reason = (
+                f"the spec in {spec_source(args.file)} was refused" if about_spec else "the portal refused it"
+            )
+            raise BadRequest(f"template {args.name} not saved: {reason}", error.errors) from None
         if args.output == "json":
             print_json(ctx, template.model_dump(mode="json"))
         else:
@@ -1193,6 +1226,21 @@ def with_members_list_implied(argv: Sequence[str]) -> list[str]:
     return [args[0], "list", *args[1:]]
 
 
+def at_least(low: int, what: str) -> Callable[[str], int]:
+    """An argparse type for a whole number of at least `low`; `what` names it in the refusal."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = low - 1
+        if number < low:
+            raise argparse.ArgumentTypeError(f"{what} is a whole number from {low}, not {value!r}")
+        return number
+
+    return parse
+
+
 def job_id(value: str) -> int:
     if not value.isdigit():
         raise argparse.ArgumentTypeError(f"a job id is a number, not {value!r}")
@@ -1239,7 +1287,12 @@ def build_parser() -> argparse.ArgumentParser:
     login.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
     login.add_argument("--token", help="store this API token instead of signing in with a password")
     login.add_argument("--token-name", help="the name the new token gets on the portal")
-    login.add_argument("--expires-in-days", type=int, default=90, help="0 means never (default 90)")
+    login.add_argument(
+        "--expires-in-days",
+        type=at_least(0, "a token's lifetime in days"),
+        default=90,
+        help="0 means never (default 90)",
+    )
 
     add("logout", cmd_logout, "forget the stored token")
     add_output(add("whoami", cmd_whoami, "who the stored token signs in as"))
@@ -1272,19 +1325,28 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
     listing.add_argument("--vc", help="only jobs of this virtual cluster")
     listing.add_argument("--all", action="store_true", help="jobs of everyone in your tenants")
-    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    listing.add_argument(
+        "--limit", type=at_least(1, "the limit"), default=50, help="at most this many (default 50)"
+    )
     add_output(listing)
 
     status = add("status", cmd_status, "a job's state, attempts, placement and events")
     status.add_argument("job_id", type=job_id)
-    status.add_argument("--events", type=int, default=20, help="show the last N events (0 = all)")
+    status.add_argument(
+        "--events",
+        type=at_least(0, "the number of events"),
+        default=20,
+        help="show the last N events (0 = all)",
+    )
     add_output(status)
 
     logs = add("logs", cmd_logs, "a job's output")
     logs.add_argument("job_id", type=job_id)
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     logs.add_argument(
-        "--attempt", type=int, help="this attempt (default: the latest; -f starts at the first)"
+        "--attempt",
+        type=at_least(1, "an attempt"),
+        help="this attempt (default: the latest; -f starts at the first)",
     )
 
     for name, (help_text, _) in JOB_CHANGES.items():

@@ -586,3 +586,101 @@ def test_templates_save_names_a_yaml_date_instead_of_crashing(
     )
     assert cli.main(["templates", "save", "nightly", str(spec)]) == cli.USAGE
     assert f"spec.env.TRANSFORMERS_VERSION: {refusal}" in capsys.readouterr().err  # the portal's words
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["list", "--limit", "0"], "argument --limit: the limit is a whole number from 1, not '0'"),
+        (["list", "--limit", "-3"], "the limit is a whole number from 1, not '-3'"),
+        (["status", "7", "--events", "-1"], "the number of events is a whole number from 0, not '-1'"),
+        (["logs", "7", "--attempt", "0"], "an attempt is a whole number from 1, not '0'"),
+        (
+            ["login", "--url", "http://gpus.example.org", "--expires-in-days", "-1"],
+            "a token's lifetime in days is a whole number from 0, not '-1'",
+        ),
+    ],
+    ids=["limit-0", "limit-negative", "events-negative", "attempt-0", "expiry-negative"],
+)
+def test_counts_out_of_range_are_refused_before_anything_is_sent(
+    home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    words: str,
+) -> None:
+    """`list --limit 0` listed one job and `status --events -1` all but the first event (a
+    slice from the end); `login --expires-in-days -1` signed in with the password before the
+    portal refused the lifetime. Each is a usage error now, named by its option."""
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    sent = cli_against(monkeypatch, lambda r: httpx.Response(500))
+    with pytest.raises(SystemExit) as exited:
+        cli.main(args)
+    assert exited.value.code == cli.USAGE
+    assert words in capsys.readouterr().err
+    assert not sent
+
+
+def test_login_says_which_url_to_give(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A URL without its scheme was "cannot reach ...: Request URL is missing an 'http://' or
+    'https://' protocol" (exit 5); the API's own path given as the portal's was "error: not
+    found" (exit 3)."""
+    sent = cli_against(monkeypatch, lambda r: httpx.Response(404, json={"detail": "Not found."}))
+    assert cli.main(["login", "--url", "gpus.example.org", "--token", "gpp_t"]) == cli.USAGE
+    err = capsys.readouterr().err
+    assert "gpus.example.org is not a portal URL: give it with http:// or https://" in err
+    assert not sent
+
+    code = cli.main(["login", "--url", "https://gpus.example.org/api/v1", "--token", "gpp_t"])
+    assert code == cli.UNREACHABLE
+    err = capsys.readouterr().err
+    assert "https://gpus.example.org/api/v1 is not the portal's address" in err
+    assert "gpuportal login --url https://gpus.example.org" in err
+    assert not config.config_path().exists()  # nothing stored
+
+
+def test_logout_without_a_token_says_only_that(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["logout"]) == cli.OK
+    assert capsys.readouterr().err.splitlines() == ["No stored token."]  # no token to revoke
+
+
+def test_a_refused_spec_from_stdin_is_named_so(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    cli_against(monkeypatch, lambda r: httpx.Response(400, json={"flavor": ["No flavor named 'x'."]}))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("name: a\nvc: vision\nflavor: x\ncommand: echo\n"))
+    assert cli.main(["submit", "-"]) == cli.USAGE
+    err = capsys.readouterr().err
+    assert "error: the portal refused the job spec in standard input" in err
+    assert "flavor: No flavor named 'x'." in err
+
+
+def test_templates_save_tells_a_refused_name_from_a_refused_spec(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A name already used is the template's fault, not the file's: it read "the spec in
+    job.yaml was refused"."""
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    answers = iter(
+        [
+            {"name": ["You already have a template named 'train'."]},
+            {"spec": {"vc": ["No virtual cluster named 'nope' that you can submit to."]}},
+        ]
+    )
+    cli_against(monkeypatch, lambda r: httpx.Response(400, json=next(answers)))
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: a\nvc: vision\nflavor: s-A100\ncommand: echo\n")
+
+    assert cli.main(["templates", "save", "train", str(spec)]) == cli.USAGE
+    err = capsys.readouterr().err
+    assert "error: template train not saved: the portal refused it" in err
+    assert "name: You already have a template named 'train'." in err
+    assert "the spec in" not in err
+
+    assert cli.main(["templates", "save", "train", str(spec)]) == cli.USAGE
+    err = capsys.readouterr().err
+    assert f"error: template train not saved: the spec in {spec} was refused" in err
+    assert "spec.vc: No virtual cluster named 'nope' that you can submit to." in err
