@@ -1,12 +1,13 @@
 # Two commands do all set-up on a fresh machine:
 #   make up     run the demo cluster (private PostgreSQL and Redis under var/)
+#   make down   stop that PostgreSQL and Redis, which make up leaves running after Ctrl-C
 #   make test   run the whole test suite (private PostgreSQL and Redis on free ports)
 
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint format system-packages frontend screenshots clean
+.PHONY: up down test lint format system-packages frontend screenshots clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@PY=$$(scripts/find-python.sh) || exit 1; \
@@ -24,6 +25,9 @@ frontend:
 
 up: system-packages $(STAMP) frontend
 	$(VPY) -m portal.devstack up
+
+down:
+	@if [ -x $(VPY) ]; then $(VPY) -m portal.devstack down; fi
 
 test: $(STAMP)
 	@bash scripts/system-packages.sh test
@@ -43,5 +47,5 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-clean:
+clean: down
 	rm -rf $(VENV) var

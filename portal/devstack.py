@@ -3,6 +3,7 @@
 Runs before Django is configured, so it imports nothing from Django. Usage:
 
     python -m portal.devstack up            # demo cluster on var/, until Ctrl-C
+    python -m portal.devstack down          # stop the PostgreSQL and Redis that `up` leaves running
     python -m portal.devstack test [ARGS]   # pytest against services on free ports in a temp dir
 
 When DATABASE_URL or REDIS_URL is already set, that service is used as it is.
@@ -444,6 +445,33 @@ DEMO_BANNER = """
 """
 
 
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stops the PostgreSQL and Redis that `make up` leaves running under var/ (Ctrl-C stops
+    only the web server, worker, beat and agents, so that the next `make up` starts at once).
+    The data stays; `make clean` removes it."""
+    run_dir = REPO / "var"
+    data = run_dir / "pg"
+    if (data / "postmaster.pid").exists():
+        log(f"stopping PostgreSQL ({data})")
+        subprocess.run(
+            _as_pg([str(postgres_bin() / "pg_ctl"), "-D", str(data), "stop", "-m", "fast"], pg_os_user()),
+            check=False,
+            stdout=subprocess.DEVNULL,
+        )
+    else:
+        log("PostgreSQL is not running")
+    if port_open(args.redis_port):
+        log(f"stopping Redis (port {args.redis_port})")
+        subprocess.run(
+            ["redis-cli", "-p", str(args.redis_port), "shutdown", "nosave"],
+            check=False,
+            stdout=subprocess.DEVNULL,
+        )
+    else:
+        log("Redis is not running")
+    return 0
+
+
 def cmd_test(args: argparse.Namespace) -> int:
     with private_services() as services:
         # Development settings (no TLS redirect, a throw-away key); pytest-django still runs with DEBUG off.
@@ -463,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     up.add_argument("--pg-port", type=int, default=55432)
     up.add_argument("--redis-port", type=int, default=56379)
+    down = sub.add_parser("down", help="stop the PostgreSQL and Redis that `up` leaves running")
+    down.add_argument("--redis-port", type=int, default=56379)
     test = sub.add_parser("test", help="run pytest on private services")
     test.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args, extra = parser.parse_known_args(argv)
@@ -472,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "up":
         return cmd_up(args)
+    if args.command == "down":
+        return cmd_down(args)
     return cmd_test(args)
 
 

@@ -52,3 +52,33 @@ def test_a_background_supervisor_stops_on_sigint_and_sigterm(sig: signal.Signals
     assert (stopped, code) == ("stopped", "0"), out
     with pytest.raises(ProcessLookupError):
         os.kill(int(child), 0)  # the process it ran is gone too
+
+
+def test_down_stops_the_postgresql_and_redis_that_up_leaves_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C stops what the supervisor runs; `make up` keeps its PostgreSQL and Redis for the
+    next start, and `make down` (`python -m portal.devstack down`) is what stops them."""
+    from portal import devstack
+
+    data = tmp_path / "var" / "pg"
+    data.mkdir(parents=True)
+    (data / "postmaster.pid").write_text("4242\n")
+    ran: list[list[str]] = []
+    monkeypatch.setattr(devstack, "REPO", tmp_path)
+    monkeypatch.setattr(devstack, "postgres_bin", lambda: Path("/pg/bin"))
+    monkeypatch.setattr(devstack, "pg_os_user", lambda: None)
+    monkeypatch.setattr(devstack, "port_open", lambda port, host="127.0.0.1": port == 56379)
+    monkeypatch.setattr(devstack.subprocess, "run", lambda cmd, **kwargs: ran.append(cmd))
+
+    assert devstack.main(["down"]) == 0
+    assert ran == [
+        ["/pg/bin/pg_ctl", "-D", str(data), "stop", "-m", "fast"],
+        ["redis-cli", "-p", "56379", "shutdown", "nosave"],
+    ]
+
+    ran.clear()
+    (data / "postmaster.pid").unlink()
+    monkeypatch.setattr(devstack, "port_open", lambda port, host="127.0.0.1": False)
+    assert devstack.main(["down"]) == 0
+    assert ran == []  # nothing running: nothing to stop
