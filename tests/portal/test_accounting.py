@@ -78,6 +78,23 @@ def test_the_usage_report_sums_per_vc_and_exports_csv_within_the_tenant(api_for,
     assert api_for("alice").get("/api/v1/usage/?since=yesterday").status_code == 400
 
 
+def test_a_period_that_ends_before_it_starts_is_refused_by_name(api_for) -> None:  # type: ignore[no-untyped-def]
+    """It answered 200 with no rows, which reads as "no usage" (`gpuportal usage` printed "No
+    GPU usage from 2026-12-01 to 2026-11-01" and exited 0)."""
+    answer = api_for("alice").get("/api/v1/usage/?since=2026-12-01&until=2026-11-01")
+    assert answer.status_code == 400
+    assert answer.json() == {
+        "until": [
+            "The period ends before it starts: until (2026-11-01 00:00:00 UTC) must be after since"
+            " (2026-12-01 00:00:00 UTC)."
+        ]
+    }
+    assert api_for("alice").get("/api/v1/usage/?since=2026-11-01&until=2026-11-01").status_code == 400
+    assert (
+        api_for("alice").get("/api/v1/usage/?until=2000-01-01").status_code == 400
+    )  # before the default since
+
+
 @pytest.mark.parametrize("impossible", ["2026-11-31", "2026-13-01", "2026-11-01T24:30:00"])
 def test_an_impossible_date_is_refused_by_name_not_a_server_error(api_for, impossible) -> None:  # type: ignore[no-untyped-def]
     answer = api_for("alice").get(f"/api/v1/usage/?since={impossible}")

@@ -333,6 +333,16 @@ class UsageView(APIView):
         now = timezone.now()
         since = _time_param(request, "since", now - timedelta(days=30))
         until = _time_param(request, "until", now)
+        if until <= since:
+            # Reversed dates are a mistake, not a period without usage: say so by name.
+            raise ValidationError(
+                {
+                    "until": [
+                        f"The period ends before it starts: until ({until:%Y-%m-%d %H:%M:%S %Z}) must be"
+                        f" after since ({since:%Y-%m-%d %H:%M:%S %Z})."
+                    ]
+                }
+            )
         group = request.query_params.get("group", "vc")
         if group not in GROUPS:
             raise ValidationError({"group": [f"One of: {', '.join(sorted(GROUPS))}."]})
