@@ -1380,7 +1380,7 @@ def build_parser() -> argparse.ArgumentParser:
         "usage", cmd_usage, "GPU-hours and energy of the jobs you may see, per VC, user, tenant or job"
     )
     usage.add_argument("--group", default="vc", help="vc (default), user, tenant or job")
-    usage.add_argument("--since", help="ISO date (midnight UTC) or time; default 30 days ago")
+    usage.add_argument("--since", help="ISO date (midnight UTC) or time; default 30 days before --until")
     usage.add_argument("--until", help="ISO date (midnight UTC) or time, not included; default now")
     usage.add_argument("--csv", action="store_true", help="print the portal's CSV file instead of a table")
     add_output(usage)

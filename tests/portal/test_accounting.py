@@ -90,9 +90,13 @@ def test_a_period_that_ends_before_it_starts_is_refused_by_name(api_for) -> None
         ]
     }
     assert api_for("alice").get("/api/v1/usage/?since=2026-11-01&until=2026-11-01").status_code == 400
-    assert (
-        api_for("alice").get("/api/v1/usage/?until=2000-01-01").status_code == 400
-    )  # before the default since
+    # Without since, the period is the 30 days before until, however far back until is.
+    earlier = api_for("alice").get("/api/v1/usage/?until=2000-01-31")
+    assert earlier.status_code == 200, earlier.json()
+    assert (earlier.json()["since"], earlier.json()["until"]) == (
+        "2000-01-01T00:00:00Z",
+        "2000-01-31T00:00:00Z",
+    )
 
 
 @pytest.mark.parametrize("impossible", ["2026-11-31", "2026-13-01", "2026-11-01T24:30:00"])

@@ -331,8 +331,8 @@ class UsageView(APIView):
     )
     def get(self, request: Request) -> Response:
         now = timezone.now()
-        since = _time_param(request, "since", now - timedelta(days=30))
         until = _time_param(request, "until", now)
+        since = _time_param(request, "since", until - timedelta(days=30))  # the 30 days before until
         if until <= since:
             # Reversed dates are a mistake, not a period without usage: say so by name.
             raise ValidationError(
