@@ -60,6 +60,7 @@ class WebhookAdmin(AuditedModelAdmin):
 
     list_display = ["__str__", "host", "format", "enabled", "last_delivery_at", "last_delivery_status"]
     list_filter = ["enabled", "format"]
+    list_select_related = ["user"]  # each row's name is its user's
     search_fields = ["user__username"]
     fields = [
         "user",

@@ -2,13 +2,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 
 from portal.jobs.accounting import job_usage
 from portal.jobs.choices import TERMINAL_STATES
 from portal.jobs.models import Allocation, Job, JobAttempt, JobEvent, JobTemplate
-from portal.jobs.services import cancel_job
-from portal.lib.admin import AuditedModelAdmin
+from portal.jobs.services import InvalidTransition, cancel_job
+from portal.lib.admin import AuditedModelAdmin, ReadOnlyModelAdmin
 
 
 class JobEventInline(admin.TabularInline):
@@ -45,28 +45,46 @@ class JobAdmin(AuditedModelAdmin):
     def has_add_permission(self, request: Any) -> bool:
         return False
 
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        """A deleted job took its attempts and allocations with it: a running one's GPUs looked
+        free to the scheduler while its program went on, and its tenant lost its history, with
+        no event. Cancel it instead."""
+        return False
+
     @admin.action(description="Cancel selected jobs")
     def cancel(self, request: Any, queryset: Any) -> None:
+        """A job may end between the list being read and its row being locked (an agent's report
+        comes in): that one is told, the others are still cancelled."""
+        ended = []
         for job in queryset.exclude(state__in=TERMINAL_STATES):
-            cancel_job(job, request.user, reason="cancelled by a cluster admin")
+            try:
+                cancel_job(job, request.user, reason="cancelled by a cluster admin")
+            except InvalidTransition:
+                ended.append(str(job))
+        if ended:
+            self.message_user(
+                request, f"Ended meanwhile, not cancelled: {', '.join(ended)}.", messages.WARNING
+            )
 
 
 @admin.register(JobAttempt)
-class JobAttemptAdmin(admin.ModelAdmin):
+class JobAttemptAdmin(ReadOnlyModelAdmin):
+    """Attempts are the scheduler's and the agents' record: one added or deleted here placed or
+    dropped work behind the services' backs, without an event or an audit entry."""
+
     list_display = ["job", "number", "state", "started_at", "ended_at", "exit_code"]
     list_filter = ["state"]
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
+    list_select_related = ["job"]
 
 
 @admin.register(Allocation)
-class AllocationAdmin(admin.ModelAdmin):
+class AllocationAdmin(ReadOnlyModelAdmin):
+    """A deleted allocation freed a GPU under a running job (the next cycle placed another job
+    on it), an added one took a GPU for nothing; only the services place and release them."""
+
     list_display = ["attempt", "node", "gpu", "replica", "created_at", "released_at"]
     list_filter = ["node"]
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
+    list_select_related = ["attempt", "node", "gpu__node"]
 
 
 @admin.register(JobTemplate)

@@ -11,7 +11,7 @@ from agents.protocol import GpuSample
 from portal.accounts.models import AuditEntry
 from portal.cluster.models import Gpu, Node, Quota
 from portal.cluster.services import record_gpu_health
-from tests.portal.store_helpers import placed_attempt, run, vc_change_form
+from tests.portal.store_helpers import placed_attempt, post_vc_change, run, vc_change_form
 
 pytestmark = pytest.mark.django_db
 
@@ -321,3 +321,174 @@ def test_a_flavor_of_zero_is_refused_by_the_form_and_the_database(admin_client_,
     assert not Flavor.objects.filter(name="zero").exists()
     with pytest.raises(IntegrityError), transaction.atomic():
         Flavor.objects.create(**{**values, "name": "zero", field: 0})  # not even past the form
+
+
+def more_rows(job: Any, count: int) -> None:
+    """`count` more rows on each list that names a related object per row: nodes with a GPU, an
+    attempt of `job` holding it, a user with a webhook."""
+    from django.contrib.auth.models import User
+
+    from portal.accounts.models import Webhook
+    from portal.jobs.models import Allocation, JobAttempt
+
+    start = JobAttempt.objects.filter(job=job).count()
+    for i in range(start, start + count):
+        node = Node.objects.create(name=f"rows-{i}")
+        gpu = Gpu.objects.create(node=node, index=0, uuid=f"GPU-rows-{i}", model="A100", memory_mb=81920)
+        attempt = JobAttempt.objects.create(job=job, number=i + 1)
+        Allocation.objects.create(attempt=attempt, gpu=gpu, node=node)
+        user = User.objects.create_user(f"rows-{i}")
+        Webhook.objects.create(user=user, url=f"https://hooks.example/{i}", secret="s")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/cluster/node/",
+        "/admin/cluster/gpu/",
+        "/admin/jobs/jobattempt/",
+        "/admin/jobs/allocation/",
+        "/admin/accounts/webhook/",
+    ],
+)
+def test_a_changelist_takes_as_many_queries_for_many_rows_as_for_few(
+    admin_client_: Client, api_for: Any, small_job: dict[str, Any], url: str
+) -> None:
+    """A query per row (a node's GPU count, a GPU's or webhook's name from its node or user)
+    made the lists of a big cluster slow to open."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from portal.jobs.models import Job
+
+    job = Job.objects.get(pk=api_for("alice").post("/api/v1/jobs/", small_job, format="json").json()["id"])
+    counts = []
+    for rows in (2, 8):
+        more_rows(job, rows)
+        with CaptureQueriesContext(connection) as queries:
+            assert admin_client_.get(url).status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
+
+
+def test_node_list_counts_each_nodes_gpus(admin_client_: Client) -> None:
+    page = admin_client_.get("/admin/cluster/node/?o=5").content.decode()
+    assert page.count('<td class="field-gpu_count">8</td>') == Node.objects.filter(gpus__index=7).count()
+    Node.objects.create(name="empty-node")
+    page = admin_client_.get("/admin/cluster/node/").content.decode()
+    assert '<td class="field-gpu_count">0</td>' in page
+
+
+def test_jobs_attempts_and_allocations_are_neither_deleted_nor_added_in_admin(
+    admin_client_: Client, api_for: Any, paused_loop: Any
+) -> None:
+    """Deleting a running job (or its attempt or allocation) freed its GPUs for the next cycle
+    while its program went on, with no event and no audit entry; cancelling is the way."""
+    from portal.jobs.models import Allocation, Job, JobAttempt
+
+    node, attempt = placed_attempt(api_for)
+    run(attempt.job_id)
+    held = list(Allocation.objects.filter(attempt=attempt).values_list("pk", flat=True))
+    assert len(held) == 2
+    pages = {
+        "job": attempt.job_id,
+        "jobattempt": attempt.pk,
+        "allocation": held[0],
+    }
+    for model, pk in pages.items():
+        base = f"/admin/jobs/{model}/"
+        assert admin_client_.get(f"{base}{pk}/delete/").status_code == 403, model
+        assert admin_client_.post(f"{base}{pk}/delete/", {"post": "yes"}).status_code == 403, model
+        assert admin_client_.get(f"{base}add/").status_code == 403, model
+        changelist = admin_client_.get(base)
+        assert changelist.status_code == 200
+        assert "delete_selected" not in changelist.content.decode(), model
+        admin_client_.post(base, {"action": "delete_selected", "_selected_action": [pk], "post": "yes"})
+    assert Job.objects.get(pk=attempt.job_id).state == "running"
+    assert JobAttempt.objects.filter(pk=attempt.pk).exists()
+    assert sorted(Allocation.objects.holding().filter(node=node).values_list("pk", flat=True)) == sorted(held)
+    assert not AuditEntry.objects.filter(action="admin.delete").exists()
+
+    # Cancelling, the way to free them, is still there, with its event and audit entry.
+    response = admin_client_.post(
+        "/admin/jobs/job/", {"action": "cancel", "_selected_action": [attempt.job_id], "index": 0}
+    )
+    assert response.status_code == 302
+    assert Job.objects.get(pk=attempt.job_id).state == "cancelled"
+    assert AuditEntry.objects.filter(action="job.cancel", object_id=str(attempt.job_id)).exists()
+    assert not Allocation.objects.holding().filter(pk__in=held).exists()
+
+
+def test_a_vcs_tenant_is_fixed_once_it_exists(admin_client_: Client, api_for: Any) -> None:
+    """Moved to another tenant, the VC took the old tenant's GPU use and monthly GPU-hours to the
+    new one's members, who could also submit to it, while its jobs stayed the old tenant's."""
+    from portal.accounts.models import Tenant
+    from portal.cluster.models import VirtualCluster
+
+    speech = Tenant.objects.get(name="speech")
+    page = admin_client_.get(
+        f"/admin/cluster/virtualcluster/{VirtualCluster.objects.get(name='vision').pk}/change/"
+    )
+    assert "tenant" not in page.context["adminform"].form.fields
+    response = post_vc_change(admin_client_, "vision", tenant=speech.pk, description="moved?")
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    vision = VirtualCluster.objects.get(name="vision")
+    assert (vision.tenant.name, vision.description) == ("vision", "moved?")
+    names = [vc["name"] for vc in api_for("carol").get("/api/v1/virtual-clusters/").json()["results"]]
+    assert names == ["speech"]
+
+    # A new VC still gets its tenant.
+    form = {**vc_change_form("vision"), "name": "speech-batch", "tenant": speech.pk}
+    assert admin_client_.post("/admin/cluster/virtualcluster/add/", form).status_code == 302
+    assert VirtualCluster.objects.get(name="speech-batch").tenant == speech
+
+
+def test_cancelling_jobs_of_which_one_ended_meanwhile_cancels_the_others(
+    admin_client_: Client, api_for: Any, small_job: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The action reads the jobs that have not ended, then locks them one by one; one that ended
+    in between (an agent's report) made the whole action a 500, leaving the rest running."""
+    from portal.jobs import admin as jobs_admin
+    from portal.jobs.models import Job
+    from portal.jobs.services import transition_job
+
+    client = api_for("alice")
+    first, second = (client.post("/api/v1/jobs/", small_job, format="json").json()["id"] for _ in range(2))
+    real_cancel = jobs_admin.cancel_job
+
+    def agent_report_lands_first(job: Job, *args: Any, **kwargs: Any) -> Job:
+        if job.pk == second:
+            assert transition_job(Job.objects.get(pk=second), "failed", label="test")
+        return real_cancel(job, *args, **kwargs)
+
+    monkeypatch.setattr(jobs_admin, "cancel_job", agent_report_lands_first)
+    response = admin_client_.post(
+        "/admin/jobs/job/", {"action": "cancel", "_selected_action": [first, second], "index": 0}, follow=True
+    )
+    assert response.status_code == 200
+    assert f"Ended meanwhile, not cancelled: #{second}" in response.content.decode()
+    assert dict(Job.objects.filter(pk__in=[first, second]).values_list("pk", "state")) == {
+        first: "cancelled",
+        second: "failed",
+    }
+    assert AuditEntry.objects.filter(action="job.cancel", object_id=str(first)).exists()
+
+
+def test_staff_without_model_permissions_see_no_model_nor_autocomplete(users: dict[str, Any]) -> None:
+    """A staff account that is no superuser gets only the admin models it is given permissions
+    on: none here, so no list, change page or autocomplete answers with a tenant's rows."""
+    from django.contrib.auth.models import User
+
+    from tests.conftest import pass_admin_second_factor
+
+    ops = User.objects.create_user("ops", password="ops-pass", is_staff=True)
+    client = Client()
+    client.force_login(ops)
+    pass_admin_second_factor(client, ops)
+    index = client.get("/admin/")
+    assert index.status_code == 200 and index.context["app_list"] == []
+    for url in ADMIN_PAGES:
+        assert client.get(url).status_code == 403, url
+    for model, field in [("membership", "user"), ("membership", "tenant")]:
+        url = f"/admin/autocomplete/?app_label=accounts&model_name={model}&field_name={field}&term=a"
+        assert client.get(url).status_code == 403, url
