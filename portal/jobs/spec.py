@@ -79,28 +79,33 @@ def date_problem(name: str, value: datetime.date) -> str:
 
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know, rather than dropping them: a misspelt option, or one the
-    portal does not offer (privileged: true), must be an error the user sees."""
+    portal does not offer (privileged: true), must be an error the user sees.
+
+    An unknown field is one field error among the others, all in one answer: refused alone
+    first, it hid the rest until the user had fixed it and submitted again."""
 
     def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            unknown = sorted(str(key) for key in data if key not in self.fields)
-            if unknown:
-                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
+        keys = data if isinstance(data, Mapping) else ()
+        unknown = {name: ["Unknown field."] for name in sorted(str(k) for k in keys if k not in self.fields)}
         try:
-            return super().to_internal_value(data)
+            value = super().to_internal_value(data)
         except serializers.ValidationError as exc:
-            # A field refused for the date it was given says what YAML did (date_problem), in
-            # place of DRF's words; the other fields' errors stay as they are.
             if not isinstance(data, Mapping) or not isinstance(exc.detail, dict):
                 raise
+            # A field refused for the date it was given says what YAML did (date_problem), in
+            # place of DRF's words; the other fields' errors stay as they are.
             dates = {
                 key: [date_problem(key, data[key])]
                 for key in exc.detail
                 if isinstance(data.get(key), datetime.date)  # a datetime too
             }
-            if not dates:
+            if not dates and not unknown:
                 raise
-            raise serializers.ValidationError({**exc.detail, **dates}) from None
+            raise serializers.ValidationError({**exc.detail, **dates, **unknown}) from None
+        if unknown:
+            # The known fields are fine, but the spec is refused whole: nothing of it is used.
+            raise serializers.ValidationError(unknown)
+        return value
 
 
 def parse_duration(value: Any) -> int:

@@ -89,6 +89,27 @@ def test_a_bad_spec_is_refused_under_spec_in_a_submission_s_words(api_for) -> No
     assert not JobTemplate.objects.exists()
 
 
+def test_an_unknown_field_is_refused_with_every_other_bad_field_at_once(api_for) -> None:  # type: ignore[no-untyped-def]
+    """A field a template does not have hid the template's other bad fields and its spec's
+    errors until it was fixed; all of them come in one 400, and nothing is stored."""
+    alice = api_for("alice")
+    body = {"name": "bad name!", "created": 1, "spec": {**SPEC, "bogus": 1, "replicas": 0}}
+    saved = alice.post(URL, body, format="json")
+    assert saved.status_code == 400, saved.content
+    errors = saved.json()
+    assert set(errors) == {"name", "created", "spec"}, errors
+    assert errors["created"] == ["Unknown field."]
+    assert set(errors["spec"]) == {"bogus", "replicas"}
+    assert errors["spec"]["bogus"] == ["Unknown field."]
+
+    created = save(alice).json()
+    changed = alice.patch(f"{URL}{created['id']}/", {"shared": "maybe", "typo": 1}, format="json")
+    assert changed.status_code == 400, changed.content
+    assert set(changed.json()) == {"shared", "typo"}
+    assert JobTemplate.objects.get().shared is False  # the refused change wrote nothing
+    assert JobTemplate.objects.count() == 1
+
+
 def test_yaml_dates_are_refused_by_field_name_as_a_submission_refuses_them(api_for) -> None:  # type: ignore[no-untyped-def]
     """Unquoted, YAML reads 2026-01-01 as a date, which JSON cannot hold: the spec's check must
     still name each field, in a submission's words, rather than call the whole spec bad JSON."""

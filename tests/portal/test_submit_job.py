@@ -86,6 +86,46 @@ def test_a_bad_field_gets_a_field_level_400_and_nothing_is_stored(api_for, small
     assert JobEvent.objects.count() == 0
 
 
+def test_an_unknown_field_is_refused_with_every_other_bad_field_at_once(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    """An unknown field was refused alone, and the other bad fields came out only once the user
+    had fixed it and submitted again; a submission, a dry run and a job array all answer with
+    every field error in one 400, and store nothing."""
+    alice = api_for("alice")
+    spec = {**small_job, "bogus": 1, "replicas": -1, "flavor": "xl-H100"}
+    submitted = alice.post("/api/v1/jobs/", spec, format="json")
+    assert submitted.status_code == 400, submitted.content
+    errors = submitted.json()
+    assert set(errors) == {"bogus", "replicas", "flavor"}, errors
+    assert errors["bogus"] == ["Unknown field."]
+    assert errors["replicas"] == ["Ensure this value is greater than or equal to 1."]
+    assert errors["flavor"][0].startswith("No flavor named 'xl-H100'.")
+    dry_run = alice.post("/api/v1/jobs/dry-run/", spec, format="json")
+    assert (dry_run.status_code, dry_run.json()) == (400, errors)
+    array = alice.post("/api/v1/jobs/bulk/", {"job": spec, "array": 2}, format="json")
+    assert (array.status_code, array.json()) == (400, {"job": errors})
+
+    # In a part of the spec too, and an unknown field given a YAML date is still unknown.
+    nested = (
+        "name: train\nvc: vision\ncommand: echo\nreplicas: 0\ncreated: 2026-01-01\n"
+        "resources: {gpus: 0, gpu_model: A100, cpu: 1, memory_gb: 1, devices: [/dev/mem]}\n"
+    )
+    response = alice.post("/api/v1/jobs/", nested, content_type="application/yaml")
+    assert response.status_code == 400, response.content
+    errors = response.json()
+    assert set(errors) == {"replicas", "created", "resources"}, errors
+    assert errors["created"] == ["Unknown field."]
+    assert set(errors["resources"]) == {"gpus", "devices"}
+    assert errors["resources"]["devices"] == ["Unknown field."]
+    assert Job.objects.count() == 0
+    assert JobEvent.objects.count() == 0
+    assert not AuditEntry.objects.filter(action__startswith="job.submit").exists()
+
+    # Only the unknown field wrong: refused all the same, and nothing of the spec is used.
+    only_unknown = alice.post("/api/v1/jobs/", {**small_job, "bogus": 1}, format="json")
+    assert (only_unknown.status_code, only_unknown.json()) == (400, {"bogus": ["Unknown field."]})
+    assert Job.objects.count() == 0
+
+
 def test_env_values_that_yaml_reads_as_something_else_are_refused_by_name(api_for) -> None:  # type: ignore[no-untyped-def]
     """Unquoted, YAML reads 4.40 as 4.4, 0022 as 18 and 12:30 as 750: turned back into text the job
     would get values nobody wrote, so they are refused, each naming its variable and the fix."""
