@@ -1020,13 +1020,13 @@ def cmd_webhooks(ctx: Context) -> int:
         if args.output == "json":
             print_json(ctx, hook.model_dump(mode="json"))
         else:
-            ctx.out.print(f"Webhook {hook.id} added: {escape(hook.url)}.")
+            ctx.err.print(f"Webhook {hook.id} added: {escape(hook.url)}.")
             ctx.err.print(f"Send it a test: gpuportal webhooks test {hook.id}")
         return OK
     try:
         if args.webhooks_action == "remove":
             client.remove_webhook(args.webhook_id)
-            ctx.out.print(f"Webhook {args.webhook_id} removed.")
+            ctx.err.print(f"Webhook {args.webhook_id} removed.")
             return OK
         hook = client.test_webhook(args.webhook_id)
     except NotFound:
@@ -1034,7 +1034,7 @@ def cmd_webhooks(ctx: Context) -> int:
     if args.output == "json":
         print_json(ctx, hook.model_dump(mode="json"))
     elif hook.last_delivery_ok:
-        ctx.out.print(f"Test delivered to {escape(hook.url)}: {escape(delivery_text(hook))}.")
+        ctx.err.print(f"Test delivered to {escape(hook.url)}: {escape(delivery_text(hook))}.")
     else:
         ctx.err.print(f"[red]Test failed[/] for {escape(hook.url)}: {escape(delivery_text(hook))}.")
     return OK if hook.last_delivery_ok else JOB_FAILED
@@ -1114,12 +1114,12 @@ def cmd_templates(ctx: Context) -> int:
             print_json(ctx, template.model_dump(mode="json"))
         else:
             shared = f", shared with tenant {template.tenant}" if template.shared else ""
-            ctx.out.print(f"Template {escape(template.name)} saved{escape(shared)}.")
+            ctx.err.print(f"Template {escape(template.name)} saved{escape(shared)}.")
         return OK
     template = find_template(ctx, args.name)
     if args.templates_action == "delete":
         ctx.client().delete_template(template.id)
-        ctx.out.print(f"Template {escape(template.owner)}/{escape(template.name)} deleted.")
+        ctx.err.print(f"Template {escape(template.owner)}/{escape(template.name)} deleted.")
         return OK
     if args.output == "json":
         print_json(ctx, template.spec)
@@ -1188,7 +1188,7 @@ def cmd_members(ctx: Context) -> int:
             client.remove_member(tenant, args.username)
         except BadRequest as error:
             raise member_refusal(f"remove {args.username} from {tenant}", error) from None
-        ctx.out.print(f"Removed {escape(args.username)} from {escape(tenant)}.")
+        ctx.err.print(f"Removed {escape(args.username)} from {escape(tenant)}.")
         return OK
     if action == "add":
         try:
@@ -1205,7 +1205,7 @@ def cmd_members(ctx: Context) -> int:
     if args.output == "json":
         print_json(ctx, member.model_dump(mode="json"))
     else:
-        ctx.out.print(escape(done))
+        ctx.err.print(escape(done))
     return OK
 
 

@@ -54,12 +54,12 @@ def test_an_admin_adds_a_member_changes_their_role_and_removes_them(
 
     added = run_cli(admin, "members", "add", "vision", "carol", "--role", "viewer")
     assert added.returncode == 0, added.stderr
-    assert added.stdout.strip() == "Added carol to vision as a viewer."
+    assert (added.stdout, added.stderr.strip()) == ("", "Added carol to vision as a viewer.")
     assert role_of("carol") == "viewer"
 
     promoted = run_cli(admin, "members", "set-role", "vision", "carol", "admin")
     assert promoted.returncode == 0, promoted.stderr
-    assert promoted.stdout.strip() == "carol is now an admin of vision."
+    assert (promoted.stdout, promoted.stderr.strip()) == ("", "carol is now an admin of vision.")
     assert role_of("carol") == "admin"
 
     changed = run_cli(admin, "members", "set-role", "vision", "carol", "member", "-o", "json")
@@ -85,7 +85,7 @@ def test_an_admin_adds_a_member_changes_their_role_and_removes_them(
 
     removed = run_cli(admin, "members", "remove", "vision", "carol")
     assert removed.returncode == 0, removed.stderr
-    assert removed.stdout.strip() == "Removed carol from vision."
+    assert (removed.stdout, removed.stderr.strip()) == ("", "Removed carol from vision.")
     assert role_of("carol") is None
     assert role_of("carol", "speech") == "member"  # her own tenant keeps her
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from rich.console import Console
 
 from gpuportal import cli, config
@@ -684,3 +685,130 @@ def test_templates_save_tells_a_refused_name_from_a_refused_spec(
     err = capsys.readouterr().err
     assert f"error: template train not saved: the spec in {spec} was refused" in err
     assert "spec.vc: No virtual cluster named 'nope' that you can submit to." in err
+
+
+# What the portal answers to each change the CLI makes, for the commands' confirmations.
+CHANGED_JOB = {"id": 7, "name": "train", "vc": "vision", "owner": "alice", "state": "pending"}
+HOOK = {
+    "id": 3,
+    "url": "https://hooks.example.org/h",
+    "format": "slack",
+    "last_delivery_at": "2026-01-01T00:00:00Z",
+    "last_delivery_status": 200,
+    "last_delivery_ok": True,
+}
+TEMPLATE = {
+    "id": 5,
+    "name": "train",
+    "spec": {"name": "a", "vc": "vision", "flavor": "s-A100", "command": "echo"},
+    "owner": "alice",
+    "tenant": "vision",
+    "shared": True,
+}
+
+
+def portal_of_changes(request: httpx.Request) -> httpx.Response:
+    method, path = request.method, request.url.path.removeprefix("/api/v1")
+    if method == "DELETE":
+        return httpx.Response(204)
+    if path == "/me/":
+        return httpx.Response(200, json={"username": "alice", "memberships": []})
+    if path.startswith("/jobs/"):
+        return httpx.Response(201 if path == "/jobs/" else 200, json=CHANGED_JOB)
+    if path.startswith("/webhooks/"):
+        return httpx.Response(200, json=HOOK)
+    if path == "/templates/" and method == "GET":
+        return httpx.Response(200, json={"count": 1, "next": None, "results": [TEMPLATE]})
+    if path == "/templates/":
+        return httpx.Response(201, json=TEMPLATE)
+    assert path.startswith("/tenants/vision/members/"), (method, path)
+    return httpx.Response(200, json={"username": "carol", "role": "admin" if method == "PATCH" else "viewer"})
+
+
+# Every command that changes something, with its confirmation.
+CHANGES = [
+    (["login", "--token", "gpp_t"], "Signed in to http://gpus.example.org as alice: no tenant."),
+    (["logout"], "Stored token removed; the portal's URL is kept."),
+    (["submit", "job.yaml"], "Submitted job 7 train to VC vision"),
+    (["cancel", "7"], "Job 7 train: pending."),
+    (["top", "7"], "Job 7 train goes before alice's other pending jobs in vision"),
+    (["hold", "7"], "Job 7 train is held: it does not start until released."),
+    (["release", "7"], "Job 7 train is released: it may start from the next scheduling cycle."),
+    (["time-limit", "7", "2h"], "Job 7 train: its time limit is now 2h per attempt."),
+    (
+        ["templates", "save", "train", "job.yaml", "--shared"],
+        "Template train saved, shared with tenant vision.",
+    ),
+    (["templates", "delete", "train"], "Template alice/train deleted."),
+    (["webhooks", "add", "https://hooks.example.org/h"], "Webhook 3 added: https://hooks.example.org/h."),
+    (["webhooks", "test", "3"], "Test delivered to https://hooks.example.org/h: ok, HTTP 200"),
+    (["webhooks", "remove", "3"], "Webhook 3 removed."),
+    (["members", "add", "vision", "carol", "--role", "viewer"], "Added carol to vision as a viewer."),
+    (["members", "set-role", "vision", "carol", "admin"], "carol is now an admin of vision."),
+    (["members", "remove", "vision", "carol"], "Removed carol from vision."),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), CHANGES, ids=[" ".join(args[:2]) for args, _ in CHANGES])
+def test_state_changes_are_reported_on_stderr_and_leave_stdout_empty(
+    home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    args: list[str],
+    message: str,
+) -> None:
+    """docs/cli.md: tables go to stdout, state changes to stderr. `templates save`, `members
+    add` and the other changes of templates, webhooks and members printed theirs on stdout,
+    where a script reading the command's output took it for data."""
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    cli_against(monkeypatch, portal_of_changes)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text("name: a\nvc: vision\nflavor: s-A100\ncommand: echo\n")
+    assert cli.main(args) == cli.OK
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert message in captured.err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["templates", "save", "train", "job.yaml", "-o", "json"],
+        ["webhooks", "add", "https://hooks.example.org/h", "-o", "json"],
+        ["webhooks", "test", "3", "-o", "json"],
+        ["members", "add", "vision", "carol", "-o", "json"],
+        ["members", "set-role", "vision", "carol", "admin", "-o", "json"],
+        ["submit", "job.yaml", "-o", "json"],
+    ],
+    ids=lambda args: " ".join(args[:2]),
+)
+def test_changes_asked_for_as_json_print_only_the_json_on_stdout(
+    home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    args: list[str],
+) -> None:
+    """Data a script reads stays on stdout, and nothing else is mixed into it."""
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    cli_against(monkeypatch, portal_of_changes)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text("name: a\nvc: vision\nflavor: s-A100\ncommand: echo\n")
+    assert cli.main(args) == cli.OK
+    assert isinstance(json.loads(capsys.readouterr().out), dict)
+
+
+def test_data_to_pipe_stays_on_stdout(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`templates show NAME > job.yaml` and `ID=$(gpuportal submit job.yaml -q)` read stdout."""
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    cli_against(monkeypatch, portal_of_changes)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text("name: a\nvc: vision\nflavor: s-A100\ncommand: echo\n")
+    assert cli.main(["templates", "show", "train"]) == cli.OK
+    shown = capsys.readouterr()
+    assert (yaml.safe_load(shown.out), shown.err) == (TEMPLATE["spec"], "")
+    assert cli.main(["submit", "job.yaml", "-q"]) == cli.OK
+    assert capsys.readouterr() == ("7\n", "")

@@ -36,7 +36,7 @@ def test_save_list_show_and_submit(run_cli: Any, tokens: dict[str, str], tmp_pat
     (tmp_path / "job.yaml").write_text(SPEC)
     saved = run_cli(alice, "templates", "save", "train", "job.yaml", "--shared", "--description", "ResNet")
     assert saved.returncode == 0, saved.stderr
-    assert "Template train saved, shared with tenant vision." in saved.stdout
+    assert "Template train saved, shared with tenant vision." in saved.stderr and not saved.stdout
 
     listed = run_cli(alice, "templates")
     assert listed.returncode == 0, listed.stderr

@@ -55,7 +55,7 @@ def test_add_list_test_and_remove(run_cli: Any, tokens: dict[str, str]) -> None:
 
         tested = run_cli(alice, "webhooks", "test", str(hook["id"]))
         assert tested.returncode == 0, tested.stderr
-        assert f"Test delivered to {hook_url}: ok, HTTP 200" in tested.stdout
+        assert f"Test delivered to {hook_url}: ok, HTTP 200" in tested.stderr and not tested.stdout
         [delivery] = receiver.to("/cli")
         timestamp = delivery.headers["X-GPU-Portal-Timestamp"]
         mac = hmac.new(b"s3cret", timestamp.encode() + b"." + delivery.body, hashlib.sha256).hexdigest()
@@ -72,6 +72,7 @@ def test_add_list_test_and_remove(run_cli: Any, tokens: dict[str, str]) -> None:
         assert len(receiver.to("/cli")) == 2
 
         removed = run_cli(alice, "webhooks", "remove", str(hook["id"]))
-        assert removed.returncode == 0 and f"Webhook {hook['id']} removed." in removed.stdout
+        assert removed.returncode == 0 and f"Webhook {hook['id']} removed." in removed.stderr
+        assert not removed.stdout
         assert not Webhook.objects.exists()
         assert "No webhooks" in run_cli(alice, "webhooks", "list").stderr
