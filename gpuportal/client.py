@@ -524,7 +524,8 @@ class PortalClient:
         """Allocated GPU-hours, utilization-weighted GPU-hours and energy of the jobs you may
         see within the period (time outside it is not counted), per ``job``, ``vc``, ``tenant`` or
         ``user``, largest first. ``since`` and ``until``
-        are dates (midnight UTC), datetimes or ISO text; the portal's default is the last 30 days."""
+        are dates (midnight UTC), datetimes or ISO text; ``until`` is now by default, ``since``
+        30 days before ``until``."""
         return UsageReport.model_validate(
             self.request("GET", "/usage/", params=usage_params(since, until, group))
         )
