@@ -87,8 +87,11 @@ async def test_the_grid_shows_gpu_load_and_admins_cordon_a_node(
     await sign_in(page, live_stack["http"], "admin")
     await page.goto(live_stack["http"] + "/cluster")
     other = page.get_by_role("article", name="Node a100-node-2")
+    # The admin says why, and the node's card then says it to everyone.
+    await other.get_by_label("Reason to cordon or drain a100-node-2").fill("replacing a PSU")
     await other.get_by_role("button", name="Cordon").click()
     await expect(other.locator("header .badge")).to_have_text("cordoned", timeout=LONG)
+    await expect(other.get_by_text("replacing a PSU", exact=True)).to_be_visible(timeout=LONG)
     await other.get_by_role("button", name="Make ready").click()
     await expect(other.get_by_role("button", name="Cordon")).to_be_visible(timeout=LONG)
 

@@ -2,7 +2,7 @@
 
 import type { VcBudget } from "../lib/budget";
 import type { ModelUse } from "../lib/cluster";
-import { formatClock, formatDuration } from "../lib/format";
+import { formatClock, formatDuration, timeZoneName } from "../lib/format";
 
 export function QuotaBar({ inUse, guaranteed, borrowLimit, lendingLimit, label }: {
   inUse: number;
@@ -143,18 +143,24 @@ export function LineChart({
           {formatDuration((t1 - t0) / 1000)}
         </text>
         <text className="tick" x={W - 4} y={H - 2} textAnchor="end">
-          {formatClock(t1)}
+          {/* The last tick names the browser's time zone, as absolute times do elsewhere. */}
+          {`${formatClock(t1)} ${timeZoneName(t1)}`.trim()}
         </text>
-        {series.map((s, i) => (
-          <polyline
-            key={s.name}
-            fill="none"
-            stroke={seriesColor(i)}
-            strokeWidth={1.8}
-            strokeLinejoin="round"
-            points={s.points.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ")}
-          />
-        ))}
+        {series.map((s, i) =>
+          // One sample (a GPU just placed) has no line to draw: a dot shows it.
+          s.points.length === 1 && s.points[0] ? (
+            <circle key={s.name} className="chart-dot" cx={x(s.points[0].t).toFixed(1)} cy={y(s.points[0].v).toFixed(1)} r={2.5} fill={seriesColor(i)} />
+          ) : (
+            <polyline
+              key={s.name}
+              fill="none"
+              stroke={seriesColor(i)}
+              strokeWidth={1.8}
+              strokeLinejoin="round"
+              points={s.points.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ")}
+            />
+          ),
+        )}
       </svg>
       <ul className="legend">
         {series.map((s, i) => (

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
 import type { ClusterNode, Flavor, Gpu } from "../api/types";
-import { gpuReadingText, gpuUseByModel, nodeActions, replicasThatFitNow } from "./cluster";
+import { READING_FRESH_MS, gpuReadingText, gpuUseByModel, nodeActions, readingIsCurrent, replicasThatFitNow } from "./cluster";
 
 function gpu(index: number, model: string, allocated = false, healthy = true): Gpu {
   return { index, uuid: `g${index}`, model, memory_mb: 1, nvlink_group: 0, pcie_switch: 0, numa_node: 0, healthy, health_reason: "", allocated } as Gpu;
@@ -43,5 +43,31 @@ describe("node actions and GPU readings", () => {
       gpuReadingText({ time, utilization_pct: 87.4, memory_used_mib: 40960, memory_total_mib: 81920, power_w: 312.2, temperature_c: 61 }),
     ).toBe("87% busy, 40 of 80 GB used, 312 W, 61 °C");
     expect(gpuReadingText({ time, utilization_pct: null, memory_used_mib: null, memory_total_mib: null, power_w: 50, temperature_c: null })).toBe("50 W");
+  });
+});
+
+describe("whether a GPU reading is current", () => {
+  const now = Date.parse("2026-01-01T00:10:00Z");
+  const at = (msAgo: number) => ({
+    time: new Date(now - msAgo).toISOString(),
+    utilization_pct: 90,
+    memory_used_mib: 1,
+    memory_total_mib: 2,
+    power_w: 300,
+    temperature_c: 60,
+  });
+
+  it("shows a recent reading of a node whose agent reports", () => {
+    expect(readingIsCurrent(at(3_000), "ready", now)).toBe(true);
+    expect(readingIsCurrent(at(3_000), "cordoned", now)).toBe(true);
+    expect(readingIsCurrent(at(3_000), "draining", now)).toBe(true);
+  });
+
+  it("does not take a silent agent's last reading for the GPU's load now", () => {
+    // The node went not-ready: its agent stopped reporting, whatever the reading's age.
+    expect(readingIsCurrent(at(3_000), "not-ready", now)).toBe(false);
+    expect(readingIsCurrent(at(READING_FRESH_MS + 1_000), "ready", now)).toBe(false);
+    expect(readingIsCurrent(null, "ready", now)).toBe(false);
+    expect(readingIsCurrent({ ...at(0), time: "garbage" }, "ready", now)).toBe(false);
   });
 });

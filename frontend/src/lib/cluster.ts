@@ -63,3 +63,17 @@ export function gpuReadingText(reading: GpuReading): string {
   if (reading.temperature_c != null) parts.push(`${Math.round(reading.temperature_c)} °C`);
   return parts.join(", ");
 }
+
+/** How old a GPU reading may be and still be shown as the GPU's current load. Agents report
+ * every few seconds; a node is marked not-ready after 30 s without a heartbeat. */
+export const READING_FRESH_MS = 60_000;
+
+/** Whether a GPU's latest reading says what the GPU does now: not when its node's agent went
+ * silent (not-ready) or the reading is older than READING_FRESH_MS. A stale reading is shown
+ * only in the label, with its age, never as the GPU's current load. */
+export function readingIsCurrent(reading: GpuReading | null | undefined, nodeState: ClusterNode["state"], now: number = Date.now()): boolean {
+  if (!reading) return false;
+  if (nodeState === "not-ready") return false;
+  const t = Date.parse(reading.time);
+  return Number.isFinite(t) && now - t <= READING_FRESH_MS;
+}

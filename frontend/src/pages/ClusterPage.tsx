@@ -5,7 +5,9 @@ import { useLive } from "../api/live";
 import type { ClusterNode, Gpu } from "../api/types";
 import { GpuModelUse } from "../components/charts";
 import { Empty, ErrorBanner, PageHeader, Relative, Section, Spinner } from "../components/common";
-import { type NodeAction, gpuReadingText, gpuUseByModel, nodeActions } from "../lib/cluster";
+import { type NodeAction, gpuReadingText, gpuUseByModel, nodeActions, readingIsCurrent } from "../lib/cluster";
+import { useNow } from "../lib/clock";
+import { formatRelative } from "../lib/format";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
@@ -103,13 +105,17 @@ function NodeCard({ node, canManage, onChanged }: { node: ClusterNode; canManage
 }
 
 function GpuCell({ gpu, node }: { gpu: Gpu; node: ClusterNode }) {
+  const now = useNow();
   const s = gpuStatus(gpu, node);
   const reading = gpu.latest;
-  const utilization = reading?.utilization_pct ?? null;
+  // A silent agent's last reading is not the GPU's load now: only its label keeps it, with its age.
+  const current = readingIsCurrent(reading, node.state, now);
+  const utilization = current ? (reading?.utilization_pct ?? null) : null;
+  const readingText = reading ? gpuReadingText(reading) : "";
   const parts = [
     `GPU ${gpu.index} ${gpu.model}, ${Math.round(gpu.memory_mb / 1024)} GB, ${s}${gpu.health_reason ? `: ${gpu.health_reason}` : ""}`,
     gpu.job ? `job ${gpu.job}` : null,
-    reading ? gpuReadingText(reading) : null,
+    reading && readingText ? (current ? readingText : `no current reading (last ${formatRelative(reading.time, now)}: ${readingText})`) : null,
     `NVLink group ${gpu.nvlink_group ?? "–"}, PCIe switch ${gpu.pcie_switch ?? "–"}`,
   ];
   const text = parts.filter(Boolean).join("; ");
@@ -138,11 +144,17 @@ function GpuCell({ gpu, node }: { gpu: Gpu; node: ClusterNode }) {
 function NodeActions({ node, onChanged }: { node: ClusterNode; onChanged: () => void }) {
   const [busy, setBusy] = useState<string | null>(null);
   const [error, setError] = useState<string | null>(null);
+  // Why the node is cordoned or drained, for the other admins and the node's card (optional).
+  const [reason, setReason] = useState("");
+  const actions = nodeActions(node.state);
+  const takesReason = actions.some(([action]) => action !== "uncordon");
   const run = async (action: NodeAction) => {
     setBusy(action);
     setError(null);
     try {
-      await api(`/api/v1/nodes/${encodeURIComponent(node.name)}/state/`, { method: "POST", body: { action } });
+      const body = action === "uncordon" ? { action } : { action, reason: reason.trim() };
+      await api(`/api/v1/nodes/${encodeURIComponent(node.name)}/state/`, { method: "POST", body });
+      setReason("");
       onChanged();
     } catch (err) {
       setError(err instanceof Error ? err.message : String(err));
@@ -152,7 +164,18 @@ function NodeActions({ node, onChanged }: { node: ClusterNode; onChanged: () => 
   };
   return (
     <div className="node-actions">
-      {nodeActions(node.state).map(([action, label]) => (
+      {takesReason && (
+        <input
+          type="text"
+          className="node-reason"
+          maxLength={200}
+          placeholder="Reason (optional)"
+          aria-label={`Reason to cordon or drain ${node.name}`}
+          value={reason}
+          onChange={(e) => setReason(e.target.value)}
+        />
+      )}
+      {actions.map(([action, label]) => (
         <button key={action} type="button" className="button small" disabled={busy !== null} onClick={() => run(action)}>
           {busy === action ? `${label}…` : label}
         </button>
