@@ -447,9 +447,14 @@ DEMO_BANNER = """
 
 def cmd_down(args: argparse.Namespace) -> int:
     """Stops the PostgreSQL and Redis that `make up` leaves running under var/ (Ctrl-C stops
-    only the web server, worker, beat and agents, so that the next `make up` starts at once).
-    The data stays; `make clean` removes it."""
+    only the web server, worker, beat and agents, so that the next `make up` starts at once),
+    and the demo jobs' processes, which outlive their agents. The data stays; `make clean`
+    removes it."""
+    from agents.runtime.process import kill_recorded_attempts
+
     run_dir = REPO / "var"
+    jobs = sum(kill_recorded_attempts(state) for state in sorted((run_dir / "agents").glob("*/")))
+    log(f"stopped {jobs} job processes the demo agents had left running" if jobs else "no job process runs")
     data = run_dir / "pg"
     if (data / "postmaster.pid").exists():
         log(f"stopping PostgreSQL ({data})")

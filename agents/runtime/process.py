@@ -466,6 +466,22 @@ def _environment_of(record: dict[str, Any]) -> dict[str, str]:
     return {os.fsdecode(name): os.fsdecode(value) for name, _, value in names_and_values}
 
 
+def kill_recorded_attempts(state_dir: Path) -> int:
+    """SIGKILLs what is left of every attempt recorded under an agent's state directory and
+    returns how many still ran. For stopping a demo for good: attempts outlive their agent on
+    purpose (the next agent on the directory adopts them), so once the agents are gone nothing
+    else ends them. The record's start time keeps a reused pid safe, as in _kill_leftovers."""
+    running = 0
+    for path in sorted((Path(state_dir) / "process").glob("*/record.json")):
+        record = _read_json(path)
+        if record is None or "pid" not in record:
+            continue
+        if _process_state(record["pid"], record["start_ticks"]) is not None:
+            running += 1
+        _kill_leftovers(record["pid"], record["start_ticks"])
+    return running
+
+
 def _kill_group(pid: int, signum: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signum)

@@ -3,6 +3,7 @@ runs, also when a shell started it in the background with SIGINT ignored."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -82,3 +83,32 @@ def test_down_stops_the_postgresql_and_redis_that_up_leaves_running(
     monkeypatch.setattr(devstack, "port_open", lambda port, host="127.0.0.1": False)
     assert devstack.main(["down"]) == 0
     assert ran == []  # nothing running: nothing to stop
+
+
+def test_down_stops_the_job_processes_the_demo_agents_left_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job outlives its agent on purpose (the next agent adopts it), so after Ctrl-C the demo's
+    jobs ran on with nothing to end them; `make down` ends them, and only them."""
+    from agents.runtime.shell import stat_fields
+    from portal import devstack
+
+    job = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        for name, pid in (("att-1.0", job.pid), ("att-2.0", bystander.pid)):
+            attempt = tmp_path / "var" / "agents" / "a100-node-1" / "process" / name
+            attempt.mkdir(parents=True)
+            # The second record's start time is not its process's: its pid was reused.
+            ticks = int(stat_fields(pid)[19]) + (0 if name == "att-1.0" else 1)
+            (attempt / "record.json").write_text(json.dumps({"pid": pid, "start_ticks": ticks}))
+        monkeypatch.setattr(devstack, "REPO", tmp_path)
+        monkeypatch.setattr(devstack, "port_open", lambda port, host="127.0.0.1": False)
+
+        assert devstack.main(["down"]) == 0
+        assert job.wait(timeout=30) == -signal.SIGKILL
+        assert bystander.poll() is None  # a reused pid is someone else's
+    finally:
+        for process in (job, bystander):
+            process.kill()
+            process.wait()
