@@ -1,5 +1,6 @@
 """A waiting job says what would start it sooner, and the hint resubmits in two clicks; the
-cluster grid shows each GPU's job and load, and cluster admins cordon nodes from it."""
+cluster grid shows each GPU's job and load, and cluster admins cordon and drain nodes from it
+(a drain only once they confirm what it moves)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,8 @@ async def test_the_grid_shows_gpu_load_and_admins_cordon_a_node(
     await sign_in(page, live_stack["http"], "alice")
     await page.goto(live_stack["http"] + "/cluster")
     node = page.get_by_role("article", name="Node a100-node-1")
+    # A big figure is grouped as the browser's locale (en-GB) groups digits.
+    await expect(node).to_contain_text("256 CPU · 2,048 GB · ", timeout=LONG)
     # The job's GPUs link to it, and carry the agent's latest reading.
     job_cell = node.locator(f"a[href='/jobs/{job['id']}']").first
     await expect(job_cell).to_be_visible(timeout=LONG)
@@ -94,6 +97,52 @@ async def test_the_grid_shows_gpu_load_and_admins_cordon_a_node(
     await expect(other.get_by_text("replacing a PSU", exact=True)).to_be_visible(timeout=LONG)
     await other.get_by_role("button", name="Make ready").click()
     await expect(other.get_by_role("button", name="Cordon")).to_be_visible(timeout=LONG)
+
+    # Drain asks first, saying in numbers what it would move; Keep leaves the node as it was.
+    busy = page.get_by_role("article", name="Node a100-node-1")
+    await expect(busy).to_contain_text("2/8 GPUs allocated", timeout=LONG)
+    await busy.get_by_role("button", name="Drain").click()
+    question = busy.get_by_role("group", name="Confirm drain of a100-node-1")
+    await expect(question).to_contain_text(
+        "Drain a100-node-1? Its 1 running job, on 2 of its 8 GPUs, is checkpointed or stopped and "
+        "requeued elsewhere. It then takes no new jobs until an admin makes it ready."
+    )
+    # The confirming button has the focus, and the question describes it; Escape keeps.
+    yes = question.get_by_role("button", name="Yes, drain")
+    await expect(yes).to_be_focused()
+    await expect(yes).to_have_accessible_description(re.compile(r"^Drain a100-node-1\? Its 1 running job"))
+    await page.keyboard.press("Escape")
+    await expect(question).to_have_count(0)
+    await expect(busy.get_by_role("button", name="Drain")).to_be_focused()
+    await busy.get_by_role("button", name="Drain").click()
+    await question.get_by_role("button", name="Keep").click()
+    await expect(busy.get_by_role("button", name="Drain")).to_be_focused()
+    await expect(busy.locator("header .badge")).to_have_text("ready")
+    assert (await sync_to_async(node_state)("a100-node-1")) == "ready"
+
+    # Confirmed, the node drains (one without jobs: nothing of this test's moves).
+    await other.get_by_label("Reason to cordon or drain a100-node-2").fill("firmware update")
+    await other.get_by_role("button", name="Drain").click()
+    drain_other = other.get_by_role("group", name="Confirm drain of a100-node-2")
+    await expect(drain_other).to_contain_text("Drain a100-node-2? No job holds its GPUs now.")
+    await drain_other.get_by_role("button", name="Yes, drain").click()
+    await expect(other.locator("header .badge")).to_have_text("draining", timeout=LONG)
+    await expect(other.get_by_text("firmware update", exact=True)).to_be_visible(timeout=LONG)
+    # Its Drain button gone, the focus goes to what took its place.
+    await expect(other.get_by_role("button", name="Make ready")).to_be_focused(timeout=LONG)
+    await other.get_by_role("button", name="Make ready").click()
+    await expect(other.get_by_role("button", name="Drain")).to_be_visible(timeout=LONG)
+
+
+def node_state(name: str) -> str:
+    from django.db import connection
+
+    from portal.cluster.models import Node
+
+    try:
+        return Node.objects.get(name=name).state
+    finally:
+        connection.close()
 
 
 def queue_positions(*job_ids: int) -> list[int | None]:

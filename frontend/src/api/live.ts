@@ -33,14 +33,15 @@ export interface LiveLogMessage {
   attempt: number;
   lines: LiveLogLine[];
 }
+/** A GPU's reading; a metric the device did not report is null (the chart leaves a gap). */
 export interface LiveTelemetrySample {
   gpu_uuid: string;
   time: string;
-  utilization_pct: number;
-  memory_used_mib: number;
-  memory_total_mib?: number;
-  power_w: number;
-  temperature_c: number;
+  utilization_pct: number | null;
+  memory_used_mib: number | null;
+  memory_total_mib?: number | null;
+  power_w: number | null;
+  temperature_c: number | null;
 }
 export interface LiveTelemetryMessage {
   kind: "telemetry";

@@ -3,19 +3,26 @@ import type { Allocation, TelemetrySample } from "../api/types";
 import { emptyTelemetryText } from "../lib/empty";
 import { LineChart, type Series } from "./charts";
 
-export type Sample = Pick<
-  LiveTelemetrySample,
-  "gpu_uuid" | "time" | "utilization_pct" | "memory_used_mib" | "memory_total_mib" | "power_w" | "temperature_c"
->;
+/** One GPU reading as the charts use it. A metric the GPU did not report is null, never 0: the
+ * chart's line breaks there, and the legend does not read it as idle. */
+export interface Sample {
+  gpu_uuid: string;
+  time: string;
+  utilization_pct: number | null;
+  memory_used_mib: number | null;
+  memory_total_mib?: number | null;
+  power_w: number | null;
+  temperature_c: number | null;
+}
 
 export function toSample(s: TelemetrySample | LiveTelemetrySample): Sample {
   return {
     gpu_uuid: s.gpu_uuid,
     time: s.time,
-    utilization_pct: s.utilization_pct ?? 0,
-    memory_used_mib: s.memory_used_mib ?? 0,
-    power_w: s.power_w ?? 0,
-    temperature_c: s.temperature_c ?? 0,
+    utilization_pct: s.utilization_pct ?? null,
+    memory_used_mib: s.memory_used_mib ?? null,
+    power_w: s.power_w ?? null,
+    temperature_c: s.temperature_c ?? null,
     memory_total_mib: "memory_total_mib" in s ? s.memory_total_mib : undefined,
   };
 }
@@ -25,7 +32,9 @@ function gpuName(uuid: string, allocations: Allocation[]): string {
   return a ? `${a.node}/${a.gpu_index}` : uuid.slice(0, 8);
 }
 
-function series(samples: Sample[], allocations: Allocation[], pick: (s: Sample) => number): Series[] {
+/** One series per GPU, a point per sample; a sample without the metric is a point without a
+ * value (null), where the line breaks. */
+export function telemetrySeries(samples: Sample[], allocations: Allocation[], pick: (s: Sample) => number | null): Series[] {
   const byGpu = new Map<string, Series>();
   for (const s of samples) {
     let entry = byGpu.get(s.gpu_uuid);
@@ -55,9 +64,15 @@ export function TelemetryCharts({
   const memoryMax = totals.length ? Math.max(...totals) / 1024 : undefined;
   return (
     <div className="charts">
-      <LineChart title="GPU utilization" unit="%" yMax={100} emptyText={emptyText} series={series(samples, allocations, (s) => s.utilization_pct)} />
-      <LineChart title="GPU memory used" unit="GiB" yMax={memoryMax} emptyText={emptyText} series={series(samples, allocations, (s) => s.memory_used_mib / 1024)} />
-      <LineChart title="Power" unit="W" emptyText={emptyText} series={series(samples, allocations, (s) => s.power_w)} />
+      <LineChart title="GPU utilization" unit="%" yMax={100} emptyText={emptyText} series={telemetrySeries(samples, allocations, (s) => s.utilization_pct)} />
+      <LineChart
+        title="GPU memory used"
+        unit="GiB"
+        yMax={memoryMax}
+        emptyText={emptyText}
+        series={telemetrySeries(samples, allocations, (s) => (s.memory_used_mib === null ? null : s.memory_used_mib / 1024))}
+      />
+      <LineChart title="Power" unit="W" emptyText={emptyText} series={telemetrySeries(samples, allocations, (s) => s.power_w)} />
     </div>
   );
 }

@@ -2,7 +2,7 @@
 
 import type { VcBudget } from "../lib/budget";
 import type { ModelUse } from "../lib/cluster";
-import { formatClock, formatDuration, timeZoneName } from "../lib/format";
+import { formatClock, formatDuration, formatInteger, timeZoneName } from "../lib/format";
 
 export function QuotaBar({ inUse, guaranteed, borrowLimit, lendingLimit, label }: {
   inUse: number;
@@ -51,7 +51,7 @@ export interface StackPart {
 
 export function StackedBar({ parts, label }: { parts: StackPart[]; label: string }) {
   const total = Math.max(1, parts.reduce((s, p) => s + p.value, 0));
-  const text = `${label}: ${parts.map((p) => `${p.value} ${p.label}`).join(", ")}`;
+  const text = `${label}: ${parts.map((p) => `${formatInteger(p.value)} ${p.label}`).join(", ")}`;
   return (
     <div>
       <div className="stacked-bar" role="img" aria-label={text} title={text}>
@@ -65,7 +65,7 @@ export function StackedBar({ parts, label }: { parts: StackPart[]; label: string
         {parts.map((p) => (
           <li key={p.label}>
             <span className={`swatch ${p.className}`} aria-hidden="true" />
-            {p.value} {p.label}
+            {formatInteger(p.value)} {p.label}
           </li>
         ))}
       </ul>
@@ -75,7 +75,36 @@ export function StackedBar({ parts, label }: { parts: StackPart[]; label: string
 
 export interface Series {
   name: string;
-  points: { t: number; v: number }[];
+  /** A point without a value (null: no reading then) breaks the line; it is never drawn as 0. */
+  points: { t: number; v: number | null }[];
+}
+
+interface Point {
+  t: number;
+  v: number;
+}
+
+/** The runs of a series between its points without a value: each is drawn as a line (or a dot,
+ * a run of one), with a gap where a reading is missing. */
+export function lineRuns(points: Series["points"]): Point[][] {
+  const runs: Point[][] = [];
+  let run: Point[] = [];
+  for (const p of points) {
+    if (p.v === null || !Number.isFinite(p.v)) {
+      if (run.length) runs.push(run);
+      run = [];
+    } else run.push({ t: p.t, v: p.v });
+  }
+  if (run.length) runs.push(run);
+  return runs;
+}
+
+/** A series' latest reading for the legend and the chart's label: "no reading" when its latest
+ * point has no value (not 0, which would read as idle), "–" without points. */
+function latestText(points: Series["points"], unit: string): string {
+  const last = points[points.length - 1];
+  if (!last) return "–";
+  return last.v === null || !Number.isFinite(last.v) ? "no reading" : `${formatInteger(last.v)} ${unit}`;
 }
 
 const PALETTE = ["#2f6fdf", "#d9822b", "#2e9e6b", "#9b59b6", "#c0392b", "#16a2b8", "#7f8c8d", "#b8860b"];
@@ -103,9 +132,10 @@ export function LineChart({
   const PAD_L = 34;
   const PAD_B = 16;
   const all = series.flatMap((s) => s.points);
-  const latest = series.map((s) => s.points[s.points.length - 1]?.v);
+  const values = all.flatMap((p) => (p.v === null || !Number.isFinite(p.v) ? [] : [p.v]));
+  const latest = series.map((s) => latestText(s.points, unit));
   const summary = series
-    .map((s, i) => (latest[i] === undefined ? null : `${s.name} ${Math.round(latest[i] ?? 0)} ${unit}`))
+    .map((s, i) => (s.points.length === 0 ? null : `${s.name} ${latest[i]}`))
     .filter(Boolean)
     .join(", ");
   if (all.length === 0) {
@@ -118,7 +148,7 @@ export function LineChart({
   }
   const t0 = Math.min(...all.map((p) => p.t));
   const t1 = Math.max(...all.map((p) => p.t), t0 + 1);
-  const top = yMax ?? Math.max(1, ...all.map((p) => p.v)) * 1.1;
+  const top = yMax ?? Math.max(1, ...values) * 1.1;
   const x = (t: number) => PAD_L + ((t - t0) / (t1 - t0)) * (W - PAD_L - 4);
   const y = (v: number) => 4 + (1 - Math.min(v, top) / top) * (H - PAD_B - 8);
   return (
@@ -147,18 +177,20 @@ export function LineChart({
           {`${formatClock(t1)} ${timeZoneName(t1)}`.trim()}
         </text>
         {series.map((s, i) =>
-          // One sample (a GPU just placed) has no line to draw: a dot shows it.
-          s.points.length === 1 && s.points[0] ? (
-            <circle key={s.name} className="chart-dot" cx={x(s.points[0].t).toFixed(1)} cy={y(s.points[0].v).toFixed(1)} r={2.5} fill={seriesColor(i)} />
-          ) : (
-            <polyline
-              key={s.name}
-              fill="none"
-              stroke={seriesColor(i)}
-              strokeWidth={1.8}
-              strokeLinejoin="round"
-              points={s.points.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ")}
-            />
+          lineRuns(s.points).map((run, k) =>
+            // One sample (a GPU just placed, or one between gaps) has no line to draw: a dot shows it.
+            run.length === 1 && run[0] ? (
+              <circle key={`${s.name}#${k}`} className="chart-dot" cx={x(run[0].t).toFixed(1)} cy={y(run[0].v).toFixed(1)} r={2.5} fill={seriesColor(i)} />
+            ) : (
+              <polyline
+                key={`${s.name}#${k}`}
+                fill="none"
+                stroke={seriesColor(i)}
+                strokeWidth={1.8}
+                strokeLinejoin="round"
+                points={run.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ")}
+              />
+            ),
           ),
         )}
       </svg>
@@ -166,7 +198,7 @@ export function LineChart({
         {series.map((s, i) => (
           <li key={s.name}>
             <span className="swatch" style={{ background: seriesColor(i) }} aria-hidden="true" />
-            {s.name}: {latest[i] === undefined ? "–" : `${Math.round(latest[i] ?? 0)} ${unit}`}
+            {s.name}: {latest[i]}
           </li>
         ))}
       </ul>
@@ -179,7 +211,7 @@ export function GpuModelUse({ use, className }: { use: ModelUse; className?: str
   return (
     <div className={className}>
       <h3>
-        {use.model} <span className="muted">{use.total} GPUs</span>
+        {use.model} <span className="muted">{formatInteger(use.total)} GPUs</span>
       </h3>
       <StackedBar
         label={`${use.model} GPUs`}

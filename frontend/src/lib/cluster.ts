@@ -1,5 +1,6 @@
 // Figures derived from the node list: free GPUs per model and what fits now.
 import type { ClusterNode, Flavor, GpuReading } from "../api/types";
+import { formatInteger } from "./format";
 
 export interface ModelUse {
   model: string;
@@ -52,16 +53,47 @@ export function nodeActions(state: ClusterNode["state"]): [NodeAction, string][]
 }
 
 /** A GPU's latest reading in words, for its cell's label and tooltip. */
-export function gpuReadingText(reading: GpuReading): string {
+export function gpuReadingText(reading: GpuReading, locale?: string): string {
+  const n = (value: number) => formatInteger(value, locale);
   const parts: string[] = [];
-  if (reading.utilization_pct !== null && reading.utilization_pct !== undefined) parts.push(`${Math.round(reading.utilization_pct)}% busy`);
+  if (reading.utilization_pct !== null && reading.utilization_pct !== undefined) parts.push(`${n(reading.utilization_pct)}% busy`);
   if (reading.memory_used_mib != null) {
-    const total = reading.memory_total_mib != null ? ` of ${Math.round(reading.memory_total_mib / 1024)}` : "";
-    parts.push(`${Math.round(reading.memory_used_mib / 1024)}${total} GB used`);
+    const total = reading.memory_total_mib != null ? ` of ${n(reading.memory_total_mib / 1024)}` : "";
+    parts.push(`${n(reading.memory_used_mib / 1024)}${total} GB used`);
   }
-  if (reading.power_w != null) parts.push(`${Math.round(reading.power_w)} W`);
-  if (reading.temperature_c != null) parts.push(`${Math.round(reading.temperature_c)} °C`);
+  if (reading.power_w != null) parts.push(`${n(reading.power_w)} W`);
+  if (reading.temperature_c != null) parts.push(`${n(reading.temperature_c)} °C`);
   return parts.join(", ");
+}
+
+/** A node's size and load under its name: "rack r1 · 256 CPU · 2,048 GB · 2/8 GPUs allocated",
+ * its numbers grouped as the locale groups digits. */
+export function nodeSpecText(node: Pick<ClusterNode, "rack" | "cpu" | "memory_gb" | "gpus">, locale?: string): string {
+  const n = (value: number | null | undefined) => formatInteger(value, locale);
+  const allocated = node.gpus.filter((g) => g.allocated).length;
+  const parts = [`${n(node.cpu)} CPU`, `${n(node.memory_gb)} GB`, `${n(allocated)}/${n(node.gpus.length)} GPUs allocated`];
+  return (node.rack ? [`rack ${node.rack}`, ...parts] : parts).join(" · ");
+}
+
+/** What draining a node does to the jobs on it, in numbers, for the admin to confirm first. The
+ * node list names the job on a GPU only when it is one of the user's tenants' (never whose it is),
+ * so other tenants' jobs are counted by the GPUs they hold. */
+export function drainQuestion(node: Pick<ClusterNode, "name" | "gpus">, locale?: string): string {
+  const n = (value: number) => formatInteger(value, locale);
+  const held = node.gpus.filter((g) => g.allocated);
+  const jobs = new Set(held.flatMap((g) => (g.job == null ? [] : [g.job]))).size;
+  const unnamed = held.filter((g) => g.job == null).length;
+  const gpus = `${n(held.length)} of its ${n(node.gpus.length)} GPUs`;
+  const after = "It then takes no new jobs until an admin makes it ready.";
+  if (held.length === 0) return `Drain ${node.name}? No job holds its GPUs now. ${after}`;
+  const move = "checkpointed or stopped and requeued elsewhere";
+  if (unnamed === 0) {
+    const its = jobs === 1 ? "Its 1 running job" : `Its ${n(jobs)} running jobs`;
+    return `Drain ${node.name}? ${its}, on ${gpus}, ${jobs === 1 ? "is" : "are"} ${move}. ${after}`;
+  }
+  const others = `other tenants' jobs on ${n(unnamed)} ${unnamed === 1 ? "GPU" : "GPUs"}`;
+  const which = jobs === 0 ? others : `${n(jobs)} ${jobs === 1 ? "job" : "jobs"} of your tenants and ${others}`;
+  return `Drain ${node.name}? The jobs on ${gpus} (${which}) are ${move}. ${after}`;
 }
 
 /** How old a GPU reading may be and still be shown as the GPU's current load. Agents report

@@ -1,9 +1,18 @@
 import { describe, expect, it } from "vitest";
 
 import { reconnectDelayMs } from "./backoff";
-import { formatClock, formatDuration, formatRelative, formatTime, lastRedraw, timeZoneName } from "./format";
+import { formatClock, formatDuration, formatInteger, formatRelative, formatTime, lastRedraw, timeZoneName } from "./format";
 
 describe("format", () => {
+  it("groups the digits of big numbers as the locale does", () => {
+    expect(formatInteger(2048, "en-GB")).toBe("2,048");
+    expect(formatInteger(1_234_567.6, "en-GB")).toBe("1,234,568");
+    expect(formatInteger(999, "en-GB")).toBe("999");
+    expect(formatInteger(2048, "de-DE")).toBe("2.048");
+    expect(formatInteger(null)).toBe("–");
+    expect(formatInteger(Number.NaN)).toBe("–");
+  });
+
   it("formats durations", () => {
     expect(formatDuration(42)).toBe("42s");
     expect(formatDuration(90)).toBe("1m 30s");

@@ -71,6 +71,13 @@ export function timeZoneName(at: number = Date.now()): string {
   return part?.value ?? "";
 }
 
+/** A number for people, rounded to a whole one and grouped as the locale groups digits
+ * ("2,048" in English, "2.048" in German), as node memory, CPUs and GPU counts are shown. */
+export function formatInteger(n: number | null | undefined, locale?: string): string {
+  if (n === null || n === undefined || !Number.isFinite(n)) return "–";
+  return Math.round(n).toLocaleString(locale, { maximumFractionDigits: 0 });
+}
+
 export function pluralize(n: number, one: string, many = `${one}s`): string {
   return `${n} ${n === 1 ? one : many}`;
 }

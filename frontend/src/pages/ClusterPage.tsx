@@ -1,13 +1,13 @@
-import { useState } from "react";
+import { useEffect, useId, useRef, useState } from "react";
 
 import { api, fetchAll } from "../api/client";
 import { useLive } from "../api/live";
 import type { ClusterNode, Gpu } from "../api/types";
 import { GpuModelUse } from "../components/charts";
 import { Empty, ErrorBanner, PageHeader, Relative, Section, Spinner } from "../components/common";
-import { type NodeAction, gpuReadingText, gpuUseByModel, nodeActions, readingIsCurrent } from "../lib/cluster";
+import { type NodeAction, drainQuestion, gpuReadingText, gpuUseByModel, nodeActions, nodeSpecText, readingIsCurrent } from "../lib/cluster";
 import { useNow } from "../lib/clock";
-import { formatRelative } from "../lib/format";
+import { formatInteger, formatRelative } from "../lib/format";
 import { useResource } from "../lib/useResource";
 import { useEvery, useSoon } from "../lib/useSoon";
 import { Link } from "../router";
@@ -76,7 +76,6 @@ function NodeCard({ node, canManage, onChanged }: { node: ClusterNode; canManage
     const key = `NUMA ${gpu.numa_node ?? 0}`;
     groups.set(key, [...(groups.get(key) ?? []), gpu]);
   }
-  const allocated = node.gpus.filter((g) => g.allocated).length;
   return (
     <article className="node-card" aria-label={`Node ${node.name}`}>
       <header>
@@ -84,8 +83,7 @@ function NodeCard({ node, canManage, onChanged }: { node: ClusterNode; canManage
         <span className={`badge node-${node.state ?? "unknown"}`}>{node.state}</span>
       </header>
       <p className="muted small">
-        {node.rack && `rack ${node.rack} · `}
-        {node.cpu} CPU · {node.memory_gb} GB · {allocated}/{node.gpus.length} GPUs allocated · heartbeat{" "}
+        {nodeSpecText(node)} · heartbeat{" "}
         <Relative iso={node.last_heartbeat_at} />
       </p>
       {node.state_reason && <p className="small">{node.state_reason}</p>}
@@ -113,7 +111,7 @@ function GpuCell({ gpu, node }: { gpu: Gpu; node: ClusterNode }) {
   const utilization = current ? (reading?.utilization_pct ?? null) : null;
   const readingText = reading ? gpuReadingText(reading) : "";
   const parts = [
-    `GPU ${gpu.index} ${gpu.model}, ${Math.round(gpu.memory_mb / 1024)} GB, ${s}${gpu.health_reason ? `: ${gpu.health_reason}` : ""}`,
+    `GPU ${gpu.index} ${gpu.model}, ${formatInteger(gpu.memory_mb / 1024)} GB, ${s}${gpu.health_reason ? `: ${gpu.health_reason}` : ""}`,
     gpu.job ? `job ${gpu.job}` : null,
     reading && readingText ? (current ? readingText : `no current reading (last ${formatRelative(reading.time, now)}: ${readingText})`) : null,
     `NVLink group ${gpu.nvlink_group ?? "–"}, PCIe switch ${gpu.pcie_switch ?? "–"}`,
@@ -146,8 +144,32 @@ function NodeActions({ node, onChanged }: { node: ClusterNode; onChanged: () => 
   const [error, setError] = useState<string | null>(null);
   // Why the node is cordoned or drained, for the other admins and the node's card (optional).
   const [reason, setReason] = useState("");
+  // Drain moves every job on the node away, so it is asked once more, with what it would move
+  // (as a job's cancel is); the question follows the node's jobs while it is open.
+  const [confirmingDrain, setConfirmingDrain] = useState(false);
+  const questionId = useId();
+  const box = useRef<HTMLDivElement>(null);
+  const drainButton = useRef<HTMLButtonElement>(null);
+  // Where the focus goes once the question's buttons are gone: back to Drain (kept, or refused),
+  // or, once drained, to what replaces it (Make ready) when the node's new state arrives.
+  const focusAfter = useRef<"drain" | "next" | null>(null);
   const actions = nodeActions(node.state);
   const takesReason = actions.some(([action]) => action !== "uncordon");
+  const asking = confirmingDrain && actions.some(([action]) => action === "drain");
+  useEffect(() => {
+    if (asking || focusAfter.current === null) return;
+    if (drainButton.current) {
+      drainButton.current.focus();
+      if (focusAfter.current === "drain") focusAfter.current = null;
+    } else {
+      box.current?.querySelector("button")?.focus();
+      focusAfter.current = null;
+    }
+  }, [asking, node.state]);
+  const keep = () => {
+    focusAfter.current = "drain";
+    setConfirmingDrain(false);
+  };
   const run = async (action: NodeAction) => {
     setBusy(action);
     setError(null);
@@ -155,15 +177,18 @@ function NodeActions({ node, onChanged }: { node: ClusterNode; onChanged: () => 
       const body = action === "uncordon" ? { action } : { action, reason: reason.trim() };
       await api(`/api/v1/nodes/${encodeURIComponent(node.name)}/state/`, { method: "POST", body });
       setReason("");
+      if (action === "drain") focusAfter.current = "next";
       onChanged();
     } catch (err) {
+      if (action === "drain") focusAfter.current = "drain";
       setError(err instanceof Error ? err.message : String(err));
     } finally {
       setBusy(null);
+      setConfirmingDrain(false);
     }
   };
   return (
-    <div className="node-actions">
+    <div className="node-actions" ref={box}>
       {takesReason && (
         <input
           type="text"
@@ -175,11 +200,50 @@ function NodeActions({ node, onChanged }: { node: ClusterNode; onChanged: () => 
           onChange={(e) => setReason(e.target.value)}
         />
       )}
-      {actions.map(([action, label]) => (
-        <button key={action} type="button" className="button small" disabled={busy !== null} onClick={() => run(action)}>
-          {busy === action ? `${label}…` : label}
-        </button>
-      ))}
+      {asking ? (
+        <span
+          className="confirm"
+          role="group"
+          aria-label={`Confirm drain of ${node.name}`}
+          onKeyDown={(e) => {
+            if (e.key === "Escape" && busy === null) keep();
+          }}
+        >
+          <span id={questionId}>{drainQuestion(node)}</span>
+          {/* Focused when asked; a screen reader reads the question with it. Escape keeps the node as it is. */}
+          <button
+            type="button"
+            className="button small danger"
+            aria-describedby={questionId}
+            onClick={() => run("drain")}
+            disabled={busy !== null}
+            autoFocus
+          >
+            {busy === "drain" ? "Draining…" : "Yes, drain"}
+          </button>
+          <button type="button" className="button small ghost" onClick={keep} disabled={busy !== null}>
+            Keep
+          </button>
+        </span>
+      ) : (
+        actions.map(([action, label]) => (
+          <button
+            key={action}
+            ref={action === "drain" ? drainButton : undefined}
+            type="button"
+            className="button small"
+            disabled={busy !== null}
+            onClick={() => {
+              if (action === "drain") {
+                setError(null);
+                setConfirmingDrain(true);
+              } else void run(action);
+            }}
+          >
+            {busy === action ? `${label}…` : label}
+          </button>
+        ))
+      )}
       {error && (
         <span className="field-error" role="alert">
           {error}
