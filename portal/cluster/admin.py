@@ -82,6 +82,14 @@ class QuotaAdmin(AuditedModelAdmin):
         super().save_model(request, obj, form, change)
         request_scheduling_cycle()  # as from the VC's page: a changed quota takes effect at once
 
+    def delete_model(self, request: Any, obj: Quota) -> None:
+        super().delete_model(request, obj)
+        request_scheduling_cycle()  # a removed quota too
+
+    def delete_queryset(self, request: Any, queryset: Any) -> None:
+        super().delete_queryset(request, queryset)
+        request_scheduling_cycle()
+
     def changelist_view(self, request: Any, extra_context: Any = None) -> Any:
         self._usage = gpus_in_use(Quota.objects.values_list("virtual_cluster", flat=True))
         return super().changelist_view(request, extra_context)

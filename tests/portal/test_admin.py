@@ -492,3 +492,26 @@ def test_staff_without_model_permissions_see_no_model_nor_autocomplete(users: di
     for model, field in [("membership", "user"), ("membership", "tenant")]:
         url = f"/admin/autocomplete/?app_label=accounts&model_name={model}&field_name={field}&term=a"
         assert client.get(url).status_code == 403, url
+
+
+@pytest.mark.parametrize("how", ["page", "action"])
+def test_deleting_a_quota_asks_for_a_scheduling_cycle(
+    admin_client_: Client, django_capture_on_commit_callbacks: Any, how: str
+) -> None:
+    """Saving a quota asked for a cycle, deleting one did not: the VC's jobs kept their
+    admission (or their wait) until the next timed cycle."""
+    from scheduler.tasks import request_cycle
+
+    quota = Quota.objects.filter(guaranteed__gt=0).first()
+    assert quota is not None
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        if how == "page":
+            response = admin_client_.post(f"/admin/cluster/quota/{quota.pk}/delete/", {"post": "yes"})
+        else:
+            response = admin_client_.post(
+                "/admin/cluster/quota/",
+                {"action": "delete_selected", "_selected_action": [quota.pk], "post": "yes"},
+            )
+    assert response.status_code == 302
+    assert not Quota.objects.filter(pk=quota.pk).exists()
+    assert request_cycle in callbacks
