@@ -3,17 +3,9 @@ import type { Allocation, TelemetrySample } from "../api/types";
 import { emptyTelemetryText } from "../lib/empty";
 import { LineChart, type Series } from "./charts";
 
-/** One GPU reading as the charts use it. A metric the GPU did not report is null, never 0: the
- * chart's line breaks there, and the legend does not read it as idle. */
-export interface Sample {
-  gpu_uuid: string;
-  time: string;
-  utilization_pct: number | null;
-  memory_used_mib: number | null;
-  memory_total_mib?: number | null;
-  power_w: number | null;
-  temperature_c: number | null;
-}
+/** One GPU reading as the charts use it, the shape live updates bring. A metric the GPU did not
+ * report is null, never 0: the chart's line breaks there, and the legend does not read it as idle. */
+export type Sample = LiveTelemetrySample;
 
 export function toSample(s: TelemetrySample | LiveTelemetrySample): Sample {
   return {
