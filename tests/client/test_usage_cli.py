@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -30,30 +31,39 @@ def job_with_usage(
 ) -> Job:
     """A job submitted over the API that held the GPUs for `minutes` an hour ago and ended, with
     two samples per GPU at its start and end: so each GPU counts `minutes` of allocated time,
-    the same time weighted by `utilization_pct`, and `power_w` over it as energy."""
-    client = APIClient()
-    client.force_authenticate(user)
-    response = client.post(
-        "/api/v1/jobs/", {"name": "measured", "vc": vc, "flavor": "s-A100", "command": "true"}, format="json"
-    )
-    assert response.status_code == 201, response.content
-    job = Job.objects.get(pk=response.json()["id"])
-    start = timezone.now() - timedelta(hours=1)
-    end = start + timedelta(minutes=minutes)
-    attempt = JobAttempt.objects.create(job=job, number=1, state="succeeded", started_at=start, ended_at=end)
-    gpus = Gpu.objects.filter(node__name=node, index__in=gpu_indices).select_related("node")
-    for gpu in gpus:
-        Allocation.objects.create(attempt=attempt, gpu=gpu, node=gpu.node, released_at=end)
-        for moment in (start, end):
-            TelemetrySample.objects.create(
-                attempt=attempt,
-                gpu_uuid=gpu.uuid,
-                time=moment,
-                utilization_pct=utilization_pct,
-                power_w=power_w,
-            )
-    Allocation.objects.filter(attempt=attempt).update(created_at=start)
-    Job.objects.filter(pk=job.pk).update(state="succeeded", started_at=start, finished_at=end)
+    the same time weighted by `utilization_pct`, and `power_w` over it as energy.
+
+    In one transaction: committed on its own, the submission asked the live stack's worker for a
+    cycle, which could place the job on a real agent before it was marked ended here, and that
+    attempt's own telemetry then counted too (2.51 used GPU-hours instead of 2.50, once)."""
+    with transaction.atomic():
+        client = APIClient()
+        client.force_authenticate(user)
+        response = client.post(
+            "/api/v1/jobs/",
+            {"name": "measured", "vc": vc, "flavor": "s-A100", "command": "true"},
+            format="json",
+        )
+        assert response.status_code == 201, response.content
+        job = Job.objects.get(pk=response.json()["id"])
+        start = timezone.now() - timedelta(hours=1)
+        end = start + timedelta(minutes=minutes)
+        attempt = JobAttempt.objects.create(
+            job=job, number=1, state="succeeded", started_at=start, ended_at=end
+        )
+        gpus = Gpu.objects.filter(node__name=node, index__in=gpu_indices).select_related("node")
+        for gpu in gpus:
+            Allocation.objects.create(attempt=attempt, gpu=gpu, node=gpu.node, released_at=end)
+            for moment in (start, end):
+                TelemetrySample.objects.create(
+                    attempt=attempt,
+                    gpu_uuid=gpu.uuid,
+                    time=moment,
+                    utilization_pct=utilization_pct,
+                    power_w=power_w,
+                )
+        Allocation.objects.filter(attempt=attempt).update(created_at=start)
+        Job.objects.filter(pk=job.pk).update(state="succeeded", started_at=start, finished_at=end)
     return job
 
 
