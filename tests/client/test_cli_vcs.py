@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -31,6 +32,7 @@ def api_client(user: Any) -> APIClient:
     return client
 
 
+@transaction.atomic  # as job_with_usage in test_usage_cli: no cycle of the live stack sees it pending
 def running_job(user: Any, vc: str, node: str, gpu_indices: list[int]) -> Job:
     """A job submitted over the API that holds these GPUs now, as a placement would leave it: a
     running attempt whose allocations are not released."""
@@ -46,6 +48,7 @@ def running_job(user: Any, vc: str, node: str, gpu_indices: list[int]) -> Job:
     return job
 
 
+@transaction.atomic
 def job_that_held_gpus(
     user: Any, vc: str, node: str, gpu_indices: list[int], start: datetime, end: datetime
 ) -> Job:
