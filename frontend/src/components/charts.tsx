@@ -84,16 +84,22 @@ interface Point {
   v: number;
 }
 
+/** The value of a point that has one: a reading, not null (no reading then) nor NaN. */
+function valueOf(p: Series["points"][number]): number | null {
+  return p.v !== null && Number.isFinite(p.v) ? p.v : null;
+}
+
 /** The runs of a series between its points without a value: each is drawn as a line (or a dot,
  * a run of one), with a gap where a reading is missing. */
 export function lineRuns(points: Series["points"]): Point[][] {
   const runs: Point[][] = [];
   let run: Point[] = [];
   for (const p of points) {
-    if (p.v === null || !Number.isFinite(p.v)) {
+    const v = valueOf(p);
+    if (v === null) {
       if (run.length) runs.push(run);
       run = [];
-    } else run.push({ t: p.t, v: p.v });
+    } else run.push({ t: p.t, v });
   }
   if (run.length) runs.push(run);
   return runs;
@@ -104,7 +110,8 @@ export function lineRuns(points: Series["points"]): Point[][] {
 function latestText(points: Series["points"], unit: string): string {
   const last = points[points.length - 1];
   if (!last) return "–";
-  return last.v === null || !Number.isFinite(last.v) ? "no reading" : `${formatInteger(last.v)} ${unit}`;
+  const v = valueOf(last);
+  return v === null ? "no reading" : `${formatInteger(v)} ${unit}`;
 }
 
 const PALETTE = ["#2f6fdf", "#d9822b", "#2e9e6b", "#9b59b6", "#c0392b", "#16a2b8", "#7f8c8d", "#b8860b"];
@@ -132,7 +139,7 @@ export function LineChart({
   const PAD_L = 34;
   const PAD_B = 16;
   const all = series.flatMap((s) => s.points);
-  const values = all.flatMap((p) => (p.v === null || !Number.isFinite(p.v) ? [] : [p.v]));
+  const values = all.flatMap((p) => valueOf(p) ?? []);
   const latest = series.map((s) => latestText(s.points, unit));
   const summary = series
     .map((s, i) => (s.points.length === 0 ? null : `${s.name} ${latest[i]}`))
