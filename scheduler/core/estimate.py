@@ -131,12 +131,12 @@ def estimate_starts(
             if job.vc in user_caps:
                 user_ends[job.vc, job.user].append((end, *_amounts(job)))
     # Each capped user's room, made when one of their jobs is first reached in the walk.
-    user_rooms: dict[tuple[str, str], _UserRoom] = {}
+    user_rooms: dict[tuple[str, str], _UserRoom | _UserGpuRoom] = {}
 
-    def user_room(vc: str, user: str) -> _UserRoom:
+    def user_room(vc: str, user: str) -> _UserRoom | _UserGpuRoom:
         room = user_rooms.get((vc, user))
         if room is None:
-            room = user_rooms[vc, user] = _UserRoom(
+            room = user_rooms[vc, user] = _user_room(
                 user_caps[vc], _user_holds(state, vc, user), user_ends.pop((vc, user), []), now
             )
         return room
@@ -407,22 +407,22 @@ def estimate_starts(
                     continue
                 if quota_start > start:
                     start = quota_start
-        room = None
-        if user_caps and vc in user_caps:
-            room = user_room(vc, job.user)
-            asks = room.asks(job)
-            user_start = room.start(asks, start)
-            if user_start is None:
-                estimates[job_id] = None
-                continue
-            start = user_start
-        estimates[job_id] = start
         # _remaining(job, default_s), written out: this runs for every job of the queue.
         runtime = job.estimated_runtime_s
         if runtime is None:
             runtime = job.time_limit_s if job.time_limit_s is not None else default_s
         remaining = runtime - job.attained_gpu_s / (need if need > 1 else 1)
-        end = start + (60.0 if remaining < 60.0 else remaining)
+        if remaining < 60.0:
+            remaining = 60.0
+        if user_caps and vc in user_caps:
+            # The user's room books the job up to its end as well (take: start, then book).
+            user_start = user_room(vc, job.user).take(job, start, remaining)
+            if user_start is None:
+                estimates[job_id] = None
+                continue
+            start = user_start
+        estimates[job_id] = start
+        end = start + remaining
         # Book the job as holding its GPUs from now to its end (errs late, never double-counts).
         free[model] = have - need
         if vc in vc_used:
@@ -431,8 +431,6 @@ def estimate_starts(
         heappush(booked, (end, seq, model, need, vc))
         if limit is not None:
             unfiled.append((vc, end, seq, need))
-        if room is not None:
-            room.book(asks, end)
     return estimates
 
 
@@ -456,9 +454,6 @@ def _amounts(job: PendingJob | RunningJob) -> tuple[int, int, int]:
 
 def _user_holds(state: ClusterState, vc: str, user: str) -> tuple[int, int, int]:
     return state.user_gpus(vc, user), state.user_cpu_milli(vc, user), state.user_memory_mib(vc, user)
-
-
-_GPUS_ONLY = (0,)
 
 
 class _UserRoom:
@@ -486,8 +481,6 @@ class _UserRoom:
         self.seq = len(ends)
 
     def asks(self, job: PendingJob) -> list[int]:
-        if self.dims == _GPUS_ONLY and not job.gpu_share_milli:  # the usual cap and job
-            return [job.gpus]
         amounts = _amounts(job)
         return [amounts[i] for i in self.dims]
 
@@ -536,6 +529,83 @@ class _UserRoom:
             used[i] += asks[i]
         self.seq += 1
         heapq.heappush(self.ends, (end, self.seq, asks))
+
+    def take(self, job: PendingJob, not_before: float, runtime: float) -> float | None:
+        """`start` for a job of the walk, booked from then for `runtime` when it starts."""
+        asks = self.asks(job)
+        at = self.start(asks, not_before)
+        if at is not None:
+            self.book(asks, at + runtime)
+        return at
+
+
+class _UserGpuRoom:
+    """_UserRoom for the usual caps, on GPUs alone: the same walk over plain numbers instead of
+    lists of one, since it runs for every job of a capped VC in every cycle."""
+
+    __slots__ = ("at", "cap", "ends", "seq", "used")
+
+    def __init__(self, cap: int, held: int, ends: list[tuple[float, int, int, int]], now: float) -> None:
+        self.cap = cap
+        self.used = held  # held now plus the jobs booked since
+        self.ends = [(end, k, gpus) for k, (end, gpus, _, _) in enumerate(ends)]
+        heapq.heapify(self.ends)
+        self.at = now  # releases up to here are given back
+        self.seq = len(ends)
+
+    def asks(self, job: PendingJob) -> int:
+        return 0 if job.gpu_share_milli else job.gpus  # _amounts(job)[0]
+
+    def start(self, asks: int, not_before: float) -> float | None:
+        cap, used, ends = self.cap, self.used, self.ends
+        if asks > cap:
+            return None
+        at = self.at if self.at >= not_before else not_before
+        pop = heapq.heappop
+        while ends and ends[0][0] <= at:
+            used -= pop(ends)[2]
+        while ends and used + asks > cap:
+            at, _, gpus = pop(ends)
+            used -= gpus
+        self.used = used
+        self.at = at
+        return at
+
+    def peek(self, asks: int, not_before: float) -> float | None:
+        if self.used + asks <= self.cap:
+            return self.at if self.at >= not_before else not_before
+        saved_used, saved_ends, saved_at = self.used, list(self.ends), self.at
+        try:
+            return self.start(asks, not_before)
+        finally:
+            self.used, self.ends, self.at = saved_used, saved_ends, saved_at
+
+    def book(self, asks: int, end: float) -> None:
+        self.used += asks
+        self.seq += 1
+        heapq.heappush(self.ends, (end, self.seq, asks))
+
+    def take(self, job: PendingJob, not_before: float, runtime: float) -> float | None:
+        asks = 0 if job.gpu_share_milli else job.gpus
+        at = self.start(asks, not_before)
+        if at is not None:
+            self.used += asks
+            self.seq += 1
+            heapq.heappush(self.ends, (at + runtime, self.seq, asks))
+        return at
+
+
+def _user_room(
+    caps: tuple[int | None, int | None, int | None],
+    held: tuple[int, int, int],
+    ends: list[tuple[float, int, int, int]],
+    now: float,
+) -> _UserRoom | _UserGpuRoom:
+    """One user's room: on plain numbers where the VC caps GPUs alone (the usual case)."""
+    gpu_cap, cpu_cap, memory_cap = caps
+    if gpu_cap is not None and cpu_cap is None and memory_cap is None:
+        return _UserGpuRoom(gpu_cap, held[0], ends, now)
+    return _UserRoom(caps, held, ends, now)
 
 
 def _horizon_keys(

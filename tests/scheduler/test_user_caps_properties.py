@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_cycle_properties import PROFILES, Portal, check_invariants, cluster_nodes
 
 from scheduler.core import JobId, PendingJob, Plan, Snapshot, UserName, VcName, decide
-from scheduler.core.estimate import _UserRoom
+from scheduler.core.estimate import _user_room, _UserGpuRoom, _UserRoom
 
 VCS = ("vision", "speech")
 USERS = ("alice", "bob")
@@ -177,3 +177,43 @@ def test_a_peek_answers_as_a_start_would_and_gives_nothing_back(
         start = room.start(asks, not_before)  # the walk goes on as an estimate's would
         if start is not None:
             room.book(asks, start + 600)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cap=st.integers(1, 16),
+    held=amounts,
+    ends=st.lists(st.tuples(st.floats(0, 10_000), GPUS, MILLI_CPUS, MIB), max_size=12),
+    steps=st.lists(
+        st.tuples(st.sampled_from(["take", "peek"]), GPUS, st.sampled_from([0, 500]), st.floats(0, 12_000)),
+        min_size=1,
+        max_size=10,
+    ),
+)
+def test_a_gpu_only_room_answers_as_the_general_room(
+    cap: int,
+    held: tuple[int, int, int],
+    ends: list[tuple[float, int, int, int]],
+    steps: list[tuple[str, int, int, float]],
+) -> None:
+    """The walk's room on plain numbers (a VC that caps GPUs alone) gives the same starts as the
+    room over lists, step by step, fractional jobs (which count no GPU) included."""
+    held = tuple(held[i] + sum(end[1 + i] for end in ends) for i in range(3))
+    caps = (cap, None, None)
+    fast, general = _user_room(caps, held, ends, 100.0), _UserRoom(caps, held, ends, now=100.0)
+    assert isinstance(fast, _UserGpuRoom)
+    for action, gpus, share_milli, not_before in steps:
+        job = PendingJob(
+            JobId("j"),
+            VcName("vision"),
+            UserName("alice"),
+            1,
+            1 if share_milli else gpus,
+            0.0,
+            gpu_share_milli=share_milli,
+        )
+        if action == "peek":
+            assert fast.peek(fast.asks(job), not_before) == general.peek(general.asks(job), not_before)
+        else:
+            assert fast.take(job, not_before, 600.0) == general.take(job, not_before, 600.0)
+        assert (fast.used, fast.at) == (general.used[0], general.at)
