@@ -19,7 +19,6 @@ from typing import Any
 
 from scheduler.core.framework import CycleContext
 from scheduler.core.service_history import gittins_table
-from scheduler.core.state import QuotaUse
 from scheduler.core.types import PendingJob, RunningJob
 
 DEFAULT_RUNTIME_S = 3600.0
@@ -201,6 +200,11 @@ class DiscretizedLas:
         # Queue of each pending job by id, as of `_levels_now` (the first answer for an id wins).
         self._pending_levels: dict[str, int] = {}
         self._levels_now: float | None = None
+        # The last tuple of jobs `_levels` and `_kinds` were asked about (the snapshot's queue:
+        # prepare, sort_keys, horizon_keys and wake_at all ask) with their answers, until
+        # `_levels_now` moves.
+        self._levels_of: tuple[Sequence[PendingJob], list[int]] | None = None
+        self._kinds_of: tuple[Sequence[PendingJob], list[int], list[tuple[int, int, int]]] | None = None
         # Most GPU-seconds attained by an unfinished job of each group, by submission window
         # and then (VC, user, GPUs); only groups with some. Most jobs' window has none, and
         # they are told apart by one lookup.
@@ -210,9 +214,14 @@ class DiscretizedLas:
         # most its running jobs have attained.
         self._running_siblings: dict[int, dict[tuple[str, str, int], tuple[int, float]]] = {}
         self._running_groups: dict[int, dict[tuple[str, str, int], tuple[int, float]]] = {}
+        # The last victim list `_spare_siblings` saw (kept to tell it again by identity), and
+        # the positions in it of each sibling sweep's running jobs.
+        self._sibling_victims: Sequence[RunningJob] | None = None
+        self._sibling_positions: dict[tuple[int, tuple[str, str, int]], list[int]] = {}
 
     def prepare(self, ctx: CycleContext) -> None:
         self._pending = ctx.snapshot.pending
+        self._sibling_victims = None
         self._group_attained = self._groups_attained(ctx) if self.group_window_s > 0 else {}
         running = ctx.snapshot.running
         self._running_groups = self._running_sweeps(running, self.group_window_s)
@@ -246,12 +255,13 @@ class DiscretizedLas:
 
     def _groups_attained(self, ctx: CycleContext) -> dict[int, dict[tuple[str, str, int], float]]:
         best: dict[int, dict[tuple[str, str, int], float]] = {}
+        window_s = self.group_window_s
         for jobs in (ctx.snapshot.running, ctx.snapshot.pending):
             for job in jobs:
                 attained = job.attained_gpu_s
-                if attained > 0:
-                    window, kind = sweep_of(job, self.group_window_s)
-                    groups = best.setdefault(window, {})
+                if attained > 0:  # sweep_of written out: a pass over the whole queue
+                    groups = best.setdefault(int(job.submitted_at // window_s), {})
+                    kind = (job.vc, job.user, job.gpus)
                     if attained > groups.get(kind, 0.0):
                         groups[kind] = attained
         return best
@@ -328,14 +338,19 @@ class DiscretizedLas:
     def _spare_siblings(
         self, job: PendingJob, victims: Sequence[RunningJob], times: list[float | None]
     ) -> list[float | None]:
-        """`times` with the job's running siblings never yielding to it."""
+        """`times` with the job's running siblings never yielding to it. The estimator asks
+        with the same victims for every kind of job, so they are grouped by sweep once: a
+        victim that `spares` would name is one of the job's sweep."""
         if self._running_siblings:
-            window, kind = sweep_of(job, self.sibling_window_s)
-            if kind in self._running_siblings.get(window, ()):
-                spares = self.spares
-                for position, victim in enumerate(victims):
-                    if times[position] is not None and spares(job, victim):
-                        times[position] = None
+            sweep = sweep_of(job, self.sibling_window_s)
+            if sweep[1] in self._running_siblings.get(sweep[0], ()):
+                if self._sibling_victims is not victims:
+                    positions: dict[tuple[int, tuple[str, str, int]], list[int]] = {}
+                    for position, victim in enumerate(victims):
+                        positions.setdefault(sweep_of(victim, self.sibling_window_s), []).append(position)
+                    self._sibling_victims, self._sibling_positions = victims, positions
+                for position in self._sibling_positions.get(sweep, ()):
+                    times[position] = None
         return times
 
     def service_of(self, attained_gpu_s: float, gpus: int) -> float:
@@ -350,29 +365,83 @@ class DiscretizedLas:
         if now != self._levels_now:
             self._pending_levels = {}
             self._levels_now = now
+            self._levels_of = self._kinds_of = None
         level = self._pending_levels.get(job.id)
         if level is None:
             level = self._pending_levels[job.id] = self._pending_level(job, now)
         return level
 
-    def _levels(self, jobs: Sequence[PendingJob], now: float) -> dict[str, int]:
-        """The levels of all `jobs` known (computed where missing), as pending_level has them."""
+    def _levels(self, jobs: Sequence[PendingJob], now: float) -> list[int]:
+        """The levels of `jobs`, in their order, as pending_level has them (and recorded there).
+        Kept for a tuple (the snapshot's queue, told by identity: its jobs cannot change)."""
         if now != self._levels_now:
             self._pending_levels = {}
             self._levels_now = now
+            self._levels_of = self._kinds_of = None
+        elif self._levels_of is not None and self._levels_of[0] is jobs:
+            return self._levels_of[1]
         levels = self._pending_levels
-        if self.starvation_factor <= 0 and self.service == "gpu_time":
-            # _pending_level without the starvation guard, written out for long queues.
-            thresholds, grouped, ranked = self.thresholds, bool(self._group_attained), self.ranked_attained
-            for job in jobs:
-                if job.id not in levels:
-                    attained = ranked(job) if grouped else job.attained_gpu_s
-                    levels[job.id] = bisect.bisect_right(thresholds, attained)
-            return levels
+        listed: list[int] | None = None
+        if not levels:
+            # Nothing recorded yet (prepare's call): every level is computed, then recorded in
+            # one go. The first answer for an id must win, so where ids repeat (the recorded
+            # ones are fewer) they are recorded job by job below instead.
+            computed = self._computed_levels(jobs, now)
+            recorded = {job.id: level for job, level in zip(jobs, computed, strict=True)}
+            if len(recorded) == len(computed):
+                self._pending_levels = recorded
+                listed = computed
+        if listed is None:
+            missing = [job for job in jobs if job.id not in levels]
+            for job, level in zip(missing, self._computed_levels(missing, now), strict=True):
+                levels.setdefault(job.id, level)
+            listed = [levels[job.id] for job in jobs]
+        if isinstance(jobs, tuple):
+            self._levels_of = (jobs, listed)
+        return listed
+
+    def _computed_levels(self, jobs: Sequence[PendingJob], now: float) -> list[int]:
+        """_pending_level of each of `jobs`, in their order."""
+        if self.starvation_factor > 0 or self.service != "gpu_time":
+            return [self._pending_level(job, now) for job in jobs]
+        # _pending_level without the starvation guard, and ranked_attained, written out for
+        # long queues.
+        thresholds, bisect_right = self.thresholds, bisect.bisect_right
+        if not self._group_attained:
+            return [bisect_right(thresholds, job.attained_gpu_s) for job in jobs]
+        window_s, groups_in = self.group_window_s, self._group_attained.get
+        levels = []
         for job in jobs:
-            if job.id not in levels:
-                levels[job.id] = self._pending_level(job, now)
+            attained = job.attained_gpu_s
+            groups = groups_in(int(job.submitted_at // window_s))
+            if groups:
+                group = groups.get((job.vc, job.user, job.gpus), 0.0)
+                if group > attained:
+                    attained = group
+            levels.append(bisect_right(thresholds, attained))
         return levels
+
+    def _kinds(self, jobs: Sequence[PendingJob], now: float) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """Each job's kind (priority, GPUs, queue), which decides its sort key, its horizon key
+        but for sweeps, and what it waits for: the kinds seen, and each job's place in them.
+        The keys are then made per kind and looked up per job by a list index, without a
+        tuple per job and per pass. Kept for the snapshot's queue (a tuple, told by identity),
+        which prepare, sort_keys, horizon_keys and wake_at all ask about."""
+        cached = self._kinds_of
+        if cached is not None and cached[0] is jobs and now == self._levels_now:
+            return cached[1], cached[2]
+        numbers: dict[tuple[int, int, int], int] = {}
+        places = []
+        for job, level in zip(jobs, self._levels(jobs, now), strict=True):
+            kind = (job.priority, job.gpus, level)
+            number = numbers.get(kind)
+            if number is None:
+                number = numbers[kind] = len(numbers)
+            places.append(number)
+        kinds = list(numbers)
+        if isinstance(jobs, tuple):
+            self._kinds_of = (jobs, places, kinds)
+        return places, kinds
 
     def _pending_level(self, job: PendingJob, now: float) -> int:
         level = self.level(self.service_of(self.ranked_attained(job), job.gpus))
@@ -399,10 +468,11 @@ class DiscretizedLas:
         levels = self._levels(jobs, ctx.now)
         if self.order_in_queue == "service":
             return [
-                (float(levels[job.id]), self.service_of(self.ranked_attained(job), job.gpus)) for job in jobs
+                (float(level), self.service_of(self.ranked_attained(job), job.gpus))
+                for job, level in zip(jobs, levels, strict=True)
             ]
         shared = [(float(level),) for level in range(len(self.thresholds) + 1)]
-        return [shared[levels[job.id]] for job in jobs]
+        return [shared[level] for level in levels]
 
     def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
         if preemptor.priority < victim.priority or self.spares(preemptor, victim):
@@ -415,12 +485,9 @@ class DiscretizedLas:
         return self.with_sweeps([job], [(float(job.priority), float(self.pending_level(job, ctx.now)))])[0]
 
     def horizon_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
-        levels = self._levels(jobs, ctx.now)
-        shared = {
-            priority: [(float(priority), float(level)) for level in range(len(self.thresholds) + 1)]
-            for priority in {job.priority for job in jobs}
-        }
-        return self.with_sweeps(jobs, [shared[job.priority][levels[job.id]] for job in jobs])
+        places, kinds = self._kinds(jobs, ctx.now)
+        shared = [(float(priority), float(level)) for priority, _, level in kinds]
+        return self.with_sweeps(jobs, [shared[place] for place in places])
 
     def yields_at(self, job: PendingJob, victim: RunningJob, ctx: CycleContext) -> float | None:
         """When the victim's service crosses into a queue behind the job's: now if it already
@@ -484,8 +551,7 @@ class DiscretizedLas:
         if not self._pending:
             return None
         waiting_levels: dict[int, set[int]] = {}
-        levels = self._levels(self._pending, ctx.now)
-        for priority, level in {(pending.priority, levels[pending.id]) for pending in self._pending}:
+        for priority, _, level in self._kinds(self._pending, ctx.now)[1]:
             waiting_levels.setdefault(priority, set()).add(level)
         earliest: float | None = None
         gap = self.preempt_levels - 1
@@ -585,16 +651,9 @@ class GittinsIndex(DiscretizedLas):
         return (-self.index(job.gpus, level), float(level))
 
     def sort_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
-        levels = self._levels(jobs, ctx.now)
-        shared: dict[tuple[int, int], tuple[float, ...]] = {}  # jobs of one kind share a key
-        keys = []
-        for job in jobs:
-            kind = (job.gpus, levels[job.id])
-            key = shared.get(kind)
-            if key is None:
-                key = shared[kind] = (-self.index(*kind), float(kind[1]))
-            keys.append(key)
-        return keys
+        places, kinds = self._kinds(jobs, ctx.now)
+        shared = [(-self.index(gpus, level), float(level)) for _, gpus, level in kinds]
+        return [shared[place] for place in places]
 
     def may_preempt(self, preemptor: PendingJob, victim: RunningJob, ctx: CycleContext) -> str | None:
         if preemptor.priority < victim.priority or self.spares(preemptor, victim):
@@ -608,16 +667,9 @@ class GittinsIndex(DiscretizedLas):
         return self.with_sweeps([job], [key])[0]
 
     def horizon_keys(self, jobs: Sequence[PendingJob], ctx: CycleContext) -> list[tuple[float, ...]]:
-        levels = self._levels(jobs, ctx.now)
-        shared: dict[tuple[int, int, int], tuple[float, ...]] = {}
-        keys = []
-        for job in jobs:
-            kind = (job.priority, job.gpus, levels[job.id])
-            key = shared.get(kind)
-            if key is None:
-                key = shared[kind] = (float(job.priority), self.index(job.gpus, kind[2]))
-            keys.append(key)
-        return self.with_sweeps(jobs, keys)
+        places, kinds = self._kinds(jobs, ctx.now)
+        shared = [(float(priority), self.index(gpus, level)) for priority, gpus, level in kinds]
+        return self.with_sweeps(jobs, [shared[place] for place in places])
 
     def _yield_level(self, gpus: int, current: int, index: float) -> int | None:
         """The first queue from `current` on in which a running job of `gpus` GPUs has an
@@ -708,12 +760,11 @@ class GittinsIndex(DiscretizedLas):
         least its priority preempt it."""
         if not self._pending:
             return None
-        levels = self._levels(self._pending, ctx.now)
         best_of: dict[int, float] = {}  # priority -> best index waiting at that priority
-        for kind in {(job.priority, job.gpus, levels[job.id]) for job in self._pending}:
-            value = self.index(kind[1], kind[2])
-            if value > best_of.get(kind[0], -1.0):
-                best_of[kind[0]] = value
+        for priority, gpus, level in self._kinds(self._pending, ctx.now)[1]:
+            value = self.index(gpus, level)
+            if value > best_of.get(priority, -1.0):
+                best_of[priority] = value
         # Best index waiting at a priority of at least p, for each p that has waiting jobs.
         at_least: list[tuple[int, float]] = []
         best = -1.0
@@ -838,20 +889,24 @@ class GuaranteeFirst:
         keys: dict[str, tuple[float]] = {}
         self._keys = keys
         within, borrowing = self.WITHIN, self.BORROWING
-        quotas: dict[tuple[str, str], QuotaUse | None] = {}  # the state stays as it is
+        # Per (VC, model), from its quota (the state stays as it is): the key all its jobs get
+        # (no quota: borrowing; a VC that cannot borrow has no borrowing work to put last),
+        # else None with the guarantee and the GPUs in use its queue is counted against.
+        # One lookup per job, where the quota itself would take two.
+        rules: dict[tuple[str, str], tuple[tuple[float] | None, int, int]] = {}
         for job in by_arrival(ctx.snapshot.pending):
-            quota_key = (job.vc, job.gpu_model)
-            if quota_key in quotas:
-                quota = quotas[quota_key]
-            else:
-                quota = quotas[quota_key] = state.quota_for(job.vc, job.gpu_model)
-            if quota is None:
-                keys[job.id] = borrowing
-                continue
-            guaranteed, borrow_limit, used, _ = quota
-            if borrow_limit <= 0:
-                # A VC that cannot borrow has no borrowing work to put last.
-                keys[job.id] = within
+            rule = rules.get((job.vc, job.gpu_model))
+            if rule is None:
+                quota = state.quota_for(job.vc, job.gpu_model)
+                if quota is None:
+                    rule = (borrowing, 0, 0)
+                else:
+                    guaranteed, borrow_limit, used, _ = quota
+                    rule = (within, 0, 0) if borrow_limit <= 0 else (None, guaranteed, used)
+                rules[(job.vc, job.gpu_model)] = rule
+            fixed, guaranteed, used = rule
+            if fixed is not None:
+                keys[job.id] = fixed
                 continue
             total = used + planned.get(job.vc, 0) + job.gpus
             if total <= guaranteed:
