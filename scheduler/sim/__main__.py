@@ -15,34 +15,100 @@ allocated_gpu_ratio).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
-from scheduler.core import load_profile
+from scheduler.core import Profile, load_profile
+from scheduler.core.profile import PROFILES_DIR
 from scheduler.sim import openb
 from scheduler.sim.cluster import load_topology, parse_cluster_spec, uniform_cluster
 from scheduler.sim.engine import Simulator, VcQuotaRow
+from scheduler.sim.inputs import InputFileError, read_csv
 from scheduler.sim.metrics import summarize
 from scheduler.sim.trace import FORMATS, load_trace
+
+QUOTA_COLUMNS = ("vc", "guaranteed", "borrow_limit")
 
 
 def load_vc_quotas(path: str | Path) -> dict[str, VcQuotaRow]:
     """CSV `vc,guaranteed,borrow_limit[,lending_limit]` (one row per VC; GPUs of any model).
-    An empty or missing lending limit lends the whole guarantee."""
+    An empty or missing lending limit lends the whole guarantee. Raises `InputFileError` for
+    a file that is not such a CSV, a bad number, or a VC listed twice (one row would be lost)."""
     quotas: dict[str, VcQuotaRow] = {}
-    with Path(path).open(newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
+    with read_csv(
+        path, QUOTA_COLUMNS, "a VC quotas file (vc,guaranteed,borrow_limit[,lending_limit])"
+    ) as rows:
+        for row in rows:
+            vc = row["vc"].strip()
+            if not vc:
+                raise ValueError("the vc is empty")
+            if vc in quotas:
+                raise ValueError(f"VC {vc!r} is listed twice")
             lending = (row.get("lending_limit") or "").strip()
-            quotas[row["vc"].strip()] = (
-                int(row["guaranteed"]),
-                int(row["borrow_limit"]),
-                int(lending) if lending else None,
+            quotas[vc] = (
+                gpu_count(row["guaranteed"], "guaranteed"),
+                gpu_count(row["borrow_limit"], "borrow_limit"),
+                gpu_count(lending, "lending_limit") if lending else None,
             )
     return quotas
+
+
+def gpu_count(text: str, column: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ValueError(f"{column} must be a whole number of GPUs, 0 or more, not {text.strip()!r}")
+    return count
+
+
+def read_profile(name_or_path: str) -> Profile:
+    """`load_profile`, with a name that is neither shipped nor a file refused as the user
+    typed it (`load_profile` would name the shipped path it tried), and a file that is not a
+    valid profile refused as `InputFileError`."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists() and not (PROFILES_DIR / f"{name_or_path}.json").is_file():
+        shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
+        raise InputFileError(f"unknown profile {name_or_path!r}: give one of {shipped}, or a JSON file")
+    try:
+        return load_profile(name_or_path)
+    except ValueError as error:  # not JSON, or not a valid profile
+        raise InputFileError(f"profile {name_or_path} is not valid: {error}") from error
+
+
+def number_option(least: float, *, above: bool = False, whole: bool = False) -> Callable[[str], float]:
+    """An argparse `type=` for a numeric option: a value below `least` (or equal to it, with
+    `above`) makes no sense for the run and would otherwise be used silently."""
+    bound = f"above {least:g}" if above else f"of {least:g} or more"
+    kind = "a whole number" if whole else "a number"
+
+    def parse(text: str) -> float:
+        try:
+            value = int(text) if whole else float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < least or (above and value == least):
+            raise argparse.ArgumentTypeError(f"must be {kind} {bound}, not {text!r}")
+        return value
+
+    return parse
+
+
+def fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """A bad input file is no usage mistake: one line, without the usage text."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def unreadable(error: OSError) -> str:
+    if error.filename is None:
+        return str(error)
+    return f"cannot read {error.filename}: {error.strerror}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,51 +123,86 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vc-quotas", help="CSV vc,guaranteed,borrow_limit[,lending_limit]")
     parser.add_argument(
         "--preempt-overhead",
-        type=float,
+        type=number_option(0),
         default=30.0,
         help="seconds a preempted job holds its GPUs while it checkpoints (default 30)",
     )
     parser.add_argument("--vc", help="replay only this VC's jobs")
-    parser.add_argument("--time-limit", type=float, help="time limit given to every job (seconds)")
+    parser.add_argument(
+        "--time-limit", type=number_option(0, above=True), help="time limit given to every job (seconds)"
+    )
     parser.add_argument(
         "--spread-after",
-        type=float,
+        type=number_option(0),
         help="a job of several GPUs that waited this many seconds may be spread as 1-GPU replicas",
     )
-    parser.add_argument("--max-jobs", type=int, help="replay only the first N jobs")
+    parser.add_argument("--max-jobs", type=number_option(1, whole=True), help="replay only the first N jobs")
     parser.add_argument(
-        "--until", type=float, help="replay only jobs submitted before this many seconds after the first"
+        "--until",
+        type=number_option(0, above=True),
+        help="replay only jobs submitted before this many seconds after the first",
     )
     parser.add_argument("--nodes", help="openb node list CSV: run the fill experiment on those nodes")
     parser.add_argument(
         "--demand",
-        type=float,
+        type=number_option(0, above=True),
         default=1.0,
         help="fill experiment: pods arrive until they ask for this many times the cluster's GPUs",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     args = parser.parse_args(argv)
 
+    if args.cluster and args.topology:
+        parser.error("give --cluster NxG or --topology FILE, not both")
     if args.nodes:
         if args.format != "openb":
             parser.error("--nodes is for --format openb (the fill experiment)")
+        if args.cluster or args.topology:
+            parser.error(
+                "--nodes gives the cluster of the fill experiment: leave out --cluster and --topology"
+            )
         started = time.perf_counter()
-        pods, skipped = openb.load_pods(args.trace)
-        summary = openb.fill(openb.load_nodes(args.nodes), pods, load_profile(args.profile), args.demand)
+        try:
+            pods, skipped = openb.load_pods(args.trace)
+            fill_nodes = openb.load_nodes(args.nodes)
+            profile = read_profile(args.profile)
+        except InputFileError as error:
+            fail(parser, str(error))
+        except OSError as error:
+            fail(parser, unreadable(error))
+        if not any(not pod.cpu_only for pod in pods):
+            fail(parser, f"{args.trace} has no pods with GPUs to place")
+        if not fill_nodes:
+            fail(parser, f"{args.nodes} has no nodes with GPUs")
+        summary = openb.fill(fill_nodes, pods, profile, args.demand)
         wall_s = round(time.perf_counter() - started, 2)
         summary.update(skipped_rows=skipped, profile=args.profile, wall_s=wall_s)
         sys.stdout.write(json.dumps(summary, sort_keys=True) + "\n")
         return 0
 
-    if args.topology:
-        nodes = load_topology(args.topology)
-    elif args.cluster:
-        nodes = uniform_cluster(*parse_cluster_spec(args.cluster))
-    else:
+    if not (args.cluster or args.topology):
         parser.error("give --cluster NxG or --topology FILE")
-    trace = load_trace(args.trace, args.format)
+    if args.cluster:
+        try:
+            nodes = uniform_cluster(*parse_cluster_spec(args.cluster))
+        except ValueError as error:
+            parser.error(str(error))
+    try:
+        if args.topology:
+            nodes = load_topology(args.topology)
+        trace = load_trace(args.trace, args.format)
+        quotas = load_vc_quotas(args.vc_quotas) if args.vc_quotas else None
+        profile = read_profile(args.profile)
+    except InputFileError as error:
+        fail(parser, str(error))
+    except OSError as error:
+        fail(parser, unreadable(error))
+    if not trace.jobs:
+        fail(parser, f"{args.trace} has no GPU jobs to replay ({trace.skipped} rows skipped)")
+    if args.vc and all(job.vc != args.vc for job in trace.jobs):
+        fail(parser, f"--vc {args.vc}: no job of {args.trace} is in that VC")
     jobs = list(trace.jobs)
-    if args.until is not None and jobs:
+    if args.until is not None:
         # The window is measured on the whole trace, so a VC replayed alone gets the same jobs.
         start = jobs[0].submit
         jobs = [j for j in jobs if j.submit - start < args.until]
@@ -109,11 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs = [j for j in jobs if j.vc == args.vc]
     if args.max_jobs:
         jobs = jobs[: args.max_jobs]
-    quotas = load_vc_quotas(args.vc_quotas) if args.vc_quotas else None
     started = time.perf_counter()
     result = Simulator(
         nodes,
-        load_profile(args.profile),
+        profile,
         jobs,
         vc_quotas=quotas,
         preempt_overhead_s=args.preempt_overhead,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.core.types import Gpu, Node, NodeName
+from scheduler.sim.inputs import InputFileError
 
 DEFAULT_MODEL = "gpu"
 RACK_SIZE = 8
@@ -73,24 +74,57 @@ def uniform_cluster(nodes: int, gpus: int, model: str = DEFAULT_MODEL) -> tuple[
 
 
 def load_topology(path: str | Path) -> tuple[Node, ...]:
-    with Path(path).open(encoding="utf-8") as f:
-        data: dict[str, Any] = json.load(f)
+    """Raises `InputFileError` for a file that is not a topology file or has a bad entry."""
+    try:
+        with Path(path).open(encoding="utf-8") as f:
+            data: Any = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputFileError(f"{path} is not a JSON file: {error}") from error
+    entries = data.get("nodes") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise InputFileError(
+            f'{path} is not a topology file: it needs {{"nodes": [...]}} with at least one entry'
+        )
     nodes: list[Node] = []
-    for entry in data["nodes"]:
-        count = int(entry.get("count", 1))
+    for position, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict) or "name" not in entry or "gpus" not in entry:
+            raise InputFileError(f"{path}, node entry {position}: it needs at least a name and gpus")
+        try:
+            count = _whole(entry, "count", 1)
+            gpus = _whole(entry, "gpus", 1)
+            nvlink_group_size = _whole(entry, "nvlink_group_size", 0, default=4)
+            pcie_switch_size = _whole(entry, "pcie_switch_size", 0, default=2)
+            numa_size = _whole(entry, "numa_size", 0) if entry.get("numa_size") is not None else None
+            cpu_milli = _whole(entry, "cpu_milli", 0, default=0)
+            memory_mib = _whole(entry, "memory_mib", 0, default=0)
+        except ValueError as error:
+            raise InputFileError(f"{path}, node entry {position}: {error}") from error
         for k in range(count):
             name = str(entry["name"]) if count == 1 else f"{entry['name']}{k}"
             nodes.append(
                 make_node(
                     name,
-                    int(entry["gpus"]),
+                    gpus,
                     rack=str(entry.get("rack", "")),
                     model=str(entry.get("model", DEFAULT_MODEL)),
-                    nvlink_group_size=int(entry.get("nvlink_group_size", 4)),
-                    pcie_switch_size=int(entry.get("pcie_switch_size", 2)),
-                    numa_size=entry.get("numa_size"),
-                    cpu_milli=int(entry.get("cpu_milli", 0)),
-                    memory_mib=int(entry.get("memory_mib", 0)),
+                    nvlink_group_size=nvlink_group_size,
+                    pcie_switch_size=pcie_switch_size,
+                    numa_size=numa_size,
+                    cpu_milli=cpu_milli,
+                    memory_mib=memory_mib,
                 )
             )
     return tuple(nodes)
+
+
+def _whole(entry: dict[str, Any], key: str, least: int, default: int = 1) -> int:
+    """A setting as `int()` reads it (as the file format always has), refused by name when it
+    is not a number or below `least` rather than failing later in `make_node`."""
+    value = entry.get(key, default)
+    try:
+        number: int | None = int(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < least:
+        raise ValueError(f"{key} must be a whole number of {least} or more, not {value!r}")
+    return number

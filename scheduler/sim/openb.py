@@ -33,7 +33,6 @@ the whole cluster, so quotas never bind.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import random
 import sys
@@ -64,6 +63,7 @@ from scheduler.core import (
 from scheduler.core.framework import CycleContext
 from scheduler.core.plugins.sharing import WHOLE, node_free_vector
 from scheduler.core.state import build_state
+from scheduler.sim.inputs import read_csv
 
 VC = VcName("openb")
 USER = UserName("openb")
@@ -86,11 +86,18 @@ class Pod:
         return self.gpus <= 0
 
 
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+# creation_time may be missing: the pods then arrive in the order of the list (as in the
+# published openb_pod_list_multigpu50.csv).
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+
+
 def load_nodes(path: str | Path) -> tuple[Node, ...]:
-    """`sn,cpu_milli,memory_mib,gpu,model` rows; nodes without GPUs are left out."""
+    """`sn,cpu_milli,memory_mib,gpu,model` rows; nodes without GPUs are left out. Raises
+    `InputFileError` for a file that is not such a node list or has a bad value."""
     nodes = []
-    with Path(path).open(newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
+    with read_csv(path, NODE_COLUMNS, "an openb node list") as rows:
+        for row in rows:
             count = int(row["gpu"] or 0)
             if count <= 0:
                 continue
@@ -108,11 +115,12 @@ def load_nodes(path: str | Path) -> tuple[Node, ...]:
 
 def load_pods(path: str | Path, cpu_pods: bool = True) -> tuple[list[Pod], int]:
     """Pods in creation order, and how many rows were left out: pods that ask for nothing
-    (no GPU, CPU or memory), and with `cpu_pods` false every pod without GPUs."""
+    (no GPU, CPU or memory), and with `cpu_pods` false every pod without GPUs. Raises
+    `InputFileError` for a file that is not an openb pod list or has a bad value."""
     rows: list[tuple[float, int, Pod]] = []
     skipped = 0
-    with Path(path).open(newline="", encoding="utf-8") as f:
-        for position, row in enumerate(csv.DictReader(f)):
+    with read_csv(path, POD_COLUMNS, "an openb pod list") as pod_rows:
+        for position, row in enumerate(pod_rows):
             gpus = max(int(row["num_gpu"] or 0), 0)
             cpu, memory = int(row["cpu_milli"] or 0), int(row["memory_mib"] or 0)
             if gpus == 0 and (not cpu_pods or (cpu <= 0 and memory <= 0)):

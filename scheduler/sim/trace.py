@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from scheduler.sim.inputs import read_csv
+
 FORMATS = ("itp", "philly", "openb")
 DEFAULT_VC = "default"
 
@@ -40,13 +42,27 @@ class Trace:
     skipped: int = 0  # rows that are not GPU jobs or have no usable times
 
 
+# The columns each format's parser reads; a file without them is not a trace of that format.
+COLUMNS = {
+    "itp": ("job_id", "submission_time", "duration", "num_gpu"),
+    "philly": ("timestamp", "duration", "num_gpus", "cluster"),
+    "openb": (
+        "name",
+        "cpu_milli",
+        "memory_mib",
+        "num_gpu",
+        "creation_time",
+        "deletion_time",
+        "scheduled_time",
+    ),
+}
+
+
 def load_trace(path: str | Path, fmt: str) -> Trace:
+    """Raises `InputFileError` for a file that is not a trace of `fmt` or has a bad value."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; use one of {', '.join(FORMATS)}")
-    with Path(path).open(newline="", encoding="utf-8") as f:
-        rows = csv.DictReader(f)
-        if rows.fieldnames is not None:
-            rows.fieldnames = [name.strip() for name in rows.fieldnames]
+    with read_csv(path, COLUMNS[fmt], f"a trace of format {fmt}") as rows:
         if fmt == "itp":
             return _collect(_itp(rows))
         if fmt == "philly":
