@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
-from scheduler.core import Profile, load_profile
-from scheduler.core.profile import PROFILES_DIR
 from scheduler.sim import openb
 from scheduler.sim.cluster import load_topology, parse_cluster_spec, uniform_cluster
 from scheduler.sim.engine import Simulator, VcQuotaRow
-from scheduler.sim.inputs import InputFileError, read_csv
+from scheduler.sim.inputs import InputFileError, fail, number_option, read_csv, read_profile, unreadable
 from scheduler.sim.metrics import summarize
 from scheduler.sim.trace import FORMATS, load_trace
 
@@ -66,49 +62,6 @@ def gpu_count(text: str, column: str) -> int:
     if count < 0:
         raise ValueError(f"{column} must be a whole number of GPUs, 0 or more, not {text.strip()!r}")
     return count
-
-
-def read_profile(name_or_path: str) -> Profile:
-    """`load_profile`, with a name that is neither shipped nor a file refused as the user
-    typed it (`load_profile` would name the shipped path it tried), and a file that is not a
-    valid profile refused as `InputFileError`."""
-    path = Path(name_or_path)
-    if not path.suffix and not path.exists() and not (PROFILES_DIR / f"{name_or_path}.json").is_file():
-        shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
-        raise InputFileError(f"unknown profile {name_or_path!r}: give one of {shipped}, or a JSON file")
-    try:
-        return load_profile(name_or_path)
-    except ValueError as error:  # not JSON, or not a valid profile
-        raise InputFileError(f"profile {name_or_path} is not valid: {error}") from error
-
-
-def number_option(least: float, *, above: bool = False, whole: bool = False) -> Callable[[str], float]:
-    """An argparse `type=` for a numeric option: a value below `least` (or equal to it, with
-    `above`) makes no sense for the run and would otherwise be used silently."""
-    bound = f"above {least:g}" if above else f"of {least:g} or more"
-    kind = "a whole number" if whole else "a number"
-
-    def parse(text: str) -> float:
-        try:
-            value = int(text) if whole else float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value < least or (above and value == least):
-            raise argparse.ArgumentTypeError(f"must be {kind} {bound}, not {text!r}")
-        return value
-
-    return parse
-
-
-def fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    """A bad input file is no usage mistake: one line, without the usage text."""
-    parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-
-def unreadable(error: OSError) -> str:
-    if error.filename is None:
-        return str(error)
-    return f"cannot read {error.filename}: {error.strerror}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,10 +9,16 @@ the command line turns it into one error line, and library callers can catch it 
 
 from __future__ import annotations
 
+import argparse
 import csv
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
+
+from scheduler.core import Profile, load_profile
+from scheduler.core.profile import PROFILES_DIR
 
 
 class InputFileError(ValueError):
@@ -44,3 +50,46 @@ def read_csv(path: str | Path, columns: Sequence[str], kind: str) -> Iterator[cs
             raise InputFileError(f"{path} is not a UTF-8 text file (a CSV file is needed)") from error
         except (ValueError, csv.Error) as error:
             raise InputFileError(f"{path}, line {rows.line_num}: {error}") from error
+
+
+def read_profile(name_or_path: str) -> Profile:
+    """`load_profile`, with a name that is neither shipped nor a file refused as the user
+    typed it (`load_profile` would name the shipped path it tried), and a file that is not a
+    valid profile refused as `InputFileError`."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists() and not (PROFILES_DIR / f"{name_or_path}.json").is_file():
+        shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
+        raise InputFileError(f"unknown profile {name_or_path!r}: give one of {shipped}, or a JSON file")
+    try:
+        return load_profile(name_or_path)
+    except ValueError as error:  # not JSON, or not a valid profile
+        raise InputFileError(f"profile {name_or_path} is not valid: {error}") from error
+
+
+def number_option(least: float, *, above: bool = False, whole: bool = False) -> Callable[[str], float]:
+    """An argparse `type=` for a numeric option: a value below `least` (or equal to it, with
+    `above`) makes no sense for the run and would otherwise be used silently."""
+    bound = f"above {least:g}" if above else f"of {least:g} or more"
+    kind = "a whole number" if whole else "a number"
+
+    def parse(text: str) -> float:
+        try:
+            value = int(text) if whole else float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < least or (above and value == least):
+            raise argparse.ArgumentTypeError(f"must be {kind} {bound}, not {text!r}")
+        return value
+
+    return parse
+
+
+def fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """A bad input file is no usage mistake: one line, without the usage text."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def unreadable(error: OSError) -> str:
+    if error.filename is None:
+        return str(error)
+    return f"cannot read {error.filename}: {error.strerror}"

@@ -58,12 +58,11 @@ from scheduler.core import (
     VcName,
     VirtualCluster,
     decide,
-    load_profile,
 )
 from scheduler.core.framework import CycleContext
 from scheduler.core.plugins.sharing import WHOLE, node_free_vector
 from scheduler.core.state import build_state
-from scheduler.sim.inputs import read_csv
+from scheduler.sim.inputs import InputFileError, fail, number_option, read_csv, read_profile, unreadable
 
 VC = VcName("openb")
 USER = UserName("openb")
@@ -368,6 +367,14 @@ def unallocated_milli(
     return lost
 
 
+def seed_list(text: str) -> list[int]:
+    """An argparse `type=` for `--seeds`: whole numbers separated by commas."""
+    try:
+        return [int(seed) for seed in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be whole numbers separated by commas, not {text!r}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m scheduler.sim.openb`: the fill on the paper's Monte-Carlo workloads, one
     JSON line per seed and one with the mean over them."""
@@ -375,16 +382,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", required=True, help="openb pod list CSV")
     parser.add_argument("--nodes", required=True, help="openb node list CSV")
     parser.add_argument("--profile", required=True, help="profile name or JSON file")
-    parser.add_argument("--seeds", default="42", help="comma-separated seeds (default 42)")
-    parser.add_argument("--ratio", type=float, default=1.3, help="inflation of the workload (default 1.3)")
-    parser.add_argument("--demand", type=float, default=1.0, help="arrivals stop at this times the GPUs")
+    parser.add_argument("--seeds", type=seed_list, default="42", help="comma-separated seeds (default 42)")
+    parser.add_argument(
+        "--ratio",
+        type=number_option(0, above=True),
+        default=1.3,
+        help="inflation of the workload (default 1.3)",
+    )
+    parser.add_argument(
+        "--demand",
+        type=number_option(0, above=True),
+        default=1.0,
+        help="arrivals stop at this times the GPUs",
+    )
     parser.add_argument(
         "--gpu-pods-only", action="store_true", help="leave out the pods without GPUs (replayed by default)"
     )
     args = parser.parse_args(argv)
-    nodes = load_nodes(args.nodes)
-    pods, _ = load_pods(args.trace, cpu_pods=not args.gpu_pods_only)
-    profile = with_trace_workload(load_profile(args.profile), pods)
+    try:
+        nodes = load_nodes(args.nodes)
+        pods, _ = load_pods(args.trace, cpu_pods=not args.gpu_pods_only)
+        profile = with_trace_workload(read_profile(args.profile), pods)
+    except InputFileError as error:
+        fail(parser, str(error))
+    except OSError as error:
+        fail(parser, unreadable(error))
+    if not nodes:
+        fail(parser, f"{args.nodes} has no nodes with GPUs")
+    if not any(not pod.cpu_only for pod in pods):
+        fail(parser, f"{args.trace} has no pods with GPUs to place")
     gpus = sum(1 for node in nodes for gpu in node.gpus if gpu.healthy)
     keys = (
         "unallocated_gpus",
@@ -396,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu_pods_pending",
     )
     runs = []
-    for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in args.seeds:
         started = time.perf_counter()
         summary = fill(nodes, sample(pods, gpus, seed, args.ratio), profile, args.demand)
         summary.update(seed=seed, profile=args.profile, wall_s=round(time.perf_counter() - started, 2))

@@ -12,6 +12,7 @@ from scheduler.sim import load_trace
 from scheduler.sim.__main__ import load_vc_quotas, main
 from scheduler.sim.cluster import load_topology
 from scheduler.sim.inputs import InputFileError
+from scheduler.sim.openb import main as openb_main
 
 TINY = Path(__file__).parent / "data" / "tiny_itp.csv"
 ITP_HEADER = "job_id,submission_time,duration,num_gpu\n"
@@ -237,3 +238,48 @@ def test_valid_options_at_their_bounds_still_run(capsys: pytest.CaptureFixture[s
     code = main([*ITP_RUN, "--max-jobs", "1", "--preempt-overhead", "0", "--spread-after", "0", "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["jobs"] == 1
+
+
+MONTE_CARLO_RUN = ["--trace", "{openb_pods.csv}", "--nodes", "{openb_nodes.csv}", "--profile", "best-fit"]
+MONTE_CARLO_CASES = [
+    ("trace-missing", ["--trace", "{nope.csv}", *MONTE_CARLO_RUN[2:]], ["nope.csv", "No such file"]),
+    (
+        "nodes-columns",
+        [*MONTE_CARLO_RUN[:2], "--nodes", str(TINY), *MONTE_CARLO_RUN[4:]],
+        ["tiny_itp.csv is not an openb node list"],
+    ),
+    (
+        "nodes-without-gpus",
+        [*MONTE_CARLO_RUN[:2], "--nodes", "{openb_no_gpu_nodes.csv}", *MONTE_CARLO_RUN[4:]],
+        ["openb_no_gpu_nodes.csv has no nodes with GPUs"],
+    ),
+    (
+        "pods-without-gpus",
+        ["--trace", "{openb_cpu_pods.csv}", *MONTE_CARLO_RUN[2:]],
+        ["openb_cpu_pods.csv has no pods with GPUs"],
+    ),
+    ("profile-unknown", [*MONTE_CARLO_RUN[:4], "--profile", "nope"], ["unknown profile 'nope'"]),
+    ("seeds-text", [*MONTE_CARLO_RUN, "--seeds", "1,x"], ["--seeds", "'1,x'"]),
+    ("ratio-zero", [*MONTE_CARLO_RUN, "--ratio", "0"], ["--ratio", "above 0"]),
+    ("demand-negative", [*MONTE_CARLO_RUN, "--demand", "-1"], ["--demand", "above 0"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [case[1:] for case in MONTE_CARLO_CASES],
+    ids=[case[0] for case in MONTE_CARLO_CASES],
+)
+def test_the_monte_carlo_fill_refuses_bad_input_the_same_way(
+    args: list[str], expected: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_files(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        openb_main([fill_in(arg, tmp_path) for arg in args])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("python -m scheduler.sim.openb: error: ")
+    for text in expected:
+        assert text in last
