@@ -137,17 +137,25 @@ class TerminalCli:
         master, slave = os.openpty()
         set_size(slave, cols, rows)
         settings = termios.tcgetattr(slave)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "gpuportal",
-            *args,
-            stdin=slave,
-            stdout=slave,
-            stderr=subprocess.PIPE,
-            env=cli_env(home, url, token),
-            cwd=REPO,
-        )
+        # The command starts as from a terminal, with SIGINT's default action: a suite started in
+        # the background (`make test &`) runs with SIGINT ignored, which every child would keep
+        # (Python leaves an inherited SIG_IGN alone), and Ctrl-C would not reach the command.
+        # A handled signal is reset to its default in the child.
+        inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gpuportal",
+                *args,
+                stdin=slave,
+                stdout=slave,
+                stderr=subprocess.PIPE,
+                env=cli_env(home, url, token),
+                cwd=REPO,
+            )
+        finally:
+            signal.signal(signal.SIGINT, inherited)
         return cls(proc, master, slave, settings)
 
     def type(self, keys: bytes) -> None:
