@@ -47,11 +47,39 @@ def wait_for(check: Any, timeout: float, what: str, interval: float = 0.1) -> An
     )
 
 
+# Password hashes of the cast, by (password, algorithm of the hasher in use), made once a run.
+_CAST_HASHES: dict[tuple[str, str], str] = {}
+
+
+@contextlib.contextmanager
+def cast_hashed_once() -> Iterator[None]:
+    """The cast's passwords hashed once per run and the hashes reused, while the cast is made.
+    Live tests keep the real hasher (fast_password_hashing), at a third of a second per
+    password, and every one of them makes the cast anew: without this, nearly half of the
+    suite's own CPU time. A reused hash is a real one of that hasher, salt and all, so the live
+    server checks it as any other; only the cast's users share their salts across tests."""
+    from unittest import mock
+
+    from django.contrib.auth import base_user, hashers
+
+    def make_password(password: str | None, salt: str | None = None, hasher: str = "default") -> str:
+        if password is None or salt is not None or hasher != "default":
+            return hashers.make_password(password, salt, hasher)
+        key = (password, hashers.get_hasher().algorithm)
+        if key not in _CAST_HASHES:
+            _CAST_HASHES[key] = hashers.make_password(password)
+        return _CAST_HASHES[key]
+
+    with mock.patch.object(base_user, "make_password", make_password):
+        yield
+
+
 @pytest.fixture
 def demo(db: Any) -> None:
     from portal.demo import seed_demo
 
-    seed_demo()
+    with cast_hashed_once():
+        seed_demo()
 
 
 @pytest.fixture
@@ -61,9 +89,10 @@ def users(demo: Any) -> dict[str, Any]:
     from portal.accounts.choices import Role
     from portal.accounts.models import Membership, Tenant
 
-    victor = User.objects.create_user("victor", password="victor-pass")
-    Membership.objects.create(user=victor, tenant=Tenant.objects.get(name="vision"), role=Role.VIEWER)
-    User.objects.create_user("nobody", password="nobody-pass")
+    with cast_hashed_once():
+        victor = User.objects.create_user("victor", password="victor-pass")
+        Membership.objects.create(user=victor, tenant=Tenant.objects.get(name="vision"), role=Role.VIEWER)
+        User.objects.create_user("nobody", password="nobody-pass")
     return {u.username: u for u in User.objects.all()}
 
 
