@@ -4,6 +4,7 @@ file or option must not become a traceback, or a plausible result of the wrong r
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -198,21 +199,34 @@ def fill_in(arg: str, tmp_path: Path) -> str:
     return arg
 
 
-@pytest.mark.parametrize(("args", "expected"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
-def test_bad_input_is_one_error_line_and_no_result(
-    args: list[str], expected: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def assert_refused(
+    command: Callable[[list[str]], int],
+    prog: str,
+    args: list[str],
+    expected: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The command exits 2 with nothing on standard output and, last on standard error, one
+    line of its own saying all of `expected`."""
     write_files(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        main([fill_in(arg, tmp_path) for arg in args])
+        command([fill_in(arg, tmp_path) for arg in args])
     assert exit_info.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     last = captured.err.strip().splitlines()[-1]
-    assert last.startswith("python -m scheduler.sim: error: ")
+    assert last.startswith(f"{prog}: error: ")
     for text in expected:
         assert text in last
     assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize(("args", "expected"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_input_is_one_error_line_and_no_result(
+    args: list[str], expected: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_refused(main, "python -m scheduler.sim", args, expected, tmp_path, capsys)
 
 
 def test_a_file_error_is_one_line_without_the_usage(
@@ -273,13 +287,4 @@ MONTE_CARLO_CASES = [
 def test_the_monte_carlo_fill_refuses_bad_input_the_same_way(
     args: list[str], expected: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_files(tmp_path)
-    with pytest.raises(SystemExit) as exit_info:
-        openb_main([fill_in(arg, tmp_path) for arg in args])
-    assert exit_info.value.code == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    last = captured.err.strip().splitlines()[-1]
-    assert last.startswith("python -m scheduler.sim.openb: error: ")
-    for text in expected:
-        assert text in last
+    assert_refused(openb_main, "python -m scheduler.sim.openb", args, expected, tmp_path, capsys)
