@@ -114,6 +114,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(
                 "--nodes gives the cluster of the fill experiment: leave out --cluster and --topology"
             )
+        replay_only = [
+            option
+            for option, value in (
+                ("--vc-quotas", args.vc_quotas),
+                ("--vc", args.vc),
+                ("--time-limit", args.time_limit),
+                ("--spread-after", args.spread_after),
+                ("--max-jobs", args.max_jobs),
+                ("--until", args.until),
+            )
+            if value is not None
+        ]
+        if replay_only:
+            parser.error(f"the fill experiment (--nodes) does not use {', '.join(replay_only)}")
         started = time.perf_counter()
         try:
             pods, skipped = openb.load_pods(args.trace)

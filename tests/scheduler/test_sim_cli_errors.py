@@ -180,6 +180,21 @@ CASES = [
         ["leave out --cluster and --topology"],
     ),
     (
+        "nodes-with-replay-options",
+        [
+            "--trace",
+            "{openb_pods.csv}",
+            *FILL_RUN,
+            "--nodes",
+            "{openb_nodes.csv}",
+            "--max-jobs",
+            "5",
+            "--vc",
+            "a",
+        ],
+        ["the fill experiment (--nodes) does not use --vc, --max-jobs"],
+    ),
+    (
         "nodes-demand-zero",
         ["--trace", "{openb_pods.csv}", *FILL_RUN, "--nodes", "{openb_nodes.csv}", "--demand", "0"],
         ["--demand", "above 0"],
