@@ -269,6 +269,7 @@ def live_stack(
             "logs": logs,
             "env": env,
             "checkpoints": checkpoints,
+            "worker": f"test-{port}@{socket.gethostname()}",  # the Celery node name (-n)
         }
     finally:
         for proc in procs.values():
@@ -492,11 +493,16 @@ def background_only_in_live_tests(request: Any) -> Iterator[None]:
     from portal.celery import app
     from scheduler.tasks import set_loop_paused
 
+    # Asked of the stack's one worker by name, the question ends with its answer instead of
+    # waiting out the timeout for answers from any others (a second per test).
+    worker = request.getfixturevalue("live_stack")["worker"]
     set_loop_paused(False)
     yield
     set_loop_paused(True)
     wait_for(
-        lambda: not any((app.control.inspect(timeout=1).active() or {}).values()), 30, "the worker to go idle"
+        lambda: not any((app.control.inspect([worker], timeout=1, limit=1).active() or {}).values()),
+        30,
+        "the worker to go idle",
     )
 
 
