@@ -189,10 +189,17 @@ class Profile:
         )
 
 
+class UnknownProfile(ValueError):
+    """A profile name that is neither shipped nor a file (the message lists the shipped ones)."""
+
+
 def load_profile(name_or_path: str) -> Profile:
     """A shipped profile by name (fifo, tiresias, default, ...) or a JSON file path."""
     path = Path(name_or_path)
     if not path.suffix and not path.exists():
         path = PROFILES_DIR / f"{name_or_path}.json"
+        if not path.is_file():
+            shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
+            raise UnknownProfile(f"unknown profile {name_or_path!r}: give one of {shipped}, or a JSON file")
     with path.open(encoding="utf-8") as f:
         return Profile.from_dict(json.load(f))

@@ -24,7 +24,7 @@ from pathlib import Path
 from scheduler.sim import openb
 from scheduler.sim.cluster import load_topology, parse_cluster_spec, uniform_cluster
 from scheduler.sim.engine import Simulator, VcQuotaRow
-from scheduler.sim.inputs import InputFileError, fail, number_option, read_csv, read_profile, unreadable
+from scheduler.sim.inputs import fail, number_option, read_csv, read_profile, refused_by
 from scheduler.sim.metrics import summarize
 from scheduler.sim.trace import FORMATS, load_trace
 
@@ -129,18 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if replay_only:
             parser.error(f"the fill experiment (--nodes) does not use {', '.join(replay_only)}")
         started = time.perf_counter()
-        try:
+        with refused_by(parser):
             pods, skipped = openb.load_pods(args.trace)
             fill_nodes = openb.load_nodes(args.nodes)
             profile = read_profile(args.profile)
-        except InputFileError as error:
-            fail(parser, str(error))
-        except OSError as error:
-            fail(parser, unreadable(error))
-        if not any(not pod.cpu_only for pod in pods):
-            fail(parser, f"{args.trace} has no pods with GPUs to place")
-        if not fill_nodes:
-            fail(parser, f"{args.nodes} has no nodes with GPUs")
         summary = openb.fill(fill_nodes, pods, profile, args.demand)
         wall_s = round(time.perf_counter() - started, 2)
         summary.update(skipped_rows=skipped, profile=args.profile, wall_s=wall_s)
@@ -154,16 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             nodes = uniform_cluster(*parse_cluster_spec(args.cluster))
         except ValueError as error:
             parser.error(str(error))
-    try:
+    with refused_by(parser):
         if args.topology:
             nodes = load_topology(args.topology)
         trace = load_trace(args.trace, args.format)
         quotas = load_vc_quotas(args.vc_quotas) if args.vc_quotas else None
         profile = read_profile(args.profile)
-    except InputFileError as error:
-        fail(parser, str(error))
-    except OSError as error:
-        fail(parser, unreadable(error))
     if not trace.jobs:
         fail(parser, f"{args.trace} has no GPU jobs to replay ({trace.skipped} rows skipped)")
     if args.vc and all(job.vc != args.vc for job in trace.jobs):

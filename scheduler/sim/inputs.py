@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from scheduler.core import Profile, load_profile
-from scheduler.core.profile import PROFILES_DIR
+from scheduler.core.profile import UnknownProfile
 
 
 class InputFileError(ValueError):
@@ -53,15 +53,12 @@ def read_csv(path: str | Path, columns: Sequence[str], kind: str) -> Iterator[cs
 
 
 def read_profile(name_or_path: str) -> Profile:
-    """`load_profile`, with a name that is neither shipped nor a file refused as the user
-    typed it (`load_profile` would name the shipped path it tried), and a file that is not a
-    valid profile refused as `InputFileError`."""
-    path = Path(name_or_path)
-    if not path.suffix and not path.exists() and not (PROFILES_DIR / f"{name_or_path}.json").is_file():
-        shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
-        raise InputFileError(f"unknown profile {name_or_path!r}: give one of {shipped}, or a JSON file")
+    """`load_profile`, with an unknown name or a file that is not a valid profile refused as
+    `InputFileError`."""
     try:
         return load_profile(name_or_path)
+    except UnknownProfile as error:
+        raise InputFileError(str(error)) from error
     except ValueError as error:  # not JSON, or not a valid profile
         raise InputFileError(f"profile {name_or_path} is not valid: {error}") from error
 
@@ -84,12 +81,20 @@ def number_option(least: float, *, above: bool = False, whole: bool = False) -> 
     return parse
 
 
+@contextmanager
+def refused_by(parser: argparse.ArgumentParser) -> Iterator[None]:
+    """Input files that cannot be used, read inside the block, end the command with one error
+    line: a bad input file is no usage mistake, so without the usage text."""
+    try:
+        yield
+    except InputFileError as error:
+        fail(parser, str(error))
+    except OSError as error:
+        fail(
+            parser,
+            str(error) if error.filename is None else f"cannot read {error.filename}: {error.strerror}",
+        )
+
+
 def fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    """A bad input file is no usage mistake: one line, without the usage text."""
     parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-
-def unreadable(error: OSError) -> str:
-    if error.filename is None:
-        return str(error)
-    return f"cannot read {error.filename}: {error.strerror}"

@@ -62,7 +62,7 @@ from scheduler.core import (
 from scheduler.core.framework import CycleContext
 from scheduler.core.plugins.sharing import WHOLE, node_free_vector
 from scheduler.core.state import build_state
-from scheduler.sim.inputs import InputFileError, fail, number_option, read_csv, read_profile, unreadable
+from scheduler.sim.inputs import InputFileError, number_option, read_csv, read_profile, refused_by
 
 VC = VcName("openb")
 USER = UserName("openb")
@@ -93,7 +93,8 @@ POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
 def load_nodes(path: str | Path) -> tuple[Node, ...]:
     """`sn,cpu_milli,memory_mib,gpu,model` rows; nodes without GPUs are left out. Raises
-    `InputFileError` for a file that is not such a node list or has a bad value."""
+    `InputFileError` for a file that is not such a node list, has a bad value or no node with
+    GPUs (there would be nothing to fill)."""
     nodes = []
     with read_csv(path, NODE_COLUMNS, "an openb node list") as rows:
         for row in rows:
@@ -109,13 +110,16 @@ def load_nodes(path: str | Path) -> tuple[Node, ...]:
                     memory_mib=int(row["memory_mib"]),
                 )
             )
+    if not nodes:
+        raise InputFileError(f"{path} has no nodes with GPUs")
     return tuple(nodes)
 
 
 def load_pods(path: str | Path, cpu_pods: bool = True) -> tuple[list[Pod], int]:
     """Pods in creation order, and how many rows were left out: pods that ask for nothing
     (no GPU, CPU or memory), and with `cpu_pods` false every pod without GPUs. Raises
-    `InputFileError` for a file that is not an openb pod list or has a bad value."""
+    `InputFileError` for a file that is not an openb pod list, has a bad value or no pod with
+    GPUs (the fill would place nothing it measures)."""
     rows: list[tuple[float, int, Pod]] = []
     skipped = 0
     with read_csv(path, POD_COLUMNS, "an openb pod list") as pod_rows:
@@ -130,6 +134,8 @@ def load_pods(path: str | Path, cpu_pods: bool = True) -> tuple[list[Pod], int]:
             created = float(row.get("creation_time") or 0)
             pod = Pod(row["name"], cpu, memory, gpus, share)
             rows.append((created, position, pod))
+    if all(pod.cpu_only for _, _, pod in rows):
+        raise InputFileError(f"{path} has no pods with GPUs to place")
     rows.sort(key=lambda r: (r[0], r[1]))
     return [pod for _, _, pod in rows], skipped
 
@@ -399,18 +405,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--gpu-pods-only", action="store_true", help="leave out the pods without GPUs (replayed by default)"
     )
     args = parser.parse_args(argv)
-    try:
+    with refused_by(parser):
         nodes = load_nodes(args.nodes)
         pods, _ = load_pods(args.trace, cpu_pods=not args.gpu_pods_only)
         profile = with_trace_workload(read_profile(args.profile), pods)
-    except InputFileError as error:
-        fail(parser, str(error))
-    except OSError as error:
-        fail(parser, unreadable(error))
-    if not nodes:
-        fail(parser, f"{args.nodes} has no nodes with GPUs")
-    if not any(not pod.cpu_only for pod in pods):
-        fail(parser, f"{args.trace} has no pods with GPUs to place")
     gpus = sum(1 for node in nodes for gpu in node.gpus if gpu.healthy)
     keys = (
         "unallocated_gpus",
