@@ -17,6 +17,7 @@ import heapq
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from scheduler.core.framework import CycleContext, PreemptionHorizonPlugin
 from scheduler.core.plugins.admission import kept_free, kept_of
@@ -456,7 +457,31 @@ def _user_holds(state: ClusterState, vc: str, user: str) -> tuple[int, int, int]
     return state.user_gpus(vc, user), state.user_cpu_milli(vc, user), state.user_memory_mib(vc, user)
 
 
-class _UserRoom:
+class _Takes:
+    """`take`, what the walk asks of a user's room for each of its jobs, over the room's own
+    `asks`, `start` and `book` (of lists, or of plain numbers)."""
+
+    __slots__ = ()
+
+    def asks(self, job: PendingJob) -> Any:
+        raise NotImplementedError
+
+    def start(self, asks: Any, not_before: float) -> float | None:
+        raise NotImplementedError
+
+    def book(self, asks: Any, end: float) -> None:
+        raise NotImplementedError
+
+    def take(self, job: PendingJob, not_before: float, runtime: float) -> float | None:
+        """`start` for a job of the walk, booked from then for `runtime` when it starts."""
+        asks = self.asks(job)
+        at = self.start(asks, not_before)
+        if at is not None:
+            self.book(asks, at + runtime)
+        return at
+
+
+class _UserRoom(_Takes):
     """What one user of a VC with per-user caps holds as the walk goes on, and when their jobs
     give it back, in the capped amounts only (of GPUs, milli-CPUs, MiB of memory). A user's jobs
     are estimated to start in queue order (each no earlier than the one of theirs before it), so
@@ -530,16 +555,8 @@ class _UserRoom:
         self.seq += 1
         heapq.heappush(self.ends, (end, self.seq, asks))
 
-    def take(self, job: PendingJob, not_before: float, runtime: float) -> float | None:
-        """`start` for a job of the walk, booked from then for `runtime` when it starts."""
-        asks = self.asks(job)
-        at = self.start(asks, not_before)
-        if at is not None:
-            self.book(asks, at + runtime)
-        return at
 
-
-class _UserGpuRoom:
+class _UserGpuRoom(_Takes):
     """_UserRoom for the usual caps, on GPUs alone: the same walk over plain numbers instead of
     lists of one, since it runs for every job of a capped VC in every cycle."""
 
@@ -584,15 +601,6 @@ class _UserGpuRoom:
         self.used += asks
         self.seq += 1
         heapq.heappush(self.ends, (end, self.seq, asks))
-
-    def take(self, job: PendingJob, not_before: float, runtime: float) -> float | None:
-        asks = 0 if job.gpu_share_milli else job.gpus
-        at = self.start(asks, not_before)
-        if at is not None:
-            self.used += asks
-            self.seq += 1
-            heapq.heappush(self.ends, (at + runtime, self.seq, asks))
-        return at
 
 
 def _user_room(
