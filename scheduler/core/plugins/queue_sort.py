@@ -255,13 +255,12 @@ class DiscretizedLas:
 
     def _groups_attained(self, ctx: CycleContext) -> dict[int, dict[tuple[str, str, int], float]]:
         best: dict[int, dict[tuple[str, str, int], float]] = {}
-        window_s = self.group_window_s
         for jobs in (ctx.snapshot.running, ctx.snapshot.pending):
             for job in jobs:
                 attained = job.attained_gpu_s
-                if attained > 0:  # sweep_of written out: a pass over the whole queue
-                    groups = best.setdefault(int(job.submitted_at // window_s), {})
-                    kind = (job.vc, job.user, job.gpus)
+                if attained > 0:
+                    window, kind = sweep_of(job, self.group_window_s)
+                    groups = best.setdefault(window, {})
                     if attained > groups.get(kind, 0.0):
                         groups[kind] = attained
         return best
@@ -404,22 +403,12 @@ class DiscretizedLas:
         """_pending_level of each of `jobs`, in their order."""
         if self.starvation_factor > 0 or self.service != "gpu_time":
             return [self._pending_level(job, now) for job in jobs]
-        # _pending_level without the starvation guard, and ranked_attained, written out for
-        # long queues.
+        # _pending_level without the starvation guard, written out for long queues.
         thresholds, bisect_right = self.thresholds, bisect.bisect_right
         if not self._group_attained:
             return [bisect_right(thresholds, job.attained_gpu_s) for job in jobs]
-        window_s, groups_in = self.group_window_s, self._group_attained.get
-        levels = []
-        for job in jobs:
-            attained = job.attained_gpu_s
-            groups = groups_in(int(job.submitted_at // window_s))
-            if groups:
-                group = groups.get((job.vc, job.user, job.gpus), 0.0)
-                if group > attained:
-                    attained = group
-            levels.append(bisect_right(thresholds, attained))
-        return levels
+        ranked = self.ranked_attained
+        return [bisect_right(thresholds, ranked(job)) for job in jobs]
 
     def _kinds(self, jobs: Sequence[PendingJob], now: float) -> tuple[list[int], list[tuple[int, int, int]]]:
         """Each job's kind (priority, GPUs, queue), which decides its sort key, its horizon key
