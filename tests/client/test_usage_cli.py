@@ -15,7 +15,8 @@ from rest_framework.test import APIClient
 from gpuportal import cli
 from portal.accounts.services import create_api_token
 from portal.cluster.models import Gpu
-from portal.jobs.models import Allocation, Job, JobAttempt, TelemetrySample
+from portal.jobs.models import Job, JobAttempt
+from tests.portal.test_accounting import held_gpu
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -53,16 +54,8 @@ def job_with_usage(
         )
         gpus = Gpu.objects.filter(node__name=node, index__in=gpu_indices).select_related("node")
         for gpu in gpus:
-            Allocation.objects.create(attempt=attempt, gpu=gpu, node=gpu.node, released_at=end)
-            for moment in (start, end):
-                TelemetrySample.objects.create(
-                    attempt=attempt,
-                    gpu_uuid=gpu.uuid,
-                    time=moment,
-                    utilization_pct=utilization_pct,
-                    power_w=power_w,
-                )
-        Allocation.objects.filter(attempt=attempt).update(created_at=start)
+            samples = [(moment, utilization_pct, power_w, None) for moment in (start, end)]
+            held_gpu(attempt, gpu, start, end, samples)
         Job.objects.filter(pk=job.pk).update(state="succeeded", started_at=start, finished_at=end)
     return job
 

@@ -155,6 +155,19 @@ def held(
     attempt = JobAttempt.objects.create(job_id=job_id, number=1, started_at=start, ended_at=end)
     JobAttempt.objects.filter(pk=attempt.pk).update(created_at=start)
     gpu = Gpu.objects.select_related("node").get(node__name=node, index=gpu_index)
+    held_gpu(attempt, gpu, start, end, samples)
+    return Job.objects.get(pk=job_id)
+
+
+def held_gpu(
+    attempt: JobAttempt,
+    gpu: Gpu,
+    start: datetime,
+    end: datetime | None,
+    samples: Sequence[tuple[datetime, float, float, float | None]] = (),
+) -> None:
+    """The attempt's allocation of `gpu`, placed at `start` and held until `end`, with its
+    telemetry samples (time, utilization %, W, counter J)."""
     allocation = Allocation.objects.create(attempt=attempt, gpu=gpu, node=gpu.node, released_at=end)
     Allocation.objects.filter(pk=allocation.pk).update(created_at=start)
     for time, utilization, power, energy in samples:
@@ -166,7 +179,6 @@ def held(
             power_w=power,
             energy_j=energy,
         )
-    return Job.objects.get(pk=job_id)
 
 
 def report(api_for, user: str, since: datetime, until: datetime, group: str = "job", **extra: str):  # type: ignore[no-untyped-def]
