@@ -16,8 +16,9 @@ kube-scheduler configuration profile:
      "plugin_args": {"las": {"thresholds": [3600, 36000]}},
      "cycle": {"grace_period_s": 30, "min_runtime_s": 0}}
 
-It is validated when loaded (unknown plugins, plugins at a point they do not implement, and
-unknown cycle settings fail fast), so a typo cannot surface mid-cycle.
+It is validated when loaded (unknown plugins, plugins at a point they do not implement,
+unknown cycle settings or plugin arguments, and values of the wrong JSON type fail fast, with
+a `ValueError` naming the key), so a typo cannot surface mid-cycle.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from scheduler.core.framework import (
     AdmissionPlugin,
@@ -39,7 +40,7 @@ from scheduler.core.framework import (
     ScorePlugin,
     ShareChooserPlugin,
 )
-from scheduler.core.registry import build_plugin
+from scheduler.core.registry import KINDS, build_plugin, is_kind, shown
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -70,10 +71,17 @@ class CycleSettings:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CycleSettings:
+        _check(isinstance(data, Mapping), "cycle", "an object of settings", data)
         known = set(cls.__dataclass_fields__)
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown cycle settings: {sorted(unknown)}")
+        # The settings are used as given (a count in a range, a time in arithmetic), so a
+        # string or a fraction where the cycle counts would fail only in the middle of a cycle.
+        types = get_type_hints(cls)
+        for key, value in data.items():
+            if types[key] in KINDS:
+                _check(is_kind(value, types[key]), f"cycle.{key}", KINDS[types[key]], value)
         settings = cls(**dict(data))
         if settings.candidate_order not in ("fullest", "emptiest"):
             raise ValueError("cycle.candidate_order must be 'fullest' or 'emptiest'")
@@ -128,39 +136,86 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Profile:
+        """The profile of parsed JSON. Its shape is checked before use: Python would take a
+        string where a list of names belongs as a list of letters ("fifo" as f, i, f, o)."""
+        _check(
+            isinstance(data, Mapping), "a profile", "a JSON object (name, plugins, plugin_args, cycle)", data
+        )
         unknown = set(data) - {"name", "description", "plugins", "plugin_args", "cycle"}
         if unknown:
             raise ValueError(f"unknown profile keys: {sorted(unknown)}")
-        plugins: Mapping[str, Any] = data.get("plugins", {})
+        for key in ("name", "description"):
+            if key in data:
+                _check(isinstance(data[key], str), key, "a string", data[key])
+        plugins = data.get("plugins", {})
+        _check(isinstance(plugins, Mapping), "plugins", "an object of extension points", plugins)
         unknown = set(plugins) - set(_POINTS)
         if unknown:
             raise ValueError(f"unknown extension points: {sorted(unknown)}")
 
         def names(point: str, default: tuple[str, ...]) -> tuple[str, ...]:
             value = plugins.get(point)
-            return default if value is None else tuple(str(v) for v in value)
+            if value is None:
+                return default
+            listed = is_kind(value, list) and all(isinstance(v, str) for v in value)
+            _check(listed, f"plugins.{point}", "a list of plugin names", value)
+            return tuple(value)
 
+        def one(point: str, default: str | None, kind: str) -> Any:
+            value = plugins.get(point, default)
+            _check(
+                isinstance(value, str) or (value is None and default is None), f"plugins.{point}", kind, value
+            )
+            return value
+
+        entries = plugins.get("score")
+        if entries is None:
+            entries = ["topology", "binpack"]
+        score_kind = 'a plugin name or an object {"name": NAME, "weight": NUMBER}'
+        _check(is_kind(entries, list), "plugins.score", f"a list, each entry {score_kind}", entries)
         scores: list[tuple[str, float]] = []
-        for entry in plugins.get("score", ["topology", "binpack"]):
+        for i, entry in enumerate(entries):
             if isinstance(entry, str):
                 scores.append((entry, 1.0))
-            else:
-                scores.append((str(entry["name"]), float(entry.get("weight", 1.0))))
+                continue
+            weighted = (
+                isinstance(entry, Mapping)
+                and set(entry) <= {"name", "weight"}
+                and isinstance(entry.get("name"), str)
+                and is_kind(entry.get("weight", 1.0), float)
+            )
+            _check(weighted, f"plugins.score[{i}]", score_kind, entry)
+            scores.append((entry["name"], float(entry.get("weight", 1.0))))
+
+        plugin_args = data.get("plugin_args", {})
+        _check(
+            isinstance(plugin_args, Mapping),
+            "plugin_args",
+            "an object of plugin name: {arguments}",
+            plugin_args,
+        )
+        for name, args in plugin_args.items():
+            _check(isinstance(args, Mapping), f"plugin_args.{name}", "an object of arguments", args)
         profile = cls(
             name=str(data.get("name", "unnamed")),
             queue_sort=names("queue_sort", ("fifo",)),
             admission=names("admission", ("vc_quota",)),
             filter=names("filter", ("node_resources",)),
-            gpu_chooser=str(plugins.get("gpu_chooser", "topology_chooser")),
-            share_chooser=str(plugins.get("share_chooser", "best_fit_share")),
+            gpu_chooser=one("gpu_chooser", "topology_chooser", "a plugin name"),
+            share_chooser=one("share_chooser", "best_fit_share", "a plugin name"),
             score=tuple(scores),
-            backfill=plugins.get("backfill"),
+            backfill=one("backfill", None, "a plugin name or null"),
             preemption=names("preemption", ()),
             post_cycle=names("post_cycle", ()),
-            plugin_args={k: dict(v) for k, v in data.get("plugin_args", {}).items()},
+            plugin_args={k: dict(v) for k, v in plugin_args.items()},
             cycle=CycleSettings.from_dict(data.get("cycle", {})),
         )
-        profile.build()  # validate now, not in the middle of a cycle
+        built = profile.build()  # validate now, not in the middle of a cycle
+        # A VC's queueing policy is built from its arguments in the middle of a cycle, whether
+        # or not the profile lists it: arguments for any plugin are checked here.
+        for name, args in profile.plugin_args.items():
+            if name not in built.by_name:
+                build_plugin(name, args)
         return profile
 
     def build(self) -> PluginSet:
@@ -202,4 +257,16 @@ def load_profile(name_or_path: str) -> Profile:
             shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
             raise UnknownProfile(f"unknown profile {name_or_path!r}: give one of {shipped}, or a JSON file")
     with path.open(encoding="utf-8") as f:
-        return Profile.from_dict(json.load(f))
+        try:
+            data = json.load(f)
+        except ValueError as error:  # not JSON, or not UTF-8
+            raise ValueError(f"profile {path} is not valid JSON: {error}") from error
+    try:
+        return Profile.from_dict(data)
+    except ValueError as error:
+        raise ValueError(f"profile {path} is not valid: {error}") from error
+
+
+def _check(ok: bool, key: str, kind: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{key} must be {kind}, not {shown(value)}")

@@ -29,6 +29,9 @@ from scheduler.sim.metrics import summarize
 from scheduler.sim.trace import FORMATS, load_trace
 
 QUOTA_COLUMNS = ("vc", "guaranteed", "borrow_limit")
+# Applied by the replay rather than by argparse, so that the fill (--nodes), which has no
+# preemption, can tell a given --preempt-overhead from the default and refuse it.
+PREEMPT_OVERHEAD_S = 30.0
 
 
 def load_vc_quotas(path: str | Path) -> dict[str, VcQuotaRow]:
@@ -77,8 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--preempt-overhead",
         type=number_option(0),
-        default=30.0,
-        help="seconds a preempted job holds its GPUs while it checkpoints (default 30)",
+        help=f"seconds a preempted job holds its GPUs while it checkpoints (default {PREEMPT_OVERHEAD_S:g})",
     )
     parser.add_argument("--vc", help="replay only this VC's jobs")
     parser.add_argument(
@@ -118,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             option
             for option, value in (
                 ("--vc-quotas", args.vc_quotas),
+                ("--preempt-overhead", args.preempt_overhead),
                 ("--vc", args.vc),
                 ("--time-limit", args.time_limit),
                 ("--spread-after", args.spread_after),
@@ -171,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile,
         jobs,
         vc_quotas=quotas,
-        preempt_overhead_s=args.preempt_overhead,
+        preempt_overhead_s=PREEMPT_OVERHEAD_S if args.preempt_overhead is None else args.preempt_overhead,
         time_limit_s=args.time_limit,
         spread_after_s=args.spread_after,
     ).run()

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import NoReturn
 
 from scheduler.core import Profile, load_profile
-from scheduler.core.profile import UnknownProfile
 
 
 class InputFileError(ValueError):
@@ -54,13 +53,11 @@ def read_csv(path: str | Path, columns: Sequence[str], kind: str) -> Iterator[cs
 
 def read_profile(name_or_path: str) -> Profile:
     """`load_profile`, with an unknown name or a file that is not a valid profile refused as
-    `InputFileError`."""
+    `InputFileError` (its message already names the file and the key that is wrong)."""
     try:
         return load_profile(name_or_path)
-    except UnknownProfile as error:
+    except ValueError as error:  # an unknown name, not JSON, or not a valid profile
         raise InputFileError(str(error)) from error
-    except ValueError as error:  # not JSON, or not a valid profile
-        raise InputFileError(f"profile {name_or_path} is not valid: {error}") from error
 
 
 def number_option(least: float, *, above: bool = False, whole: bool = False) -> Callable[[str], float]:

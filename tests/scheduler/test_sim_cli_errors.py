@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import scheduler.sim.__main__ as cli
 from scheduler.sim import load_trace
 from scheduler.sim.__main__ import load_vc_quotas, main
 from scheduler.sim.cluster import load_topology
+from scheduler.sim.engine import Simulator
 from scheduler.sim.inputs import InputFileError
 from scheduler.sim.openb import main as openb_main
 
@@ -36,6 +39,10 @@ FILES = {
     "topology_gpus.json": json.dumps({"nodes": [{"name": "n", "gpus": 4}, {"name": "m", "gpus": 0}]}),
     "topology_name.json": json.dumps({"nodes": [{"gpus": 4}]}),
     "profile_keys.json": json.dumps({"name": "x", "colour": "blue"}),
+    "profile_list.json": json.dumps(["fifo"]),
+    "profile_names.json": json.dumps({"name": "x", "plugins": {"queue_sort": "fifo"}}),
+    "profile_score.json": json.dumps({"name": "x", "plugins": {"score": [3]}}),
+    "profile_cycle.json": json.dumps({"name": "x", "cycle": {"max_victims": "many"}}),
     "openb_nodes.csv": OPENB_NODES,
     "openb_pods.csv": OPENB_PODS,
     "openb_cpu_pods.csv": "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,0,0\n",
@@ -112,6 +119,26 @@ CASES = [
         "profile-invalid",
         [*ITP_RUN[:6], "--profile", "{profile_keys.json}"],
         ["profile_keys.json is not valid", "colour"],
+    ),
+    (
+        "profile-not-an-object",
+        [*ITP_RUN[:6], "--profile", "{profile_list.json}"],
+        ["profile_list.json is not valid", "must be a JSON object"],
+    ),
+    (
+        "profile-names-not-a-list",
+        [*ITP_RUN[:6], "--profile", "{profile_names.json}"],
+        ["profile_names.json is not valid", 'plugins.queue_sort must be a list of plugin names, not "fifo"'],
+    ),
+    (
+        "profile-score-entry",
+        [*ITP_RUN[:6], "--profile", "{profile_score.json}"],
+        ["profile_score.json is not valid", "plugins.score[0]", "not 3"],
+    ),
+    (
+        "profile-cycle-setting",
+        [*ITP_RUN[:6], "--profile", "{profile_cycle.json}"],
+        ["profile_cycle.json is not valid", 'cycle.max_victims must be a whole number, not "many"'],
     ),
     ("quotas-missing", [*ITP_RUN, "--vc-quotas", "{nope.csv}"], ["nope.csv", "No such file"]),
     (
@@ -195,6 +222,33 @@ CASES = [
         ["the fill experiment (--nodes) does not use --vc, --max-jobs"],
     ),
     (
+        # Refused even at the replay's default: the fill has no preemption to charge it to.
+        "nodes-with-preempt-overhead",
+        [
+            "--trace",
+            "{openb_pods.csv}",
+            *FILL_RUN,
+            "--nodes",
+            "{openb_nodes.csv}",
+            "--preempt-overhead",
+            "30",
+        ],
+        ["the fill experiment (--nodes) does not use --preempt-overhead"],
+    ),
+    (
+        "nodes-with-profile-of-wrong-shape",
+        [
+            "--trace",
+            "{openb_pods.csv}",
+            *FILL_RUN[:2],
+            "--profile",
+            "{profile_score.json}",
+            "--nodes",
+            "{openb_nodes.csv}",
+        ],
+        ["profile_score.json is not valid", "plugins.score[0]"],
+    ),
+    (
         "nodes-demand-zero",
         ["--trace", "{openb_pods.csv}", *FILL_RUN, "--nodes", "{openb_nodes.csv}", "--demand", "0"],
         ["--demand", "above 0"],
@@ -269,6 +323,28 @@ def test_valid_options_at_their_bounds_still_run(capsys: pytest.CaptureFixture[s
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["jobs"] == 1
 
 
+def test_a_replay_without_preempt_overhead_charges_the_default(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The option has no argparse default (so the fill can refuse it), but a replay still
+    charges 30 seconds per preemption, as `--help` says."""
+    given: list[float] = []
+    real = cli.Simulator
+
+    def simulator(*args: Any, preempt_overhead_s: float, **kwargs: Any) -> Simulator:
+        given.append(preempt_overhead_s)
+        return real(*args, preempt_overhead_s=preempt_overhead_s, **kwargs)
+
+    monkeypatch.setattr(cli, "Simulator", simulator)
+    assert main([*ITP_RUN, "--json"]) == 0
+    assert main([*ITP_RUN, "--preempt-overhead", "5", "--json"]) == 0
+    assert given == [30.0, 5.0]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "(default 30)" in " ".join(capsys.readouterr().out.split())
+
+
 MONTE_CARLO_RUN = ["--trace", "{openb_pods.csv}", "--nodes", "{openb_nodes.csv}", "--profile", "best-fit"]
 MONTE_CARLO_CASES = [
     ("trace-missing", ["--trace", "{nope.csv}", *MONTE_CARLO_RUN[2:]], ["nope.csv", "No such file"]),
@@ -288,6 +364,11 @@ MONTE_CARLO_CASES = [
         ["openb_cpu_pods.csv has no pods with GPUs"],
     ),
     ("profile-unknown", [*MONTE_CARLO_RUN[:4], "--profile", "nope"], ["unknown profile 'nope'"]),
+    (
+        "profile-wrong-shape",
+        [*MONTE_CARLO_RUN[:4], "--profile", "{profile_names.json}"],
+        ["profile_names.json is not valid", "plugins.queue_sort"],
+    ),
     ("seeds-text", [*MONTE_CARLO_RUN, "--seeds", "1,x"], ["--seeds", "'1,x'"]),
     ("ratio-zero", [*MONTE_CARLO_RUN, "--ratio", "0"], ["--ratio", "above 0"]),
     ("demand-negative", [*MONTE_CARLO_RUN, "--demand", "-1"], ["--demand", "above 0"]),
