@@ -209,6 +209,11 @@ class Agent:
         # Removals of ended attempts under way, also outside the lock: each lets the attempt's log
         # reader finish for up to LOG_DRAIN_ON_REMOVE_S, which no desired set should wait for.
         self.removing: dict[str, asyncio.Task[None]] = {}
+        # The grace of each attempt as the newest desired set gives it. A record keeps the grace of
+        # the set the attempt started from; a later set may give another (the grace a preemption
+        # or pause was asked with), and a stop or checkpoint the agent learns of from a set alone
+        # (its request lost) must take that one, as the request would have.
+        self.desired_grace: dict[str, float] = {}
         self.resending: asyncio.Task[None] | None = None  # the resend of lost log lines under way
         # The last checkpoint marker seen per running attempt, and attempts whose newer marker's
         # manifest is being built: checkpoints a job saves on its own are reported too.
@@ -739,8 +744,10 @@ class Agent:
                 )
                 return
             await self.refresh()
+            for attempt in desired.attempts:
+                self.desired_grace[attempt.attempt_id] = attempt.grace_period_s
             local = [
-                LocalAttempt(r.attempt_id, r.state, r.grace_s, busy=self._is_busy(r.attempt_id))
+                LocalAttempt(r.attempt_id, r.state, self._grace_s(r), busy=self._is_busy(r.attempt_id))
                 for r in self.store.all()
                 if r.attempt_id not in self.removing
             ]
@@ -773,6 +780,9 @@ class Agent:
                 elif isinstance(action, Remove):
                     self._spawn_remove(action.attempt_id)
             await self.refresh()
+
+    def _grace_s(self, record: AttemptRecord) -> float:
+        return self.desired_grace.get(record.attempt_id, record.grace_s)
 
     def _is_busy(self, attempt_id: str) -> bool:
         return attempt_id in self.busy or attempt_id in self.stopping
@@ -914,6 +924,7 @@ class Agent:
             await asyncio.gather(pump, return_exceptions=True)
         self.log_buffers.pop(attempt_id, None)
         self.markers.pop(attempt_id, None)
+        self.desired_grace.pop(attempt_id, None)
         await self._quietly(self.runtime.remove(attempt_id))
         self.store.delete(attempt_id)
 
@@ -978,7 +989,7 @@ class Agent:
         elif isinstance(request, SuspendRequest | ResumeRequest):
             await self._suspend_or_resume(request.attempt_id, isinstance(request, SuspendRequest))
         elif isinstance(request, StopRequest):
-            grace = request.grace_period_s if request.grace_period_s is not None else record.grace_s
+            grace = request.grace_period_s if request.grace_period_s is not None else self._grace_s(record)
             await self.stop_attempt(request.attempt_id, grace, ExitReason.STOPPED)
         elif isinstance(request, CheckpointRequest):
             problem = self.claim_checkpoint(request.attempt_id)
@@ -1022,7 +1033,7 @@ class Agent:
             assert record is not None and record.spec is not None  # claim_checkpoint checked both
             spec = record.spec
             assert spec.checkpoint_dir is not None
-            grace = grace_s if grace_s is not None else spec.grace_period_s
+            grace = grace_s if grace_s is not None else self._grace_s(record)
             directory = Path(spec.checkpoint_dir).resolve()
             before = marker_identity(directory)
             if record.state == AttemptState.SUSPENDED:

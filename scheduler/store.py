@@ -608,10 +608,14 @@ def preempt_job(
     job it was preempted for unless `name_preemptor` is false (a job of another tenant).
 
     A user's pause (portal.jobs.services.hold_job) takes this same path, so that it ends as a
-    preemption does: `actor` is then the user, and `fields` mark the job held in the same move."""
+    preemption does: `actor` is then the user, and `fields` mark the job held in the same move.
+
+    The grace is recorded with the move (Job.stop_grace_s): the request says it, the desired set
+    says it for as long as the job is checkpointing, and end_overdue_stops waits for it."""
     data = {"preemption": preemption.reason}
     if name_preemptor and preemption.for_job:
         data["for_job"] = preemption.for_job
+    grace = job.preemption_grace_s(preemption.grace_period_s)
     if not transition_job(
         job,
         JobState.CHECKPOINTING,
@@ -619,11 +623,11 @@ def preempt_job(
         label="scheduler" if actor is None else "",
         reason=preemption.message,
         data=data,
+        stop_grace_s=grace,
         **fields,
     ):
         return False
     attempt = job.current_attempt()
-    grace = stop_grace_s(job, preemption.grace_period_s)
     checkpointable = bool((job.spec.get("checkpoint") or {}).get("enabled"))
     replicas = list(attempt.allocations.values_list("replica", "node_id").distinct()) if attempt else []
     for replica, node_id in replicas:
@@ -636,14 +640,10 @@ def preempt_job(
     return True
 
 
-def stop_grace_s(job: Job, profile_grace_s: float) -> float:
-    """The job's own grace (how long it needs to save), never longer than the profile allows."""
-    return min(profile_grace_s, job.grace_s(profile_grace_s))
-
-
 def end_overdue_stops(now: datetime, force_after_s: int, profile_grace_s: float) -> list[int]:
     """Ends the preemptions (and pauses, drains) whose agents did not confirm the stop within the
-    grace period (the job's own, else `profile_grace_s`: the longest any path gave them) plus
+    grace period it was asked with (Job.asked_grace_s; for a stop asked before that was recorded,
+    the job's own, else `profile_grace_s`: the longest any path gave them then) plus
     `force_after_s`: checkpointing -> preempted -> pending, the attempt ended and its GPUs
     freed, as if the agents had reported the stop. The time-limit check ends a job
     whose stop went unconfirmed the same way (enforce_time_limits' forced path).
@@ -661,9 +661,7 @@ def end_overdue_stops(now: datetime, force_after_s: int, profile_grace_s: float)
             asked = job.events.filter(to_state=JobState.CHECKPOINTING).order_by("-created_at", "-id").first()
             if job.state != JobState.CHECKPOINTING or asked is None:
                 continue
-            # The longest grace the agents may have been given: a request carries at most the
-            # profile's, but a pause and the desired set give the job's own.
-            grace = job.grace_s(profile_grace_s)
+            grace = job.asked_grace_s(job.grace_s(profile_grace_s))
             overdue = (now - asked.created_at).total_seconds() - grace - force_after_s
             if overdue < 0:
                 continue

@@ -64,8 +64,24 @@ def replica_resources(job: Job, attempt: JobAttempt) -> Resources:
     return Resources(cpus=cpu_milli / 1000, memory_mib=memory_mib)
 
 
+def desired_grace_s(job: Job, profile_grace_s: float) -> float:
+    """The grace the desired set gives the attempt: what its agent gives it when a set has it
+    stop (checkpoint_and_stop, or the attempt left out), the newest set that listed it. While
+    the job is being stopped (checkpointing, or at its time limit) that is the grace the stop was
+    asked with, recorded with the ask, as the request said: an agent whose request was lost
+    gives the same. Otherwise it is what a preemption by the scheduler would give, the stop an
+    agent most often learns of from a set alone."""
+    preemption = job.preemption_grace_s(profile_grace_s)
+    being_stopped = job.state == JobState.CHECKPOINTING or bool(job.stop_reason)
+    return job.asked_grace_s(preemption) if being_stopped else preemption
+
+
 def desired_attempt(
-    attempt: JobAttempt, replica: int, allocations: list[Allocation], replica_nodes: list[str]
+    attempt: JobAttempt,
+    replica: int,
+    allocations: list[Allocation],
+    replica_nodes: list[str],
+    profile_grace_s: float,
 ) -> DesiredAttempt:
     job = attempt.job
     spec: dict[str, Any] = job.spec
@@ -84,7 +100,7 @@ def desired_attempt(
         checkpoint_dir=checkpoint_dir(job),
         resume=attempt.resume,
         checkpoint_signal=checkpoint.get("signal", "SIGUSR1"),
-        grace_period_s=job.grace_s(30),
+        grace_period_s=desired_grace_s(job, profile_grace_s),
         time_sliced=bool(spec.get("time_sliceable")),
         run_state="suspended" if job.state == JobState.SUSPENDED else "running",
         # Preemption of a checkpointable job, level-triggered: it survives a lost request.
@@ -106,6 +122,8 @@ def must_stop(job: Job) -> bool:
 
 
 def desired_set_for(node: Node) -> DesiredSet:
+    from scheduler.tasks import load_profile  # imported here: scheduler.store imports this module
+
     revision = Node.objects.values_list("desired_revision", flat=True).get(pk=node.pk)
     allocations = (
         Allocation.objects.filter(node=node, released_at__isnull=True, attempt__job__state__in=ACTIVE_STATES)
@@ -123,10 +141,11 @@ def desired_set_for(node: Node) -> DesiredSet:
         grouped[(allocation.attempt_id, allocation.replica)].append(allocation)
         attempts[allocation.attempt_id] = allocation.attempt
     nodes = replica_nodes(list(attempts))
+    profile_grace_s = load_profile().cycle.grace_period_s  # a small file, read once per set
     return DesiredSet(
         revision=revision,
         attempts=[
-            desired_attempt(attempts[attempt_id], replica, group, nodes[attempt_id])
+            desired_attempt(attempts[attempt_id], replica, group, nodes[attempt_id], profile_grace_s)
             for (attempt_id, replica), group in grouped.items()
         ],
     )

@@ -117,6 +117,11 @@ class Job(models.Model):
     stop_reason = models.CharField(
         max_length=32, blank=True, help_text="Why the portal asked the agents to stop it, e.g. time-limit."
     )
+    stop_grace_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="The grace period (seconds) its newest stop was asked with, recorded with the ask.",
+    )
     time_limit_warned = models.BooleanField(default=False)
     idle_reported = models.BooleanField(default=False)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -157,9 +162,22 @@ class Job(models.Model):
 
     def grace_s(self, default: float) -> float:
         """The grace period the job's spec gives it to save and stop (`checkpoint.grace_seconds`),
-        `default` where the spec gives none. Every stop reads it here: the agents and the portal's
-        sweeps must agree on how long a stop may take."""
+        `default` where the spec gives none. A stop's grace starts from it and is then recorded
+        (asked_grace_s), so that the agents and the portal's sweeps agree on how long it may take."""
         return float((self.spec.get("checkpoint") or {}).get("grace_seconds", default))
+
+    def preemption_grace_s(self, profile_grace_s: float) -> float:
+        """What a preemption by the scheduler gives it: its own grace (how long it needs to save),
+        never longer than the profile allows."""
+        return min(profile_grace_s, self.grace_s(profile_grace_s))
+
+    def asked_grace_s(self, default: float) -> float:
+        """The grace its stop under way was asked with (`stop_grace_s`), `default` for a stop
+        asked before the grace was recorded. A stop's grace is recorded once, in the transaction
+        that asks for it, and read from there by every path that tells the agents about that stop
+        (the request, the desired set) and by the sweeps that end a stop never confirmed: they
+        cannot disagree on how long it may take."""
+        return self.stop_grace_s if self.stop_grace_s is not None else default
 
     def current_attempt(self) -> JobAttempt | None:
         """The newest attempt: the one agents run, or the last one that ran."""

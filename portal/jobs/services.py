@@ -1505,8 +1505,11 @@ def requeue_jobs_holding(allocations: models.QuerySet[Allocation], reason: str) 
 
 
 def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -> dict[str, int]:
-    """Warns once before a job's time limit, asks its agents to stop it at the limit (the job then
-    ends timed-out), and ends it anyway when the agents have not confirmed within force_after_s."""
+    """Warns once before a job's time limit, asks its agents to stop it at the limit within its
+    own grace (the job then ends timed-out), and ends it anyway when the agents have not
+    confirmed within that grace plus force_after_s. The grace is recorded with the stop
+    (Job.stop_grace_s), as a preemption's is, so the request, the desired set and the forced end
+    agree on it."""
     from agents.protocol import StopRequest, encode
     from portal.agentgw.desired import agent_attempt_id
     from portal.agentgw.outbox import send_request
@@ -1532,8 +1535,10 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
                     state__in=[JobState.RUNNING, JobState.SUSPENDED],
                 )
                 # The version moves, so a cycle that read the job before cannot preempt it too.
-                if stopping.update(stop_reason="time-limit", version=models.F("version") + 1):
-                    grace = job.grace_s(30)
+                grace = job.grace_s(30)
+                if stopping.update(
+                    stop_reason="time-limit", stop_grace_s=grace, version=models.F("version") + 1
+                ):
                     for replica, node_id in attempt.allocations.values_list("replica", "node_id").distinct():
                         request = StopRequest(
                             attempt_id=agent_attempt_id(attempt, replica), grace_period_s=grace
@@ -1541,7 +1546,7 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
                         send_request(node_id, encode(request))
                     record_job_event(job, "portal", f"time limit of {job.time_limit_s} s reached: stopping")
                     counts["stopping"] += 1
-            elif left <= -force_after_s and job.stop_reason == "time-limit":
+            elif left <= -(job.asked_grace_s(0) + force_after_s) and job.stop_reason == "time-limit":
                 job = Job.objects.select_for_update().get(pk=job.pk)
                 # Read again under the lock: preempted, requeued or ended since, it is not this
                 # attempt's to time out.

@@ -780,3 +780,35 @@ async def test_a_removal_waiting_for_its_log_pump_does_not_hold_up_the_next_desi
             reader.release.set()
             await wait_for(lambda: portal.log_lines("att-1") == {0: "last words"}, 20)
             await wait_for(lambda: agent.store.get("att-1") is None)
+
+
+class StopsRecorded(ProcessRuntime):
+    """A process runtime that notes the grace of every stop it is asked for."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_graces: list[tuple[str, float]] = []
+
+    async def stop(self, attempt_id: str, grace_s: float) -> int | None:
+        self.stop_graces.append((attempt_id, grace_s))
+        return await super().stop(attempt_id, grace_s)
+
+
+@pytest.mark.asyncio
+async def test_a_stop_learnt_from_the_desired_set_takes_the_newest_sets_grace(state_dir: Path) -> None:
+    """The portal records the grace a stop was asked with and says it in the desired set too, so
+    that an agent which missed the request (its connection lost) gives the job that grace, not
+    the one of the set the attempt started from."""
+    async with FakePortal() as portal:
+        agent = make_agent(portal.url, state_dir)
+        agent.runtime = StopsRecorded(state_dir, HostPolicy())
+        started = make_attempt("att-1", command=[PY, "-c", FOREVER], grace_period_s=600)
+        portal.desired = [started]
+        async with running(agent):
+            await wait_for(lambda: portal.log_lines("att-1").get(0) == "up")
+            await portal.set_desired([started.model_copy(update={"grace_period_s": 7.5})])
+            await wait_for(lambda: agent.desired_grace.get("att-1") == 7.5)  # applied, not skipped
+            await portal.set_desired([])
+            await wait_for(lambda: portal.last_status("att-1").state == AttemptState.EXITED)
+            assert agent.runtime.stop_graces == [("att-1", 7.5)]
+            assert portal.last_status("att-1").reason == ExitReason.STOPPED

@@ -115,9 +115,10 @@ def test_a_stop_the_agents_never_confirm_ends_after_its_grace_and_the_force_dela
     job_id = attempt.job_id
     asked = Job.objects.get(pk=job_id).events.get(to_state="checkpointing")
     profile_grace = load_profile().cycle.grace_period_s
-    # The longest grace the agent may have been given: the desired set's, the job's own (the
-    # spec's default of 120 s without checkpointing), not the request's, capped by the profile.
-    grace = 20.0 if checkpoint else 120.0
+    # The grace the stop was asked with, recorded with it: the job's own, capped by the profile's
+    # (without checkpointing the spec's default of 120 s, so the profile's 30 s).
+    grace = 20.0 if checkpoint else profile_grace
+    assert Job.objects.get(pk=job_id).stop_grace_s == grace
     deadline = asked.created_at + timedelta(seconds=grace + 120)
 
     assert end_overdue_stops(deadline - timedelta(seconds=1), 120, profile_grace) == []
