@@ -314,7 +314,8 @@ class PortalClient:
             client.close()
 
     def _prime_csrf(self) -> None:
-        """GET /session/ answers 401 when signed out but sets the CSRF cookie all the same."""
+        """GET /session/ sets the CSRF cookie; signed out it answers 204 (portals before that
+        answered 401, and set the cookie all the same)."""
         with contextlib.suppress(AuthError):
             self.request("GET", "/session/")
 

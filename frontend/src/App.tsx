@@ -1,6 +1,6 @@
 import { useCallback, useEffect, useRef, useState } from "react";
 
-import { ApiError, api, setUnauthorizedHandler } from "./api/client";
+import { api, setUnauthorizedHandler } from "./api/client";
 import { live, useLiveStatus } from "./api/live";
 import type { Me } from "./api/types";
 import { ErrorBanner, LiveIndicator, Spinner } from "./components/common";
@@ -16,7 +16,7 @@ import { TokensPage } from "./pages/TokensPage";
 import { UsagePage } from "./pages/UsagePage";
 import { VirtualClusterPage, VirtualClustersPage } from "./pages/VirtualClusterPage";
 import { Link, useLocation } from "./router";
-import { SessionContext } from "./session";
+import { SessionContext, signedInUser } from "./session";
 
 // `ended`: the session ended while the page was open (signed out in another tab, or expired).
 type SessionState =
@@ -30,11 +30,10 @@ export function App() {
 
   const probe = useCallback(() => {
     setSession({ kind: "loading" });
-    api<Me>("/api/v1/session/", { quiet401: true })
-      .then((me) => setSession({ kind: "signed-in", me }))
+    signedInUser()
+      .then((me) => setSession(me ? { kind: "signed-in", me } : { kind: "signed-out" }))
       .catch((err: unknown) => {
-        if (err instanceof ApiError && (err.status === 401 || err.status === 403)) setSession({ kind: "signed-out" });
-        else setSession({ kind: "error", error: err instanceof Error ? err : new Error(String(err)) });
+        setSession({ kind: "error", error: err instanceof Error ? err : new Error(String(err)) });
       });
   }, []);
 
@@ -45,10 +44,11 @@ export function App() {
   const recheck = useCallback(() => {
     if (checking.current) return;
     checking.current = true;
-    api<Me>("/api/v1/session/", { quiet401: true })
-      .catch((err: unknown) => {
-        if (err instanceof ApiError && (err.status === 401 || err.status === 403)) ended();
+    signedInUser()
+      .then((me) => {
+        if (!me) ended();
       })
+      .catch(() => undefined) // no answer now: the page stays, and the next refusal asks again
       .finally(() => {
         checking.current = false;
       });

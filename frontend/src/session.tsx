@@ -1,6 +1,13 @@
 import { createContext, useContext } from "react";
 
+import { api } from "./api/client";
 import type { Me } from "./api/types";
+
+/** Who is signed in, or null for nobody: the session answers 204 then, not a refusal, so a
+ * signed-out visit shows no failed request in the browser's console. */
+export async function signedInUser(): Promise<Me | null> {
+  return (await api<Me | undefined>("/api/v1/session/", { quiet401: true })) ?? null;
+}
 
 export interface SessionValue {
   me: Me;

@@ -130,7 +130,8 @@ CASES: list[tuple[str, str, dict[str | None, int]]] = [
         "/api/v1/webhooks/{webhook}/",
         {"alice": 204, "bob": 404, "victor": 404, "carol": 404, None: 401},
     ),
-    ("get", "/api/v1/session/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
+    # Nobody signed in is an answer here (204), not a refusal; /me/ below still refuses.
+    ("get", "/api/v1/session/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 204}),
     ("get", "/api/v1/session/sso/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 200}),
     ("get", "/api/v1/usage/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
     ("get", "/api/v1/me/", {"alice": 200, "bob": 200, "victor": 200, "carol": 200, None: 401}),
@@ -302,7 +303,7 @@ def test_signing_in_needs_the_csrf_token_too(users: dict[str, Any]) -> None:
     victim = Client(enforce_csrf_checks=True)
     cross_site = victim.post("/api/v1/session/", credentials)  # form-encoded, no cookie, no header
     assert cross_site.status_code == 403 and "CSRF" in cross_site.json()["detail"]
-    assert victim.get("/api/v1/session/").status_code == 401  # also sets the CSRF cookie
+    assert victim.get("/api/v1/session/").status_code == 204  # nobody signed in; sets the CSRF cookie
     as_the_app_does = victim.post(
         "/api/v1/session/",
         credentials,

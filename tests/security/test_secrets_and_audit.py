@@ -84,7 +84,7 @@ def test_cookies_are_secure_under_the_deploy_settings(users) -> None:  # type: i
     assert result.returncode == 0, result.stderr[-2000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["plain"] == [301, "https://portal.example.org/api/v1/session/"]
-    assert (seen["read"], seen["signed_in"]) == (401, 200)
+    assert (seen["read"], seen["signed_in"]) == (204, 200)
     assert "max-age=31536000" in seen["hsts"] and "includeSubDomains" in seen["hsts"]
     assert seen["sessionid"] == {"secure": True, "httponly": True, "samesite": "Lax"}
     assert seen["csrftoken"]["secure"] and seen["csrftoken"]["samesite"] == "Lax"

@@ -278,18 +278,21 @@ class LoginSerializer(serializers.Serializer):
 
 @method_decorator(ensure_csrf_cookie, name="get")
 class SessionView(APIView):
-    """Browser sign-in. GET sets the CSRF cookie and says who is signed in (if anyone);
-    POST signs in with a user name and password; DELETE signs out."""
+    """Browser sign-in. GET sets the CSRF cookie and says who is signed in: 200 with who, or 204
+    while nobody is; POST signs in with a user name and password; DELETE signs out."""
 
     permission_classes = [AllowAny]
     throttle_classes = [WriteThrottle]
     throttle_scope = "sign-in"
 
-    @extend_schema(responses=MeSerializer)
+    @extend_schema(responses={200: MeSerializer, 204: None})
     def get(self, request: Request) -> Response:
+        # Nobody signed in is an answer to "who is signed in", not a refusal: the web app asks
+        # on every visit, and a 401 here is a failed request in the browser's console each time
+        # a signed-out visitor opens a page. Every endpoint that needs a user still refuses them.
         get_token(request)
         if not request.user.is_authenticated:
-            return Response({"detail": "Not signed in."}, status=status.HTTP_401_UNAUTHORIZED)
+            return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(me_data(request.user))
 
     @extend_schema(request=LoginSerializer, responses=MeSerializer)
