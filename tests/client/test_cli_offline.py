@@ -417,6 +417,74 @@ def test_followed_output_goes_to_stdout_while_the_spinner_is_on_a_terminal(
     assert "Job 7" in terminal.getvalue()  # the outcome, on the terminal
 
 
+class Screen:
+    """A terminal's screen, which stdout and stderr both write to: block-buffered as into a
+    pipe, what a stream holds reaches the screen only when it is flushed."""
+
+    def __init__(self) -> None:
+        self.shown: list[tuple[str, str]] = []
+
+    def stream(self, name: str) -> Any:
+        screen = self
+
+        class Stream(io.StringIO):
+            def flush(self) -> None:
+                lines = self.getvalue().splitlines()
+                screen.shown += [(name, line) for line in lines]
+                self.seek(0)
+                self.truncate()
+
+            def isatty(self) -> bool:
+                return False
+
+        return Stream()
+
+
+JOB_OUTPUT = [
+    ("stdout", "loading data"),
+    ("stderr", "warning: no GPU peer access"),
+    ("stdout", "step 1 loss 2.31"),
+    ("stderr", "error: loss is NaN"),
+    ("stdout", "saving checkpoint"),
+]
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["logs", "logs -f"])
+def test_job_output_comes_out_whole_and_in_order_on_stdout(
+    home: Path, monkeypatch: pytest.MonkeyPatch, follow: bool
+) -> None:
+    """The portal lists an attempt's stdout and stderr lines together, in the order it received
+    them: all of them go to the command's standard output (`logs 7 > out.txt` keeps every line),
+    each flushed at once, so that on a screen the command's own messages on standard error never
+    overtake a line of output printed before them."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/api/v1/jobs/7/":
+            job = {"id": 7, "name": "j", "vc": "v", "owner": "o", "state": "failed"}
+            return httpx.Response(200, json={**job, "attempts": [{"number": 1, "state": "failed"}]})
+        if path == "/api/v1/jobs/7/events/":
+            return httpx.Response(200, json={"count": 0, "next": None, "results": []})
+        assert path == "/api/v1/jobs/7/logs/", path
+        lines = [
+            {"id": seq + 10, "attempt": 1, "stream": stream, "seq": seq, "text": text}
+            for seq, (stream, text) in enumerate(JOB_OUTPUT)
+        ]
+        page = [] if request.url.params.get("after") else lines
+        return httpx.Response(200, json={"count": len(page), "next": None, "results": page})
+
+    cli_against(monkeypatch, handler)
+    monkeypatch.setenv(config.ENV_URL, "http://portal.test")
+    monkeypatch.setenv(config.ENV_TOKEN, "gpp_t")
+    screen = Screen()
+    monkeypatch.setattr(sys, "stdout", screen.stream("stdout"))
+    monkeypatch.setattr(sys, "stderr", screen.stream("stderr"))
+    args = ["logs", "7", "-f", "--poll", "0"] if follow else ["logs", "7"]
+    assert cli.main(args) == (cli.JOB_FAILED if follow else cli.OK)
+    job_lines = [shown for shown in screen.shown if shown[1] in {text for _, text in JOB_OUTPUT}]
+    assert job_lines == [("stdout", text) for _, text in JOB_OUTPUT]
+
+
 def redirect_to_https(request: httpx.Request) -> httpx.Response:
     return httpx.Response(301, headers={"Location": f"https://gpus.example.org{request.url.path}"})
 
