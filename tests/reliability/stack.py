@@ -29,6 +29,8 @@ class PortalStack:
     """uvicorn, a Celery worker and beat, each in its own process group so a test can SIGKILL one
     of them (with every child) and start it again on the same port and Redis."""
 
+    worker_prefix = "faults"  # the worker is PREFIX-PORT@host
+
     def __init__(self, env: dict[str, str], run_dir: Path) -> None:
         self.run_dir = run_dir
         self.port = free_port()
@@ -44,9 +46,19 @@ class PortalStack:
 
     def command(self, name: str) -> list[str]:
         commands = portal_commands(
-            "127.0.0.1", self.port, f"faults-{self.port}", self.run_dir / "beat-schedule"
+            "127.0.0.1", self.port, f"{self.worker_prefix}-{self.port}", self.run_dir / "beat-schedule"
         )
         return commands[name]
+
+    @property
+    def worker(self) -> str:
+        """The worker's Celery node name, as it expands `-n PREFIX-PORT@%h`. Asked by name, the
+        worker alone answers and the question ends with its answer, instead of waiting out the
+        timeout for answers from any others."""
+        return f"{self.worker_prefix}-{self.port}@{socket.gethostname()}"
+
+    def inspect(self, timeout: float) -> Any:
+        return self.celery().control.inspect([self.worker], timeout=timeout, limit=1)
 
     def start(self, *names: str) -> None:
         """Starts the named processes (all by default) and waits until each one serves."""
@@ -66,7 +78,7 @@ class PortalStack:
         if "web" in (names or PROCESSES):
             wait_for(lambda: self.port_open(self.port), 30, "the web server")
         if "worker" in (names or PROCESSES):
-            wait_for(lambda: self.celery().control.inspect(timeout=0.5).ping(), 60, "the Celery worker")
+            wait_for(lambda: self.inspect(timeout=0.5).ping(), 60, "the Celery worker")
 
     def kill(self, *names: str) -> None:
         """SIGKILL, without warning, of the named processes and their children (all by default)."""
@@ -116,14 +128,16 @@ class PortalStack:
         else:
             self.redis_client().delete(PAUSE_KEY)
 
+    def idle(self) -> bool:
+        """Whether the worker answered and runs no task; a worker that did not answer (None) may
+        be busy."""
+        answers = self.inspect(timeout=1).active()
+        return answers is not None and answers.get(self.worker) == []
+
     def wait_idle(self) -> None:
         if "worker" not in self.procs:
             return
-        wait_for(
-            lambda: not any((self.celery().control.inspect(timeout=1).active() or {}).values()),
-            30,
-            "the worker to go idle",
-        )
+        wait_for(self.idle, 30, "the worker to go idle")
 
     def log(self, name: str, offset: int = 0) -> str:
         """What the named process has written since it was last started (from `offset` on)."""

@@ -90,9 +90,11 @@ app.worker_main(["worker", "-l", "info", "--concurrency", "2", "-n", sys.argv[1]
 class RedeliveryStack(PortalStack):
     """Only a worker (no web, no beat: the test sends every task itself), with the hook above."""
 
+    worker_prefix = "redelivery"
+
     def command(self, name: str) -> list[str]:
         assert name == "worker"
-        return [sys.executable, "-c", WORKER, f"redelivery-{self.port}@%h"]
+        return [sys.executable, "-c", WORKER, f"{self.worker_prefix}-{self.port}@%h"]
 
     def celery(self) -> Any:
         """A client of this worker's broker that does not become the process's current app: the
