@@ -1606,13 +1606,14 @@ class _CycleRun:
                 continue  # already stopping
             message = _preemption_message(reason, job, victim, self._same_tenant(job, victim))
             self.preemptions.append(Preemption(victim.id, reason, message, grace, job.id))
-        new_victims = sum(1 for _, r in chosen if r is not None)
-        self._wait(
-            job,
-            model,
-            f"waiting for {len(chosen)} job(s) to release {job.gpus} {model_label(model)} "
-            f"({new_victims} preempted now, grace {grace:.0f} s)",
-        )
+        gpus = f"{job.gpus} {model_label(model)}"
+        if all(self._same_tenant(job, victim) for victim, _ in chosen):
+            new_victims = sum(1 for _, r in chosen if r is not None)
+            waits = f"waiting for {len(chosen)} job(s) to release {gpus} ({new_victims} preempted now"
+        else:
+            # Counted, another tenant's jobs would tell this tenant how many of them run there.
+            waits = f"waiting for running jobs to release {gpus} (preempted or stopping"
+        self._wait(job, model, f"{waits}, grace {grace:.0f} s)")
         return True
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from sched_builders import Snap, profile
 
-from scheduler.core import Quota, ReasonCode, Snapshot, VcName, VirtualCluster, decide, load_profile
+from scheduler.core import Quota, ReasonCode, Snapshot, VcName, VirtualCluster, Plan, decide, load_profile
 from scheduler.core.plugins.backfill import running_end
 
 PREEMPT = profile(
@@ -129,7 +129,7 @@ def test_reclaim_takes_back_only_borrowed_work() -> None:
 
 
 def test_a_victim_learns_the_job_it_was_preempted_for_only_within_its_tenant() -> None:
-    def message_for(tenant: str) -> str:
+    def plan_for(tenant: str) -> Plan:
         snap = (
             Snap()
             .node("n0", 4)
@@ -140,15 +140,20 @@ def test_a_victim_learns_the_job_it_was_preempted_for_only_within_its_tenant() -
             .build()
         )
         vcs = tuple(replace(vc, tenant=tenant or vc.name) for vc in snap.vcs)
-        plan = decide(replace(snap, vcs=vcs), PREEMPT, now=5000.0)
-        (preemption,) = plan.preemptions
-        return preemption.message
+        return decide(replace(snap, vcs=vcs), PREEMPT, now=5000.0)
 
-    shared = message_for("one-tenant")  # two VCs of one tenant
-    assert shared.startswith("VC lender reclaims its guaranteed GPUs") and "(job urgent)" in shared
-    other = message_for("")  # each VC its own tenant
-    assert other.startswith("another tenant's VC reclaims its guaranteed GPUs from borrowed work")
-    assert "urgent" not in other and "lender" not in other
+    shared = plan_for("one-tenant")  # two VCs of one tenant
+    message = shared.preemptions[0].message
+    assert message.startswith("VC lender reclaims its guaranteed GPUs") and "(job urgent)" in message
+    other = plan_for("")  # each VC its own tenant
+    message = other.preemptions[0].message
+    assert message.startswith("another tenant's VC reclaims its guaranteed GPUs from borrowed work")
+    assert "urgent" not in message and "lender" not in message
+    # Nor does the waiting job's tenant learn how many of the other tenant's jobs run there.
+    (waiting,) = shared.pending
+    assert waiting.message == "waiting for 1 job(s) to release 4 A100 (1 preempted now, grace 45 s)"
+    (waiting,) = other.pending
+    assert waiting.message == "waiting for running jobs to release 4 A100 (preempted or stopping, grace 45 s)"
 
 
 def test_no_reclaim_beyond_the_guarantee() -> None:
