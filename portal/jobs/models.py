@@ -417,11 +417,15 @@ class TelemetrySample(models.Model):
 class JobTemplateQuerySet(models.QuerySet["JobTemplate"]):
     def visible_to(self, user: AbstractBaseUser | AnonymousUser) -> JobTemplateQuerySet:
         """The user's own templates and the shared ones of their tenants; never another
-        tenant's, whoever asks (a template is a user's, not the cluster's)."""
+        tenant's, whoever asks (a template is a user's, not the cluster's). A member removed
+        from a tenant loses its templates, their own too, as they lose its jobs: a template
+        names the tenant's VC and is the tenant's to keep. A cluster admin, who may save one
+        for any tenant, keeps their own."""
         if not user.is_authenticated:
             return self.none()
-        shared = Q(shared=True, tenant__in=Tenant.objects.filter(memberships__user=user))
-        return self.filter(Q(owner=user) | shared)
+        tenants = Tenant.objects.filter(memberships__user=user)
+        own = Q(owner=user) if user.is_staff else Q(owner=user, tenant__in=tenants)
+        return self.filter(own | Q(shared=True, tenant__in=tenants))
 
 
 class JobTemplate(models.Model):

@@ -200,6 +200,25 @@ def test_shared_templates_are_offered_within_the_tenant_only(api_for) -> None:  
     assert list(JobTemplate.objects.values_list("name", flat=True)) == ["private"]
 
 
+def test_a_member_removed_from_the_tenant_loses_its_templates(api_for) -> None:  # type: ignore[no-untyped-def]
+    alice = api_for("alice")
+    private = save(alice, "private").json()
+    shared = save(alice, "shared", shared=True).json()
+    admin = api_for("vision-admin")
+    assert admin.delete("/api/v1/tenants/vision/members/alice/").status_code == 204
+
+    assert alice.get(URL).json()["count"] == 0
+    missing = alice.get(f"{URL}999999/")
+    for template in (private, shared):
+        gone = alice.get(f"{URL}{template['id']}/")
+        assert (gone.status_code, gone.json()) == (404, missing.json())
+        assert alice.patch(f"{URL}{template['id']}/", {"description": "x"}, format="json").status_code == 404
+        assert alice.delete(f"{URL}{template['id']}/").status_code == 404
+    # The tenant keeps them: its members still use the shared one.
+    assert [t["name"] for t in api_for("bob").get(URL).json()["results"]] == ["shared"]
+    assert JobTemplate.objects.count() == 2
+
+
 def test_a_viewer_may_not_save_a_template(api_for) -> None:  # type: ignore[no-untyped-def]
     refused = save(api_for("victor"))
     assert refused.status_code == 403
