@@ -24,13 +24,14 @@ from scheduler.core.plugins.admission import kept_free, kept_of
 from scheduler.core.plugins.backfill import expected_ends
 from scheduler.core.plugins.queue_sort import expected_runtime
 from scheduler.core.profile import CycleSettings
-from scheduler.core.state import ClusterState, GpuHold
+from scheduler.core.state import ClusterState, GpuHold, whole_gpus
 from scheduler.core.types import ALL_MODELS, ANY_MODEL, PendingJob, RunningJob
 
 # The "model" of a release that ends a VC's charge without freeing any GPU: a job preempted in
 # this cycle stops counting against its VC's quota when it is gone, while the GPUs its preemptor
 # took stay taken. No GPU has this model, so no job's walk waits for it.
 QUOTA_ONLY = "<quota only>"
+_UNREAD: Any = object()  # a quota not looked up yet
 
 # The horizon key of the kinds past `estimate_max_kinds`: running jobs release at their end only.
 _ENDS_ONLY: tuple[tuple[float, ...], ...] = ((),)
@@ -94,20 +95,23 @@ def estimate_starts(
             # preemptor takes come back through the preemptor's release, the others (`blocked`)
             # when it is gone.
             if not job.parked:
-                fixed.append((now + settings.grace_period_s, QUOTA_ONLY, job.gpus, job.vc))
+                for hold in holds.get(job.id, ()):
+                    quota_gpus = whole_gpus(hold.share_milli) if hold.share_milli else len(hold.gpu_indices)
+                    fixed.append((now + settings.grace_period_s, QUOTA_ONLY, quota_gpus, job.vc, hold.model))
             if job.vc in user_caps:
                 user_ends[job.vc, job.user].append((now + settings.grace_period_s, *_amounts(job)))
             continue
         if job.stopping:
             vc = "" if job.parked else job.vc  # a parked job's GPUs are charged to no VC
             for hold in holds.get(job.id, ()):
-                fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), vc))
+                gone_at = now + settings.grace_period_s
+                fixed.append((gone_at, hold.model, len(hold.gpu_indices), vc, hold.model))
             if job.vc in user_caps and not job.parked:
                 user_ends[job.vc, job.user].append((now + settings.grace_period_s, *_amounts(job)))
         else:
             going_on.append(job)
     for hold in blocked:  # the victims' VCs get their charge back by the QUOTA_ONLY releases
-        fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), ""))
+        fixed.append((now + settings.grace_period_s, hold.model, len(hold.gpu_indices), "", hold.model))
     ends = expected_ends(going_on, ctx, default_s)
     running: list[tuple[RunningJob, float]] = list(zip(going_on, ends, strict=True))
     if user_caps:
@@ -122,13 +126,13 @@ def estimate_starts(
         for job_id, model in started.items():
             job = by_id[job_id]
             end = now + _remaining(job, default_s)
-            fixed.append((end, model, job.gpus, job.vc))
+            fixed.append((end, model, job.gpus, job.vc, model))
             if job.vc in user_caps:
                 user_ends[job.vc, job.user].append((end, *_amounts(job)))
         for job_id, (at, model) in waiting.items():
             job = by_id[job_id]
             end = at + _remaining(job, default_s)
-            fixed.append((end, model, job.gpus, job.vc))
+            fixed.append((end, model, job.gpus, job.vc, model))
             if job.vc in user_caps:
                 user_ends[job.vc, job.user].append((end, *_amounts(job)))
     # Each capped user's room, made when one of their jobs is first reached in the walk.
@@ -150,15 +154,17 @@ def estimate_starts(
     # longer preemptible for the new kind takes its GPUs back. Start times stay monotone in
     # queue order, and the walk costs O(queue + running x kinds), not O(queue x kinds).
     seq = 0
-    booked: list[tuple[float, int, str, int, str]] = []
-    # Per VC: (time, seq, GPUs) of its bookings, in time order. Those up to `booked_done`, the
-    # (time, seq) of the last booking the walk took off the heap, are given back already.
-    vc_booked: defaultdict[str, list[tuple[float, int, int]]] = defaultdict(list)
+    # (time, seq, model freed or QUOTA_ONLY, GPUs, VC, model of the VC's usage)
+    booked: list[tuple[float, int, str, int, str, str]] = []
+    # Per VC: (time, seq, GPUs, model) of its bookings, in time order. Those up to
+    # `booked_done`, the (time, seq) of the last booking the walk took off the heap, are given
+    # back already.
+    vc_booked: defaultdict[str, list[tuple[float, int, int, str]]] = defaultdict(list)
     booked_done: tuple[float, int] = (-math.inf, 0)
-    for at, model, gpus, vc in fixed:
+    for at, model, gpus, vc, used_model in fixed:
         seq += 1
-        booked.append((at, seq, model, gpus, vc))
-        vc_booked[vc].append((at, seq, gpus))
+        booked.append((at, seq, model, gpus, vc, used_model))
+        vc_booked[vc].append((at, seq, gpus, used_model))
     heapq.heapify(booked)
     for entries in vc_booked.values():
         entries.sort()
@@ -169,17 +175,34 @@ def estimate_starts(
     latest_end = max((end for _, end in running), default=now)
     # Free GPUs per model; a model not seen yet has none (read without a default each time).
     free: defaultdict[str, int] = defaultdict(int, state.free_total)
-    vc_used = {vc: state.vc_used(vc, "*") for vc in state.quotas}
+    vc_used = {vc: state.vc_used(vc, ALL_MODELS) for vc in state.quotas}
+    # What each VC holds of each model that a quota row of its own governs: such a row counts
+    # that model alone, as admission does (ClusterState.quota_for), where `vc_used` counts all.
+    # Empty on a cluster whose VCs have rows for all models only, and then never read.
+    model_used = {
+        (vc, model): state.vc_used(vc, model)
+        for vc, rows in state.quotas.items()
+        for model in rows
+        if model != ALL_MODELS
+    }
+
+    def row_used(vc: str, row: str) -> int:
+        """What a VC's quota row counts: the VC's usage of the row's model, or of every model."""
+        if row in (ALL_MODELS, ANY_MODEL):
+            return vc_used.get(vc, 0)
+        return model_used.get((vc, row), 0)
+
     # The working state does not change during the estimate: read its per-model figures and
     # quota rows once instead of once per job.
     capacity = state.capacity_total
     # Per model: (GPUs in all, most on one node); a model not listed has none.
     sizes = {model: (gpus, state.max_node_gpus(model)) for model, gpus in capacity.items()}
-    # Per (VC, model): guarantee plus borrow limit, or None where no quota covers it.
-    limits: dict[tuple[str, str], int | None] = {}
+    # Per (VC, model): guarantee plus borrow limit and the governing row's model, or None where
+    # no quota covers it.
+    limits: dict[tuple[str, str], tuple[int, str] | None] = {}
     # VCs that keep part of their guarantee from borrowers (a lending limit), with the model of
     # the quota row. A borrowing job waits until the free GPUs cover its own and what the others
-    # keep, as admission counts them (lending_fits; the walk counts a VC's usage over all models).
+    # keep, as admission counts them (lending_fits, each row by row_used).
     keepers = [
         (vc, row_model, quota)
         for vc, rows in state.quotas.items()
@@ -192,14 +215,14 @@ def estimate_starts(
         admission counts them (kept_of): rows of every model, the all-model rows covered first
         by the free GPUs of other models that their own rows leave over."""
         quota = state.quota_for(vc, quota_model)
-        if quota is None or vc_used.get(vc, 0) + need <= quota[0]:
+        if quota is None or row_used(vc, quota[3]) + need <= quota[0]:
             return 0
         of_model: dict[str, int] = {}
         of_any = 0
         for keeper, row_model, row in keepers:
             if keeper == vc:
                 continue
-            kept = kept_free(row, vc_used.get(keeper, 0))
+            kept = kept_free(row, row_used(keeper, row_model))
             if row_model == ALL_MODELS:
                 of_any += kept
             elif kept:
@@ -214,26 +237,41 @@ def estimate_starts(
         if not unfiled:
             return
         touched = set()
-        for vc, at, booking, gpus in unfiled:
-            vc_booked[vc].append((at, booking, gpus))
+        for vc, at, booking, gpus, model in unfiled:
+            vc_booked[vc].append((at, booking, gpus, model))
             touched.add(vc)
         unfiled.clear()
         for vc in touched:
             vc_booked[vc].sort()
 
-    def own_releases(vc: str) -> Iterator[tuple[float, int]]:
-        """The releases of `vc`'s GPUs (running jobs and bookings) the walk has not given back
-        yet, in time order: exactly those `vc_used` still counts, whatever their time. (A
-        release at or before the cursor that the walk did not need for free GPUs still frees
-        quota; skipping it by time made the estimate depend on the running jobs' order.) Lazy: read
-        at once, before the walk moves on, and only as far as the quota check needs."""
+    def own_releases(vc: str, row: str) -> Iterator[tuple[float, int]]:
+        """The releases of `vc`'s GPUs that its quota row `row` counts (running jobs and
+        bookings; of the row's model only, unless the row is for all models) that the walk has
+        not given back yet, in time order: exactly those `row_used` still counts, whatever
+        their time. (A release at or before the cursor that the walk did not need for free GPUs
+        still frees quota; skipping it by time made the estimate depend on the running jobs'
+        order.) Lazy: read at once, before the walk moves on, and only as far as the quota check
+        needs."""
         nonlocal vc_passing
         sort_booked()
         if vc_passing is None:
             vc_passing = _by_vc(passing)
+        if row in (ALL_MODELS, ANY_MODEL):
+            return heapq.merge(
+                ((at, gpus) for at, k, gpus, _ in vc_passing.get(vc, ()) if k >= next_passing),
+                ((at, gpus) for at, booking, gpus, _ in vc_booked.get(vc, ()) if (at, booking) > booked_done),
+            )
         return heapq.merge(
-            ((at, gpus) for at, k, gpus in vc_passing.get(vc, ()) if k >= next_passing),
-            ((at, gpus) for at, booking, gpus in vc_booked.get(vc, ()) if (at, booking) > booked_done),
+            (
+                (at, sum(g for m, g in parts[job_id] if m == row))
+                for at, k, _, job_id in vc_passing.get(vc, ())
+                if k >= next_passing
+            ),
+            (
+                (at, gpus)
+                for at, booking, gpus, model in vc_booked.get(vc, ())
+                if model == row and (at, booking) > booked_done
+            ),
         )
 
     # When each running job would yield to a kind of job (horizon key), before the VC rule:
@@ -311,6 +349,8 @@ def estimate_starts(
                         free[rmodel] -= gpus
                         if r.vc in vc_used:
                             vc_used[r.vc] += gpus
+                            if model_used and (r.vc, rmodel) in model_used:
+                                model_used[r.vc, rmodel] += gpus
                 # The releases still to come in the order of (time, position): their positions
                 # sorted by time alone, which keeps equal times in position order. A NaN time
                 # would make that order depend on how it is reached: then the tuples are sorted.
@@ -335,7 +375,7 @@ def estimate_starts(
                     passing[next_passing:],
                     parts,
                     booked,
-                    vc_used,
+                    row_used,
                     own_releases,
                     ctx,
                 )
@@ -372,8 +412,10 @@ def estimate_starts(
                     free[rmodel] += gpus
                     if r.vc in vc_used:
                         vc_used[r.vc] -= gpus
+                        if model_used and (r.vc, rmodel) in model_used:
+                            model_used[r.vc, rmodel] -= gpus
             elif booked:
-                at, booking, rmodel, gpus, vc = heappop(booked)
+                at, booking, rmodel, gpus, vc, used_model = heappop(booked)
                 booked_done = (at, booking)
                 if at > cursor:
                     cursor = at
@@ -381,6 +423,8 @@ def estimate_starts(
                     free[rmodel] += gpus
                 if vc in vc_used:
                     vc_used[vc] -= gpus
+                    if model_used and (vc, used_model) in model_used:
+                        model_used[vc, used_model] -= gpus
             else:
                 break
             have = free[model]
@@ -392,17 +436,19 @@ def estimate_starts(
         start = cursor
         vc = job.vc
         quota_key = (vc, quota_model)
-        limit = limits.get(quota_key, -1)
-        if limit == -1:
+        limit_row = limits.get(quota_key, _UNREAD)
+        if limit_row is _UNREAD:
             quota = state.quota_for(*quota_key)
-            limit = limits[quota_key] = None if quota is None else quota[0] + quota[1]
-        if limit is not None:
+            limit_row = limits[quota_key] = None if quota is None else (quota[0] + quota[1], quota[3])
+        limit = None
+        if limit_row is not None:
+            limit, row = limit_row
             if need > limit:
                 estimates[job_id] = None
                 continue
-            used = vc_used.get(vc, 0)
+            used = row_used(vc, row)
             if used + need > limit:
-                quota_start = _quota_time(own_releases(vc), used, need, limit)
+                quota_start = _quota_time(own_releases(vc, row), used, need, limit)
                 if quota_start is None:
                     estimates[job_id] = None
                     continue
@@ -428,10 +474,12 @@ def estimate_starts(
         free[model] = have - need
         if vc in vc_used:
             vc_used[vc] += need
+            if model_used and (vc, model) in model_used:
+                model_used[vc, model] += need
         seq += 1
-        heappush(booked, (end, seq, model, need, vc))
+        heappush(booked, (end, seq, model, need, vc, model))
         if limit is not None:
-            unfiled.append((vc, end, seq, need))
+            unfiled.append((vc, end, seq, need, model))
     return estimates
 
 
@@ -627,12 +675,12 @@ def _horizon_keys(
     return [horizon.horizon_key(job, ctx) for job in queue]
 
 
-def _by_vc(passing: Sequence[tuple[float, int, RunningJob]]) -> dict[str, list[tuple[float, int, int]]]:
+def _by_vc(passing: Sequence[tuple[float, int, RunningJob]]) -> dict[str, list[tuple[float, int, int, str]]]:
     """The running jobs' releases per VC, in time order, for the quota checks: (time, place in
-    `passing`, GPUs), the place telling whether the walk has given them back yet."""
-    by_vc: dict[str, list[tuple[float, int, int]]] = {}
+    `passing`, GPUs, job id), the place telling whether the walk has given them back yet."""
+    by_vc: dict[str, list[tuple[float, int, int, str]]] = {}
     for k, (at, _, r) in enumerate(passing):
-        by_vc.setdefault(r.vc, []).append((at, k, r.gpus))
+        by_vc.setdefault(r.vc, []).append((at, k, r.gpus, r.id))
     for entries in by_vc.values():
         entries.sort()
     return by_vc
@@ -730,9 +778,9 @@ def _probe_start(
     free: Mapping[str, int],
     passing: Sequence[tuple[float, int, RunningJob]],
     parts: Mapping[str, list[tuple[str, int]]],
-    booked: Sequence[tuple[float, int, str, int, str]],
-    vc_used: Mapping[str, int],
-    own_releases: Callable[[str], Iterator[tuple[float, int]]],
+    booked: Sequence[tuple[float, int, str, int, str, str]],
+    row_used: Callable[[str, str], int],
+    own_releases: Callable[[str, str], Iterator[tuple[float, int]]],
     ctx: CycleContext,
 ) -> float | None:
     """The start the walk would give `probe` at the cursor, read ahead without consuming any
@@ -750,7 +798,7 @@ def _probe_start(
     available = free.get(model, 0)
     if available < need:
         running_releases = ((at, sum(g for m, g in parts[r.id] if m == model)) for at, _, r in passing)
-        later_bookings = ((at, gpus) for at, _, m, gpus, _ in sorted(booked) if m == model)
+        later_bookings = ((at, gpus) for at, _, m, gpus, _, _ in sorted(booked) if m == model)
         for at, gpus in heapq.merge(running_releases, later_bookings):
             available += gpus
             if available >= need:
@@ -763,9 +811,10 @@ def _probe_start(
         limit = quota[0] + quota[1]
         if need > limit:
             return None
-        used = vc_used.get(probe.vc, 0)
+        row = quota[3]
+        used = row_used(probe.vc, row)
         if used + need > limit:
-            quota_start = _quota_time(own_releases(probe.vc), used, need, limit)
+            quota_start = _quota_time(own_releases(probe.vc, row), used, need, limit)
             if quota_start is None:
                 return None
             start = max(start, quota_start)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from sched_builders import Snap, profile
 
-from scheduler.core import ReasonCode, decide
+from scheduler.core import ALL_MODELS, Quota, ReasonCode, Snapshot, VcName, VirtualCluster, decide
 
 QUOTA = profile(admission=["vc_quota", "user_limit"])
 NO_BORROWING = profile(admission=["vc_quota"], plugin_args={"vc_quota": {"borrowing": False}})
@@ -391,3 +393,44 @@ def test_a_borrower_blocked_by_kept_gpus_is_estimated_to_start_when_enough_is_fr
     # Kept for good (the keeper lends none and is idle): no start while quotas stay so.
     plan = decide(keeper_lends(0).pending("j", 8, replicas=3, vc="borrower").build(), QUOTA, now=600.0)
     assert plan.pending[0].estimated_start is None
+
+
+def two_models_in_vision(rows: tuple[Quota, ...]) -> Snapshot:
+    """Two 8-A100 nodes held by alice's jobs until 300 and 600 s, two 8-V100 nodes with bob's
+    2-V100 job until 72 h, all in VC vision with the quota rows given; alice waits with a gang of
+    two 8-A100 replicas."""
+    snap = (
+        Snap()
+        .node("a0", 8, "A100")
+        .node("a1", 8, "A100")
+        .node("v0", 8, "V100")
+        .node("v1", 8, "V100")
+        .running("alice-1", [("a0", tuple(range(8)))], vc="vision", gpu_model="A100", time_limit_s=300.0)
+        .running("alice-2", [("a1", tuple(range(8)))], vc="vision", gpu_model="A100", time_limit_s=600.0)
+        .running(
+            "bob-v100", [("v0", (0, 1))], vc="vision", user="bob", gpu_model="V100", time_limit_s=72 * 3600.0
+        )
+        .pending("gang", 8, replicas=2, vc="vision", gpu_model="A100", time_limit_s=3600.0)
+        .build()
+    )
+    vision = VirtualCluster(VcName("vision"), rows, tenant="vision")
+    speech = VirtualCluster(VcName("speech"), (Quota("A100", 8, 8), Quota("V100", 8, 4)), tenant="speech")
+    return replace(snap, vcs=(vision, speech))
+
+
+def test_a_quota_row_of_one_model_is_estimated_by_that_model_alone() -> None:
+    """Admission counts an A100 row against the VC's A100 only; so does the estimate. It waited
+    for the VC's V100 job too, 72 hours away, though the A100 come free at 600 s."""
+    plan = decide(two_models_in_vision((Quota("A100", 8, 8), Quota("V100", 8, 4))), QUOTA, now=0.0)
+    (status,) = plan.pending
+    assert status.reason is ReasonCode.VC_QUOTA
+    assert status.estimated_start == 600.0
+
+
+def test_a_quota_row_of_all_models_waits_for_every_model() -> None:
+    """A row for all models counts the VC's V100 as well: 16 A100 more fit only once bob's
+    V100 job has gone too."""
+    plan = decide(two_models_in_vision((Quota(ALL_MODELS, 8, 8),)), QUOTA, now=0.0)
+    (status,) = plan.pending
+    assert status.reason is ReasonCode.VC_QUOTA
+    assert status.estimated_start == 72 * 3600.0

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from sched_builders import Snap, profile
 
-from scheduler.core import Quota, ReasonCode, Snapshot, VcName, VirtualCluster, Plan, decide, load_profile
+from scheduler.core import Plan, Quota, ReasonCode, Snapshot, VcName, VirtualCluster, decide, load_profile
 from scheduler.core.plugins.backfill import running_end
 
 PREEMPT = profile(
