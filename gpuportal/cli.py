@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import ipaddress
 import json
 import os
 import socket
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import ValidationError
@@ -42,12 +44,14 @@ from gpuportal.client import (
 from gpuportal.models import (
     Attempt,
     DryRun,
+    Flavor,
     Job,
     JobDetail,
     JobEvent,
     JobTemplate,
     LogLine,
     Me,
+    PriorityClass,
     Quota,
     TenantMember,
     VirtualCluster,
@@ -100,6 +104,9 @@ STATE_STYLES = {
     "cancelled": "dim",
     "timed-out": "red",
 }
+# The states a job may be in, as the portal names them: every one has a style above, so this is
+# the one list of them (what `list --state` takes).
+JOB_STATES = tuple(STATE_STYLES)
 
 # An admin's stop of a virtual cluster (its stop_policy): the STATE column of `vcs`, and what it
 # means, shown by `vcs NAME`.
@@ -295,8 +302,14 @@ def dump(items: Sequence[Any]) -> list[Any]:
 
 
 def read_password(args: argparse.Namespace) -> str:
+    """The password, from standard input or asked for. Standard input with no password on it
+    (`< /dev/null`, an unset variable in `echo "$PW"`) is a mistake in the script: it is
+    refused here rather than sent to the portal, which would refuse an empty password."""
     if args.password_stdin:
-        return sys.stdin.readline().rstrip("\n")
+        password = sys.stdin.readline().rstrip("\n")
+        if not password:
+            raise UsageError("no password on standard input")
+        return password
     if not sys.stdin.isatty():
         raise UsageError("no terminal to ask for the password: use --password-stdin or --token")
     return getpass.getpass("Password: ")
@@ -317,17 +330,15 @@ def cmd_login(ctx: Context) -> int:
     url = (args.url or os.environ.get(config.ENV_URL) or stored.get("url") or "").rstrip("/")
     if not url:
         raise UsageError("which portal? give --url URL (e.g. https://gpus.example.org)")
-    if not url.lower().startswith(("http://", "https://")):
-        raise UsageError(f"{url} is not a portal URL: give it with http:// or https://, e.g. https://{url}")
+    check_portal_url(url)
     try:
         token, me = sign_in(args, url)
     except NotFound:
         # The sign-in and /me/ exist on every portal: a 404 means the URL is not the portal's
-        # address (often the API's own path, .../api/v1, given as the portal's).
-        own = url.removesuffix("/api/v1") if url.endswith("/api/v1") else "https://gpus.example.org"
+        # address (say, a path under it).
         raise Unreachable(
             f"{url} is not the portal's address (no portal API at {url}/api/v1/): give the"
-            f" address its web app opens at, e.g. gpuportal login --url {own}"
+            " address its web app opens at, e.g. gpuportal login --url https://gpus.example.org"
         ) from None
     path = config.save(url, token, me.username)
     tenants = ", ".join(f"{m.tenant} ({m.role})" for m in me.memberships) or "no tenant"
@@ -336,6 +347,37 @@ def cmd_login(ctx: Context) -> int:
     if os.environ.get(config.ENV_TOKEN):
         ctx.err.print("[yellow]Note: GPUPORTAL_TOKEN is set and overrides the stored token.[/]")
     return OK
+
+
+def check_portal_url(url: str) -> None:
+    """Refuse, before anything is sent, a URL that is plainly not the portal's base URL: the
+    API's own address (.../api/v1), or one without http:// or https://. Both are typing mistakes
+    (exit 2), and the message gives the URL to use instead."""
+    has_scheme = url.lower().startswith(("http://", "https://"))
+    base = url[: -len("/api/v1")] if url.lower().endswith("/api/v1") else url
+    suggestion = base if has_scheme else f"{suggested_scheme(base)}://{base}"
+    if base != url:
+        raise UsageError(
+            f"{url} is the address of the portal's API, not the portal's: give the portal's base URL,"
+            f" the address its web app opens at, e.g. gpuportal login --url {suggestion}"
+        )
+    if not has_scheme:
+        raise UsageError(f"{url} is not a portal URL: give it with http:// or https://, e.g. {suggestion}")
+
+
+def suggested_scheme(address: str) -> str:
+    """'http' for a portal on this machine (localhost, a loopback address: 127.0.0.0/8, ::1),
+    where a development server speaks plain HTTP; 'https' for any other host."""
+    try:
+        host = urlsplit(f"//{address}").hostname or address
+    except ValueError:  # e.g. an unclosed [
+        return "https"
+    if host == "localhost":
+        return "http"
+    try:
+        return "http" if ipaddress.ip_address(host).is_loopback else "https"
+    except ValueError:  # a host name
+        return "https"
 
 
 def sign_in(args: argparse.Namespace, url: str) -> tuple[str, Me]:
@@ -506,8 +548,15 @@ def write_line(line: LogLine, job: JobDetail | None) -> None:
 
 
 def report_event(ctx: Context, job_id: int, event: JobEvent) -> None:
-    """One line per transition, with who moved the job and why (placement, preemption, ...)."""
+    """One line per event: a transition with the new state, who moved the job and why
+    (placement, preemption, ...); an event that changes no state (a hold, a release, a time
+    limit's warning) has no state to show, so it reads as what happened and who did it."""
     when = event.created_at.astimezone().strftime("%H:%M:%S")
+    if not event.changes_state:
+        what = event.reason or "an event with no reason given"
+        by = f" (by {event.actor_label})" if event.actor_label else ""
+        ctx.err.print(f"[dim]{when}[/] job {job_id}: {escape(what + by)}")
+        return
     why = f" ({event.reason})" if event.reason else ""
     by = f" by {event.actor_label}" if event.actor_label else ""
     ctx.err.print(f"[dim]{when}[/] job {job_id} {styled_state(event.to_state)}{escape(why + by)}")
@@ -573,6 +622,11 @@ def cmd_list(ctx: Context) -> int:
     jobs = ctx.client().list_jobs(
         state=args.state, vc=args.vc, owner=None if args.all else "me", limit=args.limit
     )
+    if not jobs and args.vc:
+        # The portal filters by any name, so a VC the user cannot see lists no jobs; said so,
+        # as `vcs NAME` says it. Asked only when nothing matched: a job shown is in a VC the
+        # user sees.
+        visible_vc(ctx, args.vc)
     if args.output == "json":
         print_json(ctx, dump(jobs))
         return OK
@@ -698,7 +752,7 @@ def cmd_status(ctx: Context) -> int:
             table.add_row(
                 clock(event.created_at),
                 escape(event.from_state or "-"),
-                styled_state(event.to_state),
+                styled_state(event.to_state) if event.to_state else "-",
                 escape(event.actor_label),
                 escape(event.reason),
             )
@@ -876,7 +930,7 @@ def cmd_vcs(ctx: Context) -> int:
     """Like Slurm's `sshare` or Kueue's `kueuectl list clusterqueue`: how much of each quota is in
     use, so a researcher can tell before submitting whether a job would borrow or wait."""
     if ctx.args.vc_name is not None:
-        return show_vc(ctx, ctx.client().virtual_cluster(ctx.args.vc_name))
+        return show_vc(ctx, visible_vc(ctx, ctx.args.vc_name))
     vcs = ctx.client().virtual_clusters()
     if ctx.args.output == "json":
         print_json(ctx, dump(vcs))
@@ -901,6 +955,15 @@ def cmd_vcs(ctx: Context) -> int:
             f"[yellow]Monthly GPU-hour budget spent, no job starts until {until} in: {escape(spent)}.[/]"
         )
     return OK
+
+
+def visible_vc(ctx: Context, name: str) -> VirtualCluster:
+    """A virtual cluster of the user's tenants by name. Another tenant's reads exactly as one that
+    does not exist (exit 3), so that no name tells whether another tenant has it."""
+    try:
+        return ctx.client().virtual_cluster(name)
+    except NotFound:
+        raise NotFound(f"virtual cluster {name} not found", 404) from None
 
 
 def show_vc(ctx: Context, vc: VirtualCluster) -> int:
@@ -935,6 +998,64 @@ def show_vc(ctx: Context, vc: VirtualCluster) -> int:
     ctx.out.print()
     ctx.out.print(table)
     return OK
+
+
+def cmd_flavors(ctx: Context) -> int:
+    """What a job spec's `flavor` may name: the resources each replica gets, and the longest time
+    limit a job of the flavor may have."""
+    flavors = ctx.client().flavors()
+    if ctx.args.output == "json":
+        print_json(ctx, dump(flavors))
+        return OK
+    if not flavors:
+        ctx.err.print("No flavors: a cluster admin has defined none, so no job can be submitted.")
+        return OK
+    rows = [flavor_cells(flavor) for flavor in flavors]
+    figures = ("GPUS", "CPUS", "MEMORY GB", "MAX TIME LIMIT")
+    ctx.out.print(listing(("FLAVOR", "MODEL", *figures), rows, numbers=figures))
+    return OK
+
+
+def flavor_cells(flavor: Flavor) -> tuple[str, ...]:
+    """GPUs, CPUs and memory per replica; the time limit in hours, as `time-limit` takes it."""
+    hours = "-" if flavor.max_runtime_hours is None else f"{flavor.max_runtime_hours}h"
+    return (
+        escape(flavor.name),
+        escape(flavor.gpu_model),
+        str(flavor.gpus),
+        str(flavor.cpu),
+        str(flavor.memory_gb),
+        hours,
+    )
+
+
+def cmd_priority_classes(ctx: Context) -> int:
+    """What a job spec's `priority` may name, highest value first: a higher class starts first
+    and may preempt jobs of lower, preemptible ones; some are for tenant admins only."""
+    classes = ctx.client().priority_classes()
+    if ctx.args.output == "json":
+        print_json(ctx, dump(classes))
+        return OK
+    if not classes:
+        ctx.err.print("No priority classes: a cluster admin has defined none.")
+        return OK
+    rows = [priority_cells(priority) for priority in classes]
+    columns = ("PRIORITY", "VALUE", "PREEMPTIBLE", "ADMINS ONLY", "DEFAULT", "DESCRIPTION")
+    ctx.out.print(listing(columns, rows, wraps=("DESCRIPTION",), numbers=("VALUE",)))
+    return OK
+
+
+def priority_cells(priority: PriorityClass) -> tuple[str, ...]:
+    """ADMINS ONLY: only a tenant's admins may submit jobs of the class; DEFAULT: the class of a
+    spec that names none."""
+    return (
+        escape(priority.name),
+        str(priority.value),
+        "yes" if priority.preemptible else "no",
+        "yes" if priority.tenant_admins_only else "no",
+        "yes" if priority.is_default else "no",
+        escape(priority.description),
+    )
 
 
 def cmd_usage(ctx: Context) -> int:
@@ -1322,7 +1443,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_output(submit)
 
     listing = add("list", cmd_list, "list your jobs, newest first")
-    listing.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
+    listing.add_argument(
+        "--state",
+        action="append",
+        choices=JOB_STATES,
+        metavar="STATE",
+        help=f"only jobs in this state (repeatable): {', '.join(JOB_STATES)}",
+    )
     listing.add_argument("--vc", help="only jobs of this virtual cluster")
     listing.add_argument("--all", action="store_true", help="jobs of everyone in your tenants")
     listing.add_argument(
@@ -1375,6 +1502,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vcs.add_argument("vc_name", nargs="?", metavar="NAME", help="one virtual cluster in detail")
     add_output(vcs)
+
+    add_output(
+        add(
+            "flavors",
+            cmd_flavors,
+            "the flavors a spec may name: GPUs, CPUs and memory per replica, longest time limit",
+        )
+    )
+    add_output(
+        add(
+            "priority-classes",
+            cmd_priority_classes,
+            "the priority classes a spec may name: value, whether preemptible or for tenant admins only,"
+            " the default",
+        )
+    )
 
     usage = add(
         "usage", cmd_usage, "GPU-hours and energy of the jobs you may see, per VC, user, tenant or job"
@@ -1488,15 +1631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ctx.err.print(f"  {escape(field)}: {escape(message)}")
         return error.exit_code
     except NotFound as error:
-        # The same words for a job or VC that does not exist and another tenant's.
+        # The same words for a job that does not exist and another tenant's (a VC's: visible_vc).
         job = getattr(args, "job_id", None)
-        vc_name = getattr(args, "vc_name", None)
-        if job is not None:
-            message = f"job {job} not found"
-        elif vc_name is not None:
-            message = f"virtual cluster {escape(vc_name)} not found"
-        else:
-            message = escape(error.message)
+        message = f"job {job} not found" if job is not None else escape(error.message)
         ctx.err.print(f"[red]error:[/] {message}")
         return error.exit_code
     except PortalError as error:

@@ -299,7 +299,7 @@ class PortalClient:
                     headers=client._csrf(),
                 )
             except BadRequest as error:
-                raise AuthError(error.message or "wrong user name or password", 400) from None
+                raise AuthError(sign_in_refusal(error), 400) from None
             created = client.request(
                 "POST",
                 "/tokens/",
@@ -614,6 +614,17 @@ class PortalClient:
 
     def delete_template(self, template_id: int) -> None:
         self.request("DELETE", f"/templates/{template_id}/")
+
+
+def sign_in_refusal(error: BadRequest) -> str:
+    """The portal's reason for refusing a sign-in, in one line: its message ("Wrong user name or
+    password."), or each field it refused with the field's name (a blank or too long one)."""
+    if set(error.errors) <= {"detail"}:
+        return error.message
+    fields = "; ".join(
+        f"{field}: {message}" for field, messages in error.errors.items() for message in messages
+    )
+    return f"the portal refused the sign-in: {fields}"
 
 
 def members_path(tenant: str, username: str | None = None) -> str:

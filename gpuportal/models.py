@@ -144,6 +144,12 @@ class JobEvent(_Resource):
     reason: str = ""
     data: dict[str, Any] = {}
 
+    @property
+    def changes_state(self) -> bool:
+        """False for an event that is not a transition (a hold, a release, a warning): the
+        portal leaves its states empty, or the same."""
+        return bool(self.to_state) and self.to_state != self.from_state
+
 
 class LogLine(_Resource):
     id: int
@@ -218,6 +224,7 @@ class PriorityClass(_Resource):
     value: int
     preemptible: bool
     is_default: bool = False
+    tenant_admins_only: bool = False  # only a tenant's admins (and cluster admins) may submit jobs of it
     description: str = ""
 
 

@@ -81,6 +81,20 @@ def test_login_stores_a_private_token_and_wrong_passwords_exit_4(run_cli, tokens
     no_traceback(wrong, login, whoami, refused)
 
 
+def test_a_refused_sign_in_shows_the_portals_words(run_cli) -> None:  # type: ignore[no-untyped-def]
+    """A sign-in refused on a field read "the portal refused the request"; an empty password
+    is refused before anything is sent."""
+    long = run_cli(None, "login", "--username", "alice", "--password-stdin", input="x" * 300 + "\n")
+    assert long.returncode == cli.AUTH
+    assert long.stderr == (
+        "error: the portal refused the sign-in:"
+        " password: Ensure this field has no more than 256 characters.\n"
+    )
+    empty = run_cli(None, "login", "--username", "alice", "--password-stdin", input="")
+    assert empty.returncode == cli.USAGE
+    assert empty.stderr == "error: no password on standard input\n"
+
+
 def test_a_bad_field_is_printed_per_field_and_exits_2(run_cli, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: bad job name!\nvc: vision\nflavor: xl-A100\ncommand: echo hi\n")

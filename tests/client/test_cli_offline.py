@@ -27,7 +27,7 @@ from gpuportal.client import (
     Unreachable,
     flatten_errors,
 )
-from gpuportal.models import DryRun, Job, JobDetail, LogLine, VirtualCluster
+from gpuportal.models import DryRun, Job, JobDetail, JobEvent, LogLine, VirtualCluster
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -690,24 +690,59 @@ def test_counts_out_of_range_are_refused_before_anything_is_sent(
     assert not sent
 
 
-def test_login_says_which_url_to_give(
-    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        (
+            "gpus.example.org",
+            "gpus.example.org is not a portal URL: give it with http:// or https://, e.g."
+            " https://gpus.example.org",
+        ),
+        ("10.0.0.7:8000", "e.g. https://10.0.0.7:8000"),
+        (
+            "127.0.0.1:8000",
+            "127.0.0.1:8000 is not a portal URL: give it with http:// or https://, e.g."
+            " http://127.0.0.1:8000",
+        ),
+        ("127.3.2.1:8000/", "e.g. http://127.3.2.1:8000"),
+        ("localhost:8000", "e.g. http://localhost:8000"),
+        ("[::1]:8000", "e.g. http://[::1]:8000"),
+        (
+            "https://gpus.example.org/api/v1",
+            "https://gpus.example.org/api/v1 is the address of the portal's API, not the portal's: give the"
+            " portal's base URL, the address its web app opens at, e.g. gpuportal login --url"
+            " https://gpus.example.org",
+        ),
+        ("http://127.0.0.1:8000/api/v1/", "e.g. gpuportal login --url http://127.0.0.1:8000"),
+        ("127.0.0.1:8000/api/v1", "e.g. gpuportal login --url http://127.0.0.1:8000"),
+    ],
+)
+def test_login_refuses_a_url_that_is_not_the_portals_base_url_before_sending_anything(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str, words: str
 ) -> None:
     """A URL without its scheme was "cannot reach ...: Request URL is missing an 'http://' or
-    'https://' protocol" (exit 5); the API's own path given as the portal's was "error: not
-    found" (exit 3)."""
+    'https://' protocol" (exit 5), and then suggested https:// for a development server on this
+    machine, which speaks plain HTTP; the API's own path given as the portal's was "error: not
+    found" (exit 3), then exit 5 after a request. Both are mistakes in what was typed: exit 2,
+    before any request, with the URL to give."""
     sent = cli_against(monkeypatch, lambda r: httpx.Response(404, json={"detail": "Not found."}))
-    assert cli.main(["login", "--url", "gpus.example.org", "--token", "gpp_t"]) == cli.USAGE
+    assert cli.main(["login", "--url", url, "--token", "gpp_t"]) == cli.USAGE
     err = capsys.readouterr().err
-    assert "gpus.example.org is not a portal URL: give it with http:// or https://" in err
+    assert len(err.splitlines()) == 1 and words in err, err
     assert not sent
+    assert not config.config_path().exists()  # nothing stored
 
-    code = cli.main(["login", "--url", "https://gpus.example.org/api/v1", "--token", "gpp_t"])
+
+def test_login_to_a_url_without_the_portals_api_says_which_url_to_give(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A URL that answers 404 where the API should be is not the portal's address (exit 5)."""
+    cli_against(monkeypatch, lambda r: httpx.Response(404, json={"detail": "Not found."}))
+    code = cli.main(["login", "--url", "https://gpus.example.org/portal", "--token", "gpp_t"])
     assert code == cli.UNREACHABLE
     err = capsys.readouterr().err
-    assert "https://gpus.example.org/api/v1 is not the portal's address" in err
-    assert "gpuportal login --url https://gpus.example.org" in err
-    assert not config.config_path().exists()  # nothing stored
+    assert "https://gpus.example.org/portal is not the portal's address" in err
+    assert not config.config_path().exists()
 
 
 def test_logout_without_a_token_says_only_that(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -880,3 +915,314 @@ def test_data_to_pipe_stays_on_stdout(
     assert (yaml.safe_load(shown.out), shown.err) == (TEMPLATE["spec"], "")
     assert cli.main(["submit", "job.yaml", "-q"]) == cli.OK
     assert capsys.readouterr() == ("7\n", "")
+
+
+# -- signing in with a password -----------------------------------------------------------
+
+
+def test_an_empty_password_on_stdin_is_refused_before_anything_is_sent(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`login --password-stdin < /dev/null` signed in with an empty password, and the portal's
+    refusal read "the portal refused the request" (exit 4)."""
+    sent = cli_against(monkeypatch, lambda r: httpx.Response(500))
+    for stdin in ("", "\n"):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        code = cli.main(["login", "--url", "http://127.0.0.1:8000", "-u", "alice", "--password-stdin"])
+        assert code == cli.USAGE
+        assert capsys.readouterr().err == "error: no password on standard input\n"
+    assert not sent
+
+
+def sign_in_refused(body: dict[str, Any]) -> Any:
+    """A portal that sets the CSRF cookie and refuses every sign-in with `body` (HTTP 400)."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/api/v1/session/", request.url
+        if request.method == "GET":
+            return httpx.Response(204, headers={"Set-Cookie": "csrftoken=c; Path=/"})
+        return httpx.Response(400, json=body)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"detail": "Wrong user name or password."}, "error: Wrong user name or password."),
+        (
+            {"password": ["This field may not be blank."]},
+            "error: the portal refused the sign-in: password: This field may not be blank.",
+        ),
+        (
+            {"username": ["Ensure this field has no more than 150 characters."], "password": ["Too long."]},
+            "error: the portal refused the sign-in: username: Ensure this field has no more than 150"
+            " characters.; password: Too long.",
+        ),
+    ],
+    ids=["detail", "one-field", "two-fields"],
+)
+def test_a_refused_sign_in_shows_the_portals_message(
+    home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    body: dict[str, Any],
+    message: str,
+) -> None:
+    """A refusal that named a field (not `detail`) read "the portal refused the request"."""
+    cli_against(monkeypatch, sign_in_refused(body))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("alice-pass\n"))
+    code = cli.main(["login", "--url", "http://127.0.0.1:8000", "-u", "alice", "--password-stdin"])
+    assert code == cli.AUTH
+    assert capsys.readouterr().err.splitlines() == [message]
+    assert not config.config_path().exists()
+
+
+# -- job events ---------------------------------------------------------------------------
+
+EVENT_TIME = datetime(2026, 11, 22, 9, 31, 51, tzinfo=UTC)
+RELEASED = "released: it may start again, from its checkpoint at step 9"
+
+
+def event(to_state: str, reason: str, actor: str, from_state: str = "") -> dict[str, Any]:
+    return {
+        "id": 1,
+        "created_at": EVENT_TIME.isoformat(),
+        "from_state": from_state,
+        "to_state": to_state,
+        "actor_label": actor,
+        "reason": reason,
+    }
+
+
+def test_events_without_a_change_of_state_read_as_what_happened(capsys: pytest.CaptureFixture[str]) -> None:
+    """A release (no state: to_state "") read `job 36  (released: ...) by alice`, two spaces
+    where the state goes; an event that leaves the state as it was repeated it as if it were
+    a transition."""
+    ctx = cli.Context(cli.build_parser().parse_args(["status", "36"]))
+    when = EVENT_TIME.astimezone().strftime("%H:%M:%S")
+    for shown in (
+        event("", RELEASED, "alice"),
+        event("running", "time limit in 10 minutes", "scheduler", from_state="running"),
+        event("scheduled", "placed on a100-node-1:0,1", "scheduler", from_state="pending"),
+        event("", "", ""),
+    ):
+        cli.report_event(ctx, 36, JobEvent.model_validate(shown))
+    assert capsys.readouterr().err.splitlines() == [
+        f"{when} job 36: {RELEASED} (by alice)",
+        f"{when} job 36: time limit in 10 minutes (by scheduler)",
+        f"{when} job 36 scheduled (placed on a100-node-1:0,1) by scheduler",
+        f"{when} job 36: an event with no reason given",
+    ]
+
+
+def test_status_shows_no_blank_state_for_an_event_without_one(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = [event("pending", "submitted", "alice"), event("", RELEASED, "alice")]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/v1/jobs/36/events/":
+            return httpx.Response(200, json={"count": 2, "next": None, "results": events})
+        assert request.url.path == "/api/v1/jobs/36/", request.url
+        return httpx.Response(
+            200, json={"id": 36, "name": "j", "vc": "v", "owner": "alice", "state": "pending"}
+        )
+
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    cli_against(monkeypatch, handler)
+    assert cli.main(["status", "36"]) == cli.OK
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out[out.index("TIME  ") :].splitlines()[1:]]
+    assert [row[2:5] for row in rows] == [["-", "pending", "alice"], ["-", "-", "alice"]]
+
+
+# -- flavors and priority classes ---------------------------------------------------------
+
+FLAVORS = [
+    {
+        "id": 1,
+        "name": "s-A100",
+        "gpu_model": "A100",
+        "gpus": 2,
+        "cpu": 64,
+        "memory_gb": 256,
+        "max_runtime_hours": 72,
+    },
+    {
+        "id": 4,
+        "name": "l-A100",
+        "gpu_model": "A100",
+        "gpus": 8,
+        "cpu": 256,
+        "memory_gb": 1024,
+        "max_runtime_hours": 336,
+    },
+]
+PRIORITY_CLASSES = [
+    {
+        "id": 1,
+        "name": "production",
+        "value": 1000,
+        "preemptible": False,
+        "is_default": False,
+        "tenant_admins_only": True,
+        "description": "Serving and deadline work; never preempted. [Tenant admins only.]",
+    },
+    {
+        "id": 2,
+        "name": "training",
+        "value": 500,
+        "preemptible": True,
+        "is_default": True,
+        "tenant_admins_only": False,
+        "description": "Regular training jobs.",
+    },
+]
+
+
+def catalog(flavors: list[dict[str, Any]], classes: list[dict[str, Any]]) -> Any:
+    """A portal whose flavors and priority classes are these, one page each."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        found = {"/api/v1/flavors/": flavors, "/api/v1/priority-classes/": classes}[request.url.path]
+        return httpx.Response(200, json={"count": len(found), "next": None, "results": found})
+
+    return handler
+
+
+def test_flavors_lists_what_a_spec_may_name(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Users curled /api/v1/flavors/ to learn what `flavor:` takes."""
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    sent = cli_against(monkeypatch, catalog(FLAVORS, PRIORITY_CLASSES))
+    assert cli.main(["flavors"]) == cli.OK
+    shown = capsys.readouterr()
+    assert shown.err == ""
+    assert shown.out.splitlines() == [
+        "FLAVOR  MODEL  GPUS  CPUS  MEMORY GB  MAX TIME LIMIT",
+        "s-A100  A100      2    64        256             72h",
+        "l-A100  A100      8   256       1024            336h",
+    ]
+    assert cli.main(["flavors", "-o", "json"]) == cli.OK
+    assert json.loads(capsys.readouterr().out) == FLAVORS
+    assert [str(r.url) for r in sent] == ["http://gpus.example.org/api/v1/flavors/?limit=200"] * 2
+
+
+def test_priority_classes_lists_what_a_spec_may_name(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Users curled /api/v1/priority-classes/ to learn what `priority:` takes."""
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    cli_against(monkeypatch, catalog(FLAVORS, PRIORITY_CLASSES))
+    assert cli.main(["priority-classes"]) == cli.OK
+    shown = capsys.readouterr()
+    assert shown.err == ""
+    assert [line.rstrip() for line in shown.out.splitlines()] == [
+        "PRIORITY    VALUE  PREEMPTIBLE  ADMINS ONLY  DEFAULT  DESCRIPTION",
+        "production   1000  no           yes          no       Serving and deadline work; never preempted."
+        " [Tenant admins only.]",
+        "training      500  yes          no           yes      Regular training jobs.",
+    ]
+    assert cli.main(["priority-classes", "-o", "json"]) == cli.OK
+    assert json.loads(capsys.readouterr().out) == PRIORITY_CLASSES
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        ("flavors", "No flavors: a cluster admin has defined none, so no job can be submitted."),
+        ("priority-classes", "No priority classes: a cluster admin has defined none."),
+    ],
+)
+def test_an_empty_catalog_says_so(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str, words: str
+) -> None:
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    cli_against(monkeypatch, catalog([], []))
+    assert cli.main([command]) == cli.OK
+    assert capsys.readouterr() == ("", words + "\n")
+    assert cli.main([command, "-o", "json"]) == cli.OK
+    assert json.loads(capsys.readouterr().out) == []
+
+
+@pytest.mark.parametrize("command", ["flavors", "priority-classes", "vcs"])
+def test_a_refused_catalog_exits_as_any_list_does(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    cli_against(monkeypatch, lambda r: httpx.Response(401, json={"detail": "Invalid token."}))
+    assert cli.main([command]) == cli.AUTH
+    assert capsys.readouterr() == ("", "error: Invalid token.\nSign in again with `gpuportal login`.\n")
+
+
+def test_help_lists_flavors_and_priority_classes(home: Path) -> None:
+    result = run_cli(home, "--help")
+    assert result.returncode == 0
+    assert "flavors" in result.stdout and "priority-classes" in result.stdout
+
+
+# -- list filters -------------------------------------------------------------------------
+
+
+def jobs_of_visible_vcs(request: httpx.Request) -> httpx.Response:
+    """A portal where the user sees VC vision only, and has no jobs in it."""
+    path = request.url.path
+    if path == "/api/v1/jobs/":
+        return httpx.Response(200, json={"count": 0, "next": None, "results": []})
+    if path == "/api/v1/virtual-clusters/vision/":
+        return httpx.Response(200, json={"id": 1, "name": "vision", "tenant": "vision", "quotas": []})
+    assert path.startswith("/api/v1/virtual-clusters/"), path
+    return httpx.Response(404, json={"detail": "No VirtualCluster matches the given query."})
+
+
+@pytest.mark.parametrize("output", [[], ["-o", "json"]], ids=["table", "json"])
+def test_list_of_a_vc_the_user_cannot_see_says_it_is_not_found(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], output: list[str]
+) -> None:
+    """`list --vc nope` said "You have no jobs here" (exit 0), while `vcs nope` exits 3."""
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    cli_against(monkeypatch, jobs_of_visible_vcs)
+    assert cli.main(["list", "--vc", "nope", *output]) == cli.NOT_FOUND
+    assert capsys.readouterr() == ("", "error: virtual cluster nope not found\n")
+    assert cli.main(["vcs", "nope", *output]) == cli.NOT_FOUND
+    assert capsys.readouterr() == ("", "error: virtual cluster nope not found\n")
+
+    assert cli.main(["list", "--vc", "vision", *output]) == cli.OK
+    shown = capsys.readouterr()
+    if output:
+        assert json.loads(shown.out) == []
+    else:
+        assert shown == ("", "You have no jobs here (--all shows your tenants' jobs).\n")
+
+
+def test_list_asks_about_the_vc_only_when_no_job_matched(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    job = {"id": 7, "name": "j", "vc": "vision", "owner": "alice", "state": "running"}
+    sent = cli_against(
+        monkeypatch, lambda r: httpx.Response(200, json={"count": 1, "next": None, "results": [job]})
+    )
+    assert cli.main(["list", "--vc", "vision"]) == cli.OK
+    assert [r.url.path for r in sent] == ["/api/v1/jobs/"]
+
+
+def test_list_refuses_an_unknown_state_with_the_valid_ones(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`list --state bogus` sent the filter, and the portal's refusal named no valid state."""
+    config.save("http://gpus.example.org", "gpp_t", "alice")
+    sent = cli_against(monkeypatch, lambda r: httpx.Response(500))
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["list", "--state", "running", "--state", "bogus"])
+    assert exited.value.code == cli.USAGE
+    err = capsys.readouterr().err
+    assert "argument --state: invalid choice: 'bogus'" in err
+    assert all(state in err for state in cli.JOB_STATES)
+    assert not sent
+
+
+def test_the_states_list_takes_are_the_portals() -> None:
+    from portal.jobs.choices import JobState
+
+    assert list(cli.JOB_STATES) == [state.value for state in JobState]

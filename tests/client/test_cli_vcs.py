@@ -279,3 +279,17 @@ def test_vcs_json_prints_the_apis_objects(run_cli, tokens, users) -> None:  # ty
         {"gpu_model": "A100", "guaranteed": 8, "borrow_limit": 8, "lending_limit": None, "in_use": 2},
         {"gpu_model": "V100", "guaranteed": 8, "borrow_limit": 4, "lending_limit": 4, "in_use": 0},
     ]
+
+
+def test_list_of_another_tenants_vc_reads_as_one_that_does_not_exist(run_cli, tokens) -> None:  # type: ignore[no-untyped-def]
+    """`list --vc NAME` of a VC the user cannot see said "You have no jobs here" (exit 0)."""
+    others = run_cli(tokens["alice"], "list", "--vc", "speech")
+    missing = run_cli(tokens["alice"], "list", "--vc", "no-such-vc", "--all")
+    assert others.returncode == missing.returncode == cli.NOT_FOUND
+    assert others.stderr == "error: virtual cluster speech not found\n"
+    assert missing.stderr == "error: virtual cluster no-such-vc not found\n"
+    assert others.stdout == missing.stdout == ""
+
+    own = run_cli(tokens["alice"], "list", "--vc", "vision")
+    assert own.returncode == 0, own.stderr
+    assert own.stderr == "You have no jobs here (--all shows your tenants' jobs).\n"
