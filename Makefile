@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make up     run the demo cluster (private PostgreSQL and Redis under var/)
-#   make down   stop that PostgreSQL and Redis and the demo jobs, which Ctrl-C leaves running
+#   make down   stop the demo from any terminal: a running `make up`, then the demo jobs,
+#               PostgreSQL and Redis, which Ctrl-C leaves running
 #   make test   run the whole test suite (private PostgreSQL and Redis on free ports)
 
 VENV := .venv

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """A stand-in for a training script: it "trains" by counting steps, and survives preemption.
 
 It shows the checkpoint contract with nothing but the standard library and
@@ -10,8 +11,9 @@ It shows the checkpoint contract with nothing but the standard library and
 - when the portal starts it again (``GPUPORTAL_RESUME=1``), it continues from the saved
   step instead of step 0.
 
-Submit it with ``examples/train_counter.yaml``. Outside the portal, give a directory:
-``python examples/train_counter.py --checkpoint-dir /tmp/ckpt``.
+Submit it with ``examples/train_counter.yaml``, which runs it by name from the job's PATH (an
+executable with a ``python3`` shebang, as an image would install it). Outside the portal, give a
+directory: ``python examples/train_counter.py --checkpoint-dir /tmp/ckpt``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Runs before Django is configured, so it imports nothing from Django. Usage:
 
-    python -m portal.devstack up            # demo cluster on var/, until Ctrl-C
-    python -m portal.devstack down          # stop the PostgreSQL and Redis that `up` leaves running
+    python -m portal.devstack up            # demo cluster on var/, until Ctrl-C or `down`
+    python -m portal.devstack down          # stop a running `up`, its jobs, PostgreSQL and Redis
     python -m portal.devstack test [ARGS]   # pytest against services on free ports in a temp dir
 
 When DATABASE_URL or REDIS_URL is already set, that service is used as it is.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import os
 import pwd
 import shutil
@@ -30,6 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 PG_USER_CANDIDATES = ("postgres", "gpuportal-pg")
+UP_PID_FILE = "devstack.pid"  # in the run directory: which process runs `up`, locked while it runs
+UP_STOP_TIMEOUT_S = 30.0  # how long `down` waits for `up` (which gives its processes 10 s)
 
 
 def log(message: str) -> None:
@@ -268,10 +271,11 @@ class Supervisor:
         self.quiet = quiet
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
 
-    def start(self, name: str, cmd: list[str]) -> None:
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        """Starts `cmd` with the supervisor's environment, or with `env` when given."""
         proc = subprocess.Popen(
             cmd,
-            env=self.env,
+            env=self.env if env is None else env,
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -322,41 +326,110 @@ def manage(env: dict[str, str], *args: str) -> None:
     subprocess.run([str(VENV_BIN / "python"), "manage.py", *args], env=env, cwd=REPO, check=True)
 
 
+def claim_run_dir(run_dir: Path) -> int | None:
+    """Locks RUN_DIR/devstack.pid and writes this process's pid in it, so that `down` from another
+    terminal finds the running `up` and a second `up` on the same directory and ports is refused.
+    Returns the file's descriptor, which holds the lock until it is closed, or None when another
+    `up` holds it. The kernel drops the lock when its process ends, however it ends, so a pid file that
+    a killed `up` left behind is never taken for a running one (nor its pid, maybe reused since)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / UP_PID_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def running_up(run_dir: Path) -> int | None:
+    """The pid of the `up` that holds the run directory's lock, or None when no `up` runs there."""
+    try:
+        fd = os.open(run_dir / UP_PID_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass
+        else:
+            return None  # nobody holds it; closing the file lets go of it again
+        for _ in range(50):  # `up` writes its pid right after it takes the lock
+            text = os.pread(fd, 32, 0).strip()
+            if text:
+                return int(text)
+            time.sleep(0.02)
+        return None
+    finally:
+        os.close(fd)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     run_dir = REPO / "var"
+    lock = claim_run_dir(run_dir)
+    if lock is None:
+        log(f"`make up` already runs on {run_dir} (pid {running_up(run_dir)}); `make down` stops it")
+        return 1
+    # SIGTERM (what `make down` sends) stops `up` as Ctrl-C does, also while the cluster starts.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return run_demo(args, run_dir)
+    except KeyboardInterrupt:
+        log("stopped before the demo had started")
+        return 0
+    finally:
+        os.ftruncate(lock, 0)
+        os.close(lock)
+
+
+def run_demo(args: argparse.Namespace, run_dir: Path) -> int:
     with private_services(run_dir, pg_port=args.pg_port, redis_port=args.redis_port, keep=True) as services:
         services._stops.clear()  # make up leaves PostgreSQL and Redis running for the next start
         env = {**os.environ, **services.env, "DEBUG": os.environ.get("DEBUG", "true")}
         manage(env, "collectstatic", "--no-input", "-v", "0")
         supervisor = start_demo_cluster(env, run_dir, args.host, args.port)
-        banner = DEMO_BANNER.format(
-            url=f"http://{args.host}:{args.port}/",
-            python=os.path.relpath(VENV_BIN / "python", REPO),
-            totp_secret=DEMO_ADMIN_TOTP_SECRET,
-        )
-        print(banner, flush=True)
-        code = supervisor.wait()
-        supervisor.stop()
-        return code
+        try:
+            banner = DEMO_BANNER.format(
+                url=f"http://{args.host}:{args.port}/",
+                python=os.path.relpath(VENV_BIN / "python", REPO),
+                totp_secret=DEMO_ADMIN_TOTP_SECRET,
+            )
+            print(banner, flush=True)
+            return supervisor.wait()
+        finally:
+            # A second Ctrl-C or `make down` must not cut the stopping short and leave processes.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            supervisor.stop()
 
 
 def start_demo_cluster(
     env: dict[str, str], run_dir: Path, host: str, port: int, quiet: bool = False
 ) -> Supervisor:
     """Migrates, loads the demo, and starts web, worker, beat and one simulated agent per demo
-    node; returns once the web server answers. `make up` and the benchmarks share it."""
+    node; returns once the web server answers, and stops what it started if interrupted before.
+    `make up` and the benchmarks share it."""
     env = {**env, "CHECKPOINT_ROOT": str(run_dir / "checkpoints")}  # where the agents keep them
     manage(env, "migrate", "--no-input", "-v", "0")
     manage(env, "seed_demo", "--agent-token-dir", str(run_dir / "agents"))
     supervisor = Supervisor(env, quiet=quiet)
-    commands = portal_commands(host, port, f"worker-{port}", run_dir / "celerybeat-schedule")
-    for name, cmd in commands.items():
-        supervisor.start(name, cmd)
-    # The agents start once the web server answers, so that they connect at once instead of
-    # logging refused connections while it starts.
-    wait_until(lambda: port_open(port), 30, "the web server")
-    for name, cmd in demo_agent_commands(port, run_dir):
-        supervisor.start(name, cmd)
+    try:
+        commands = portal_commands(host, port, f"worker-{port}", run_dir / "celerybeat-schedule")
+        for name, cmd in commands.items():
+            supervisor.start(name, cmd)
+        # The agents start once the web server answers, so that they connect at once instead of
+        # logging refused connections while it starts.
+        wait_until(lambda: port_open(port), 30, "the web server")
+        agent_env = demo_agent_env(env)
+        for name, cmd in demo_agent_commands(port, run_dir):
+            supervisor.start(name, cmd, env=agent_env)
+    except BaseException:
+        supervisor.stop()
+        raise
     return supervisor
 
 
@@ -389,6 +462,17 @@ def portal_commands(host: str, port: int, worker_name: str, beat_schedule: Path)
         ],
         "beat": [str(VENV_BIN / "celery"), "-A", "portal", "beat", "-l", "info", "-s", str(beat_schedule)],
     }
+
+
+def demo_agent_env(env: dict[str, str]) -> dict[str, str]:
+    """The demo agents' environment: `env` with the repository's examples/ and this venv's bin/
+    first on PATH. A job on the process runtime gets nothing of its agent's environment but PATH
+    (and LANG), and no mounts, so PATH is how the demo gives its jobs what a job image gives them
+    on a Docker node: the example scripts as commands (`train_counter.py`) and a `python3` with
+    the gpuportal package installed (`gpuportal.checkpoint`). It makes no path visible that was
+    not before: the process runtime isolates nothing, so a job could already read both."""
+    path = os.pathsep.join([str(REPO / "examples"), str(VENV_BIN), env.get("PATH", os.defpath)])
+    return {**env, "PATH": path}
 
 
 def demo_agent_commands(port: int, run_dir: Path) -> list[tuple[str, list[str]]]:
@@ -440,19 +524,30 @@ DEMO_BANNER = """
  Django admin then asks the cluster admin for a one-time code:
    {python} -m portal.accounts.totp {totp_secret}
    (or add that key to an authenticator app)
- Press Ctrl-C to stop.
+ Press Ctrl-C to stop (or run `make down` in another terminal).
 ============================================================
 """
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    """Stops the PostgreSQL and Redis that `make up` leaves running under var/ (Ctrl-C stops
-    only the web server, worker, beat and agents, so that the next `make up` starts at once),
-    and the demo jobs' processes, which outlive their agents. The data stays; `make clean`
-    removes it."""
+    """Stops the whole demo, in order: a running `make up` (from another terminal), as Ctrl-C in
+    its terminal would, so that its web server, worker, beat and agents do not outlive the
+    services they need; the demo jobs' processes, which outlive their agents; then the
+    PostgreSQL and Redis that `make up` leaves running under var/ so that its next start is
+    quick. The data stays; `make clean` removes it."""
     from agents.runtime.process import kill_recorded_attempts
 
     run_dir = REPO / "var"
+    pid = running_up(run_dir)
+    if pid is not None:
+        log(f"stopping `make up` (pid {pid}) and the processes it runs")
+        try:
+            with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
+                os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: running_up(run_dir) is None, UP_STOP_TIMEOUT_S, f"`make up` (pid {pid})")
+        except (PermissionError, RuntimeError) as error:
+            log(f"cannot stop `make up`: {error}; stop it with Ctrl-C in its terminal, then `make down`")
+            return 1
     jobs = sum(kill_recorded_attempts(state) for state in sorted((run_dir / "agents").glob("*/")))
     log(f"stopped {jobs} job processes the demo agents had left running" if jobs else "no job process runs")
     data = run_dir / "pg"
@@ -496,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     up.add_argument("--pg-port", type=int, default=55432)
     up.add_argument("--redis-port", type=int, default=56379)
-    down = sub.add_parser("down", help="stop the PostgreSQL and Redis that `up` leaves running")
+    down = sub.add_parser("down", help="stop a running `up`, the demo's jobs, PostgreSQL and Redis")
     down.add_argument("--redis-port", type=int, default=56379)
     test = sub.add_parser("test", help="run pytest on private services")
     test.add_argument("pytest_args", nargs=argparse.REMAINDER)
