@@ -268,11 +268,15 @@ def env_value_problem(name: str, value: Any, *, secret: bool = False) -> str | N
 
 
 def env_name_problem(name: Any) -> str | None:
-    """Why a variable's name is not text, or None when it is. Only YAML gives a mapping keys of
-    other types: unquoted, it reads the names ON, YES, TRUE as true, OFF and NO as false, NULL as
-    null, and 1 as a number, and DictField made the text "True" or "None" of them, variables
-    nobody named."""
+    """Why a job may not set a variable of this name, or None when it may: a valid name, and
+    none the agent sets itself. Only YAML gives a mapping keys that are not text: unquoted, it
+    reads the names ON, YES, TRUE as true, OFF and NO as false, NULL as null, and 1 as a number,
+    and DictField made the text "True" or "None" of them, variables nobody named."""
     if isinstance(name, str):
+        if not ENV_NAME_RE.match(name):
+            return f"{name!r} is not a valid variable name."
+        if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+            return f"{name} is reserved: the agent sets it."
         return None
     if isinstance(name, bool):
         what = "true" if name else "false"
@@ -293,7 +297,8 @@ def env_name_problem(name: Any) -> str | None:
 class EnvField(serializers.DictField):
     """A job's environment variables: names to text. Refuses names and values that are not text
     before DictField and the child CharField would quietly turn them into text (see
-    env_name_problem and env_value_problem)."""
+    env_name_problem and env_value_problem), and names a job may not set. Every variable refused
+    is named under its own key (env.RUN_DATE, env.LD_PRELOAD), so one answer lists them all."""
 
     def __init__(self, *, secret: bool = False, **kwargs: Any) -> None:
         self.secret = secret
@@ -354,14 +359,9 @@ def unstorable(value: Any) -> Any:
 
 
 def checked_env(value: dict[str, str]) -> dict[str, str]:
-    """Variable names a job may set: valid, and none the agent sets itself."""
+    """At most 256 variables (EnvField checks each one)."""
     if len(value) > 256:
         raise serializers.ValidationError("At most 256 variables.")
-    for key in value:
-        if not ENV_NAME_RE.match(key):
-            raise serializers.ValidationError(f"{key!r} is not a valid variable name.")
-        if key in RESERVED_ENV_NAMES or key.startswith(RESERVED_ENV_PREFIXES):
-            raise serializers.ValidationError(f"{key} is reserved: the agent sets it.")
     return value
 
 

@@ -23,7 +23,8 @@ def test_it_queues_a_valid_job_as_pending_with_a_reason(api_for, small_job) -> N
     job = Job.objects.get(pk=body["id"])
     assert job.tenant.name == "vision" and job.owner.username == "alice"
     assert list(job.events.values_list("to_state", flat=True)) == ["pending"]
-    assert AuditEntry.objects.filter(action="job.submit", object_id=str(job.pk)).exists()
+    entry = AuditEntry.objects.get(action="job.submit")
+    assert (entry.object_id, entry.object_repr) == (str(job.pk), str(job))
 
 
 def test_it_accepts_yaml(api_for) -> None:  # type: ignore[no-untyped-def]
@@ -200,6 +201,26 @@ def test_a_command_argument_that_is_not_text_is_named(api_for) -> None:  # type:
     assert Job.objects.get().spec["command"] == ["python", "train.py", "--epochs", "3"]
 
 
+def test_every_reserved_or_malformed_variable_is_refused_under_its_own_name(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    """As any other variable's error (env.RUN_DATE): all of them at once, each by name."""
+    env = {"LD_PRELOAD": "x", "CUDA_VISIBLE_DEVICES": "0", "OK": "1", "1BAD": "x", "EPOCHS": 3}
+    response = api_for("alice").post(
+        "/api/v1/jobs/", {**small_job, "env": env, "secret_env": {"NVIDIA_X": "s"}}, format="json"
+    )
+    assert response.status_code == 400
+    errors = response.json()
+    assert errors["env"].pop("EPOCHS")[0].startswith("EPOCHS must be text, not the number 3")
+    assert errors == {
+        "env": {
+            "LD_PRELOAD": ["LD_PRELOAD is reserved: the agent sets it."],
+            "CUDA_VISIBLE_DEVICES": ["CUDA_VISIBLE_DEVICES is reserved: the agent sets it."],
+            "1BAD": ["'1BAD' is not a valid variable name."],
+        },
+        "secret_env": {"NVIDIA_X": ["NVIDIA_X is reserved: the agent sets it."]},
+    }
+    assert Job.objects.count() == 0
+
+
 def test_env_names_yaml_reads_as_other_values_are_refused(api_for) -> None:  # type: ignore[no-untyped-def]
     """Unquoted, YAML reads the names ON, YES and NULL as true and null: the job got variables
     named True and None. Refused, with the fix."""
@@ -332,6 +353,40 @@ def test_pages_of_a_tied_ordering_list_every_job_once(api_for, ordering) -> None
         page = alice.get("/api/v1/jobs/", {"ordering": ordering, "limit": 20, "offset": offset}).json()
         seen += [j["id"] for j in page["results"]]
     assert seen == sorted(Job.objects.values_list("id", flat=True), reverse=True)
+
+
+ORDERINGS = "queue_position, -queue_position, submitted_at, -submitted_at, priority, -priority, id, -id"
+
+
+@pytest.mark.parametrize(
+    ("ordering", "unknown"),
+    [("nope", "nope"), ("-priority,nope", "nope"), ("name", "name"), ("owner__password", "owner__password")],
+)
+def test_an_ordering_the_list_does_not_offer_is_refused(api_for, small_job, ordering, unknown) -> None:  # type: ignore[no-untyped-def]
+    """As a bad `limit` or `state`: ignored, it answered in another order than asked. The
+    answer lists the choices, the same to everyone: it says nothing of the jobs."""
+    assert api_for("alice").post("/api/v1/jobs/", small_job, format="json").status_code == 201
+    expected = {
+        "ordering": [f"Unknown field {unknown!r}: order by one or more of {ORDERINGS}, separated by commas."]
+    }
+    for user in ("alice", "carol"):
+        response = api_for(user).get("/api/v1/jobs/", {"ordering": ordering})
+        assert (response.status_code, response.json()) == (400, expected), user
+    for offered in ("-priority", "id", "priority, -submitted_at", ""):
+        assert api_for("alice").get("/api/v1/jobs/", {"ordering": offered}).status_code == 200, offered
+
+
+def test_a_jobs_own_lists_and_actions_take_none_of_the_job_lists_parameters(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    """Its events, output and telemetry are lists of their own (the schema offered them the job
+    list's filters and ordering, which then looked for the job among the jobs filtered)."""
+    alice = api_for("alice")
+    job_id = alice.post("/api/v1/jobs/", small_job, format="json").json()["id"]
+    for path in ("", "events/", "logs/", "telemetry/"):
+        response = alice.get(f"/api/v1/jobs/{job_id}/{path}", {"ordering": "nope"})
+        assert response.status_code == 200, (path, response.json())
+    for path in ("events/", "logs/", "telemetry/"):
+        response = alice.get(f"/api/v1/jobs/{job_id}/{path}", {"state": "running", "q": "other"})
+        assert response.status_code == 200, (path, response.json())
 
 
 @pytest.mark.parametrize(

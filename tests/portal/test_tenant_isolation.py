@@ -219,6 +219,8 @@ def test_every_route_answers_each_role_as_expected(api_for, objects, role, metho
     url = route.format(**objects)
     response = getattr(api_for(role), method)(url, BODIES.get(route), format="json")
     assert response.status_code == expected[role], (url, role, response.content[:300])
+    if response.status_code == 404:  # in the API's words, not Django's ("No Job matches ...")
+        assert b"matches the given query" not in response.content, (url, role, response.content)
 
 
 def test_other_tenants_see_nothing_of_vision_in_lists(api_for, objects) -> None:  # type: ignore[no-untyped-def]
@@ -232,12 +234,60 @@ def test_other_tenants_see_nothing_of_vision_in_lists(api_for, objects) -> None:
     # A job id of another tenant answers exactly like an id that does not exist.
     missing = carol.get("/api/v1/jobs/999999/")
     foreign = carol.get(f"/api/v1/jobs/{objects['job']}/")
-    assert (missing.status_code, missing.json()) == (foreign.status_code, foreign.json())
+    assert (missing.status_code, missing.json()) == (404, {"detail": "No job 999999."})
+    assert (foreign.status_code, foreign.json()) == (404, {"detail": f"No job {objects['job']}."})
     # Submitting to another tenant's VC reads the same as a VC that does not exist.
     spec = {"name": "x", "flavor": "s-A100", "command": "true"}
     foreign_vc = carol.post("/api/v1/jobs/", {**spec, "vc": "vision"}, format="json").json()["vc"][0]
     missing_vc = carol.post("/api/v1/jobs/", {**spec, "vc": "nope"}, format="json").json()["vc"][0]
     assert foreign_vc.replace("'vision'", "X") == missing_vc.replace("'nope'", "X")
+
+
+def test_another_tenants_object_answers_exactly_as_once_it_is_gone(api_for, objects) -> None:  # type: ignore[no-untyped-def]
+    """The 404 names what was asked for in the API's words, from the URL alone: the same status
+    and body before and after the object is deleted, so nobody learns whether it exists."""
+    from portal.accounts.models import ApiToken, Webhook
+    from portal.jobs.models import Job, JobTemplate
+
+    job, template, token, webhook = (objects[k] for k in ("job", "template", "token", "webhook"))
+    asked = {
+        ("carol", "get", f"/api/v1/jobs/{job}/"): f"No job {job}.",
+        ("carol", "post", f"/api/v1/jobs/{job}/cancel/"): f"No job {job}.",
+        ("carol", "get", f"/api/v1/jobs/{job}/logs/"): f"No job {job}.",
+        ("carol", "get", f"/api/v1/templates/{template}/"): f"No job template {template}.",
+        ("carol", "delete", f"/api/v1/templates/{template}/"): f"No job template {template}.",
+        ("bob", "get", f"/api/v1/tokens/{token}/"): f"No API token {token}.",
+        ("bob", "patch", f"/api/v1/webhooks/{webhook}/"): f"No webhook {webhook}.",
+        ("carol", "get", "/api/v1/virtual-clusters/vision/"): "No virtual cluster named 'vision'.",
+    }
+
+    def answers() -> dict[tuple[str, str, str], tuple[int, Any]]:
+        out = {}
+        for user, method, url in asked:
+            response = getattr(api_for(user), method)(url, {}, format="json")
+            out[user, method, url] = (response.status_code, response.json())
+        return out
+
+    foreign = answers()
+    assert foreign == {key: (404, {"detail": words}) for key, words in asked.items()}
+    Job.objects.filter(pk=job).delete()
+    JobTemplate.objects.filter(pk=template).delete()
+    ApiToken.objects.filter(pk=token).delete()
+    Webhook.objects.filter(pk=webhook).delete()
+    gone = answers()
+    vc = ("carol", "get", "/api/v1/virtual-clusters/vision/")
+    assert {k: v for k, v in gone.items() if k != vc} == {k: v for k, v in foreign.items() if k != vc}
+    missing = api_for("carol").get("/api/v1/virtual-clusters/nope/")
+    assert (missing.status_code, missing.json()) == (404, {"detail": "No virtual cluster named 'nope'."})
+    # Objects every user sees: a missing one is named the same way.
+    for url, words in (
+        ("/api/v1/nodes/nope/", "No node named 'nope'."),
+        ("/api/v1/flavors/999999/", "No flavor 999999."),
+        ("/api/v1/priority-classes/999999/", "No priority class 999999."),
+        ("/api/v1/jobs/abc/", "No job 'abc'."),
+    ):
+        response = api_for("alice").get(url)
+        assert (response.status_code, response.json()) == (404, {"detail": words}), url
 
 
 def test_node_listing_shows_allocation_but_not_whose(api_for, objects) -> None:  # type: ignore[no-untyped-def]

@@ -34,15 +34,21 @@ from portal.accounts.api.serializers import (
 from portal.accounts.choices import Role
 from portal.accounts.models import ApiToken, Membership, Webhook
 from portal.accounts.services import create_api_token, revoke_api_token
+from portal.lib.lookup import NamedNotFound
 from portal.lib.throttling import WriteThrottle
 
 
 class ApiTokenViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+    NamedNotFound,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
 ):
     """Your own API tokens. DELETE revokes a token (it stays listed as revoked)."""
 
     serializer_class = ApiTokenSerializer
+    noun = "API token"
     queryset = ApiToken.objects.none()  # for the schema; requests use get_queryset
     throttle_classes = [WriteThrottle]
     throttle_scope = "tokens"
@@ -78,6 +84,7 @@ class ApiTokenViewSet(
 
 
 class WebhookViewSet(
+    NamedNotFound,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,

@@ -20,20 +20,21 @@ from portal.cluster.api.serializers import (
 from portal.cluster.models import Flavor, Node, PriorityClass, VirtualCluster
 from portal.cluster.services import gpus_in_use, latest_gpu_samples, set_node_state
 from portal.jobs.models import Allocation, Job
+from portal.lib.lookup import NamedNotFound
 
 
-class FlavorViewSet(viewsets.ReadOnlyModelViewSet):
+class FlavorViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
     queryset = Flavor.objects.all()
     serializer_class = FlavorSerializer
     filterset_fields = ["gpu_model"]
 
 
-class PriorityClassViewSet(viewsets.ReadOnlyModelViewSet):
+class PriorityClassViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
     queryset = PriorityClass.objects.all()
     serializer_class = PriorityClassSerializer
 
 
-class VirtualClusterViewSet(viewsets.ReadOnlyModelViewSet):
+class VirtualClusterViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
     """Virtual clusters of your tenants, with quotas and the GPUs in use now."""
 
     serializer_class = VirtualClusterSerializer
@@ -56,7 +57,7 @@ class VirtualClusterViewSet(viewsets.ReadOnlyModelViewSet):
         return context
 
 
-class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+class NodeViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
     """Nodes and their GPUs. Shows whether a GPU is allocated, and to which job only when the job
     is one of your tenants'. Cluster admins cordon, drain and uncordon nodes."""
 

@@ -15,7 +15,6 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied as DRFPermissionDenied
 from rest_framework.exceptions import ValidationError
-from rest_framework.filters import OrderingFilter
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -39,7 +38,8 @@ from portal.jobs.api.serializers import (
 from portal.jobs.filtersets import JobFilterSet
 from portal.jobs.models import Allocation, Checkpoint, Job, JobAttempt, JobTemplate, LogLine, TelemetrySample
 from portal.jobs.spec import JobSpecSerializer
-from portal.lib.query import whole_number
+from portal.lib.lookup import NamedNotFound
+from portal.lib.query import StrictOrderingFilter, whole_number
 from portal.lib.renderers import CSVRenderer
 from portal.lib.throttling import WriteThrottle
 from scheduler.dry_run import dry_run_submission
@@ -61,7 +61,7 @@ def refusals_as_api_errors() -> Iterator[None]:
         raise DRFPermissionDenied(str(exc)) from exc
 
 
-class StableOrderingFilter(OrderingFilter):
+class StableOrderingFilter(StrictOrderingFilter):
     """The ordering asked for, then the newest id first: many jobs share a priority or a queue
     position (none, once running), and PostgreSQL orders such ties differently from one query
     to the next, so pages of a tied ordering repeated some jobs and skipped others. Without an
@@ -77,12 +77,14 @@ class StableOrderingFilter(OrderingFilter):
         return fields
 
 
-class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobViewSet(NamedNotFound, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Jobs of your tenants. POST a job spec (JSON or YAML) to submit."""
 
     filterset_class = JobFilterSet
     throttle_classes = [WriteThrottle]
     throttle_scope = "submit"
+    # The job list's. The job's own lists (events, logs, telemetry) take none of its filters or
+    # its ordering, so their actions set none, and the schema offers them none.
     filter_backends = [DjangoFilterBackend, StableOrderingFilter]
     ordering_fields = ["queue_position", "submitted_at", "priority", "id"]
     changes_nothing = False  # true for the dry run: see portal.accounts.security
@@ -209,7 +211,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
     @extend_schema(responses=JobEventSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])
     def events(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()
         page = self.paginate_queryset(job.events.all())
@@ -225,7 +227,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         ],
         responses=LogLineSerializer(many=True),
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])
     def logs(self, request: Request, pk: str | None = None) -> Response:
         """The job's output lines, oldest first; poll with `after` to follow."""
         job = self.get_object()
@@ -248,7 +250,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         ],
         responses=TelemetrySampleSerializer(many=True),
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])
     def telemetry(self, request: Request, pk: str | None = None) -> Response:
         """Per-GPU utilization, memory, power and temperature while the job held its GPUs."""
         job = self.get_object()
@@ -266,6 +268,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
 
 class JobTemplateViewSet(
+    NamedNotFound,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
