@@ -1523,7 +1523,7 @@ def enforce_time_limits(now: datetime, warn_before_s: int, force_after_s: int) -
         with transaction.atomic():
             if 0 < left <= warn_before_s and not job.time_limit_warned:
                 if Job.objects.filter(pk=job.pk, time_limit_warned=False).update(time_limit_warned=True):
-                    record_job_event(job, "portal", f"time limit reached in {int(left)} s")
+                    record_job_event(job, "portal", f"reaches its time limit in {int(left)} s")
                     counts["warned"] += 1
             elif left <= 0 and not job.stop_reason:
                 # Only while the attempt read above still runs: a job that was stopped, requeued

@@ -122,7 +122,7 @@ def test_a_job_is_stopped_at_its_time_limit(api, a100_agents) -> None:  # type: 
     job = submit(api("alice"), "too-long", SLEEP.format(seconds=300), time_limit=10)
     wait_for(lambda: state(job) == "timed-out", 60, "the job to time out")
     reasons = list(Job.objects.get(pk=job).events.values_list("reason", flat=True))
-    assert any("time limit reached in" in r for r in reasons)  # the warning
+    assert any("reaches its time limit in" in r for r in reasons)  # the warning
     assert any("reached: stopping" in r for r in reasons)
     assert not Allocation.objects.filter(attempt__job_id=job, released_at__isnull=True).exists()
     assert_invariants()
