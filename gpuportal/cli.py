@@ -770,8 +770,17 @@ def cmd_logs(ctx: Context) -> int:
     if not job.attempts:
         ctx.err.print(f"Job {job.id} has not started yet ({job.state}); no output.")
         return OK
+    printed = False
     for line in client.all_job_logs(job.id, attempt=args.attempt):
         write_line(line, job)
+        printed = True
+    if not printed:
+        # Said on stderr, so that `logs 44 > out.txt` still writes exactly the job's output.
+        ctx.err.print(
+            f"Job {job.id} ({job.state}) printed nothing."
+            if job.ended
+            else f"Job {job.id} ({job.state}) has printed nothing yet."
+        )
     return OK
 
 

@@ -485,6 +485,35 @@ def test_job_output_comes_out_whole_and_in_order_on_stdout(
     assert job_lines == [("stdout", text) for _, text in JOB_OUTPUT]
 
 
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        ("running", "Job 7 (running) has printed nothing yet."),
+        ("succeeded", "Job 7 (succeeded) printed nothing."),
+    ],
+)
+def test_logs_of_a_job_that_printed_nothing_say_so_on_stderr(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], state: str, said: str
+) -> None:
+    """Silence looked like a broken command; the note goes to stderr, so a redirect of stdout
+    still holds exactly the job's output (none)."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/v1/jobs/7/":
+            job = {"id": 7, "name": "j", "vc": "v", "owner": "o", "state": state}
+            return httpx.Response(200, json={**job, "attempts": [{"number": 1, "state": state}]})
+        assert request.url.path == "/api/v1/jobs/7/logs/", request.url.path
+        return httpx.Response(200, json={"count": 0, "next": None, "results": []})
+
+    cli_against(monkeypatch, handler)
+    monkeypatch.setenv(config.ENV_URL, "http://portal.test")
+    monkeypatch.setenv(config.ENV_TOKEN, "gpp_t")
+    assert cli.main(["logs", "7"]) == cli.OK
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert said in " ".join(err.split())
+
+
 def redirect_to_https(request: httpx.Request) -> httpx.Response:
     return httpx.Response(301, headers={"Location": f"https://gpus.example.org{request.url.path}"})
 
