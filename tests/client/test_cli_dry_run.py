@@ -72,8 +72,8 @@ def test_a_job_over_quota_would_wait_and_hears_what_helps(
     assert result.returncode == cli.OK, result.stderr
     verdict, *hints = result.stdout.splitlines()
     assert verdict.startswith(
-        "would wait: vc-quota, VC vision: 16 of 8 guaranteed A100 in use, borrow limit 8; job needs 8; "
-        "position 1; estimated start "
+        "would wait: vc-quota, VC vision: 16 A100 in use, 8 guaranteed and 8 borrowed, borrow limit 8; "
+        "job needs 8; position 1; estimated start "
     ), verdict
     assert re.search(r"\(in \d+d\d+h\)$", verdict), verdict  # the l-A100 jobs' 336 h limit
     assert "  would help: on V100 instead of A100 (flavor l-V100) it starts now" in hints, hints

@@ -118,7 +118,10 @@ def test_a_job_over_quota_hears_what_the_cycle_would_tell_it(api_for: Any, pause
 
     assert verdict["would_start_now"] is False and verdict["placement"] is None
     assert verdict["reason"] == "vc-quota"
-    assert verdict["message"] == "VC vision: 16 of 8 guaranteed A100 in use, borrow limit 8; job needs 8"
+    assert (
+        verdict["message"]
+        == "VC vision: 16 A100 in use, 8 guaranteed and 8 borrowed, borrow limit 8; job needs 8"
+    )
     assert verdict["queue_position"] == 1
     # It waits for a running job's time limit (l-A100: 336 h) at the latest.
     estimate = moment(verdict["estimated_start"])

@@ -250,7 +250,7 @@ def test_a_vc_limit_that_covers_the_cluster_does_not_hide_the_wait_for_gpus(
         assert plan.reservation == "head"
         assert not plan.starts
     else:
-        assert head.message.startswith("VC team: 6 of 0 guaranteed GPUs in use, borrow limit 8")
+        assert head.message.startswith("VC team: 6 GPUs in use, 0 guaranteed and 6 borrowed, borrow limit 8")
         assert plan.reservation is None
         assert [s.job_id for s in plan.starts] == ["later"]
 

@@ -93,7 +93,7 @@ def test_a_vc_above_its_cut_quota_does_not_hand_its_gpus_to_another_job() -> Non
     plan = decide(snap, SLICE, 5000.0)
     assert plan.suspends == () and plan.starts == ()
     [status] = plan.pending
-    assert "VC team: 4 of 0 guaranteed" in status.message
+    assert "VC team: 4 GPUs in use, 0 guaranteed and 4 borrowed" in status.message
 
 
 def test_a_job_takes_turns_only_on_gpus_of_a_model_it_accepts() -> None:

@@ -9,7 +9,7 @@ function verdict(patch: Partial<DryRun>): DryRun {
   return {
     would_start_now: false,
     reason: "vc-quota",
-    message: "VC vision: 16 of 8 guaranteed A100 in use, borrow limit 8; job needs 8",
+    message: "VC vision: 16 A100 in use, 8 guaranteed and 8 borrowed, borrow limit 8; job needs 8",
     estimated_start: null,
     queue_position: null,
     placement: null,
@@ -28,7 +28,7 @@ describe("a dry run's verdict", () => {
 
   it("says why a job would wait, until when and where in the queue", () => {
     const text = verdictText(verdict({ estimated_start: "2026-01-01T14:10:00Z", queue_position: 3 }), NOW);
-    expect(text.headline).toBe("Would wait: VC vision: 16 of 8 guaranteed A100 in use, borrow limit 8; job needs 8.");
+    expect(text.headline).toBe("Would wait: VC vision: 16 A100 in use, 8 guaranteed and 8 borrowed, borrow limit 8; job needs 8.");
     expect(text.detail).toMatch(/^Estimated start in 2h 10m \(.+\), position 3 in the queue\.$/);
   });
 

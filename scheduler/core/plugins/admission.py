@@ -34,12 +34,16 @@ def quota_fits(
     limit = guaranteed + (borrow_limit if borrowing else 0)
     if used + gpus <= limit or (cluster_gpus is not None and limit >= cluster_gpus):
         return SUCCESS
+    # The row's model, not the job's: under a row of all models, usage of all models binds.
+    label = model_label(row)
+    if used <= guaranteed:
+        in_use = f"{used} of {guaranteed} guaranteed {label} in use"
+    else:  # "16 of 8 guaranteed" read as a contradiction: say what is borrowed
+        in_use = f"{used} {label} in use, {guaranteed} guaranteed and {used - guaranteed} borrowed"
     return Status(
         Code.UNSCHEDULABLE,
         ReasonCode.VC_QUOTA,
-        # The row's model, not the job's: under a row of all models, usage of all models binds.
-        f"VC {vc}: {used} of {guaranteed} guaranteed {model_label(row)} in use, borrow limit "
-        f"{borrow_limit if borrowing else 0}; job needs {gpus}",
+        f"VC {vc}: {in_use}, borrow limit {borrow_limit if borrowing else 0}; job needs {gpus}",
     )
 
 
