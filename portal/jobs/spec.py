@@ -581,8 +581,8 @@ class JobSpecSerializer(StrictSerializer):
             and attrs["time_limit"] > flavor.max_runtime_hours * 3600
         ):
             errors["time_limit"] = (
-                f"{attrs['time_limit']} s is more than flavor {flavor.name} allows "
-                f"({flavor.max_runtime_hours} h)."
+                f"A time limit of {duration_text(attrs['time_limit'])} is more than flavor "
+                f"{flavor.name} allows ({duration_text(flavor.max_runtime_hours * 3600)})."
             )
         gpus_per_replica = flavor.gpus if flavor is not None else (resources or {}).get("gpus", 0)
         if "spread_after" in attrs and gpus_per_replica <= 1:

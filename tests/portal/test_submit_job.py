@@ -87,6 +87,12 @@ def test_a_bad_field_gets_a_field_level_400_and_nothing_is_stored(api_for, small
     assert JobEvent.objects.count() == 0
 
 
+def test_a_time_limit_above_the_flavor_s_is_refused_in_durations(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    """It said "360000 s is more than flavor s-A100 allows (72 h)" of a limit given as 100h."""
+    response = api_for("alice").post("/api/v1/jobs/", {**small_job, "time_limit": "100h"}, format="json")
+    assert response.json() == {"time_limit": ["A time limit of 4d4h is more than flavor s-A100 allows (3d)."]}
+
+
 def test_an_unknown_field_is_refused_with_every_other_bad_field_at_once(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
     """An unknown field was refused alone, and the other bad fields came out only once the user
     had fixed it and submitted again; a submission, a dry run and a job array all answer with
