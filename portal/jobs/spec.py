@@ -145,6 +145,11 @@ def duration_text(seconds: int) -> str:
 
 @extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "example": "36h"}]})
 class DurationField(serializers.Field):
+    # A YAML key left empty (`time_limit:`) is null: say what to give, not "may not be null".
+    default_error_messages = {
+        "null": "Give a duration such as 3600, '90m', '36h' or '2d', or leave the field out."
+    }
+
     def to_internal_value(self, data: Any) -> int:
         return parse_duration(data)
 

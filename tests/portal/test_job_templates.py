@@ -169,7 +169,9 @@ def test_names_are_unique_per_owner(api_for) -> None:  # type: ignore[no-untyped
     other = save(alice, "other").json()
     renamed = alice.patch(f"{URL}{other['id']}/", {"name": "train"}, format="json")
     assert renamed.status_code == 400 and "name" in renamed.json()
-    assert save(alice, "Not A Slug").status_code == 400
+    assert save(alice, "Not A Slug").json() == {
+        "name": ["Use only letters, digits, '-' and '_' in a template's name."]
+    }
 
 
 def test_shared_templates_are_offered_within_the_tenant_only(api_for) -> None:  # type: ignore[no-untyped-def]

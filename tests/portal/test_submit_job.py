@@ -93,6 +93,14 @@ def test_a_time_limit_above_the_flavor_s_is_refused_in_durations(api_for, small_
     assert response.json() == {"time_limit": ["A time limit of 4d4h is more than flavor s-A100 allows (3d)."]}
 
 
+def test_an_empty_time_limit_says_what_to_give(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
+    """YAML reads `time_limit:` with nothing after it as null, refused as "may not be null"."""
+    response = api_for("alice").post("/api/v1/jobs/", {**small_job, "time_limit": None}, format="json")
+    assert response.json() == {
+        "time_limit": ["Give a duration such as 3600, '90m', '36h' or '2d', or leave the field out."]
+    }
+
+
 def test_an_unknown_field_is_refused_with_every_other_bad_field_at_once(api_for, small_job) -> None:  # type: ignore[no-untyped-def]
     """An unknown field was refused alone, and the other bad fields came out only once the user
     had fixed it and submitted again; a submission, a dry run and a job array all answer with

@@ -350,7 +350,10 @@ class JobTemplateSerializer(StrictSerializer, serializers.ModelSerializer):
 
     owner = serializers.CharField(source="owner.username", read_only=True)
     tenant = serializers.CharField(source="tenant.name", read_only=True)
-    name = serializers.SlugField(max_length=100)
+    name = serializers.SlugField(
+        max_length=100,
+        error_messages={"invalid": "Use only letters, digits, '-' and '_' in a template's name."},
+    )
     spec = TemplateSpecField(help_text="A job spec exactly as POST /api/v1/jobs/ takes it.")
 
     class Meta:
