@@ -158,6 +158,13 @@ class PortalClient:
         except httpx.TimeoutException as error:
             raise Unreachable(f"{self.url} did not answer in time ({error.__class__.__name__})") from None
         except httpx.HTTPError as error:
+            if "WRONG_VERSION_NUMBER" in str(error) and self.url.lower().startswith("https://"):
+                # What TLS says when the other end answers in plain HTTP, as a portal run
+                # without TLS (the demo) does.
+                plain = "http://" + self.url.split("://", 1)[1]
+                raise Unreachable(
+                    f"{self.url} does not answer over TLS; if it serves plain HTTP, use {plain}"
+                ) from None
             raise Unreachable(f"cannot reach {self.url}: {error}") from None
 
     def websocket_url(self, path: str, params: dict[str, Any] | None = None) -> str:

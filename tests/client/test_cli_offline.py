@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import os
 import stat
 import subprocess
 import sys
+import threading
 from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,25 @@ def test_the_token_file_is_private_and_the_environment_wins(
     # Signing out forgets the token and the user, not the portal: a later login may leave out --url.
     assert config.forget() and json.loads(path.read_text()) == {"url": "https://gpus.example.org"}
     assert not config.forget()
+
+
+def test_https_to_a_plain_http_portal_says_to_use_http(home: Path) -> None:
+    """TLS against a server that answers in plain HTTP (the demo) gave the raw
+    "[SSL: WRONG_VERSION_NUMBER]"; it now says what to use instead."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"https://127.0.0.1:{server.server_port}"
+        result = run_cli(home, "list", env={"GPUPORTAL_URL": url, "GPUPORTAL_TOKEN": "x"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == cli.UNREACHABLE
+    said = " ".join(result.stderr.split())
+    plain = f"http://127.0.0.1:{server.server_port}"
+    assert f"does not answer over TLS; if it serves plain HTTP, use {plain}" in said
+    assert "WRONG_VERSION_NUMBER" not in said
 
 
 def test_expected_failures_give_a_message_and_an_exit_code_not_a_traceback(home: Path) -> None:
