@@ -1084,17 +1084,19 @@ def cmd_usage(ctx: Context) -> int:
     if not report.results:
         ctx.err.print(f"No GPU usage from {period}.")
         return OK
+    # Per job, each row is one job: a JOBS column would say 1 on every line.
+    per_job = report.group == "job"
     rows = [
         (
             escape(row.key),
-            str(row.jobs),
+            *(() if per_job else (str(row.jobs),)),
             f"{row.allocated_gpu_hours:,.2f}",
             f"{row.used_gpu_hours:,.2f}",
             f"{row.energy_kwh:,.2f}",
         )
         for row in report.results
     ]
-    figures = ("JOBS", "GPU-HOURS", "USED GPU-HOURS", "ENERGY KWH")
+    figures = (*(() if per_job else ("JOBS",)), "GPU-HOURS", "USED GPU-HOURS", "ENERGY KWH")
     table = listing((report.group.upper(), *figures), rows, numbers=figures)
     ctx.out.print(table)
     ctx.err.print(

@@ -110,6 +110,13 @@ def test_usage_prints_a_row_per_vc_and_per_user_of_the_tenant(run_cli, alice_tok
     rows = json.loads(per_job.stdout)["results"]
     assert [row["key"] for row in rows] == [str(usage["bob"].pk), str(usage["alice"].pk)]
     assert rows[0]["allocated_gpu_hours"] == pytest.approx(3.0)
+    # As a table a job's row has no JOBS column, which would say 1 on every line.
+    per_job = run_cli(alice_token, "usage", "--group", "job")
+    assert per_job.stdout.splitlines()[0].split()[:2] == ["JOB", "GPU-HOURS"]
+    assert table_rows(per_job.stdout) == [
+        [str(usage["bob"].pk), "3.00", "1.50", "0.90"],
+        [str(usage["alice"].pk), "1.00", "1.00", "0.40"],
+    ]
 
     before = run_cli(alice_token, "usage", "--since", "2020-01-01", "--until", "2020-02-01")
     assert before.returncode == 0 and before.stdout == ""
