@@ -24,7 +24,7 @@ a `ValueError` naming the key), so a typo cannot surface mid-cycle.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -40,7 +40,7 @@ from scheduler.core.framework import (
     ScorePlugin,
     ShareChooserPlugin,
 )
-from scheduler.core.registry import KINDS, build_plugin, is_kind, shown
+from scheduler.core.registry import KINDS, build_plugin, checked_plugin, is_kind, shown
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -210,21 +210,22 @@ class Profile:
             plugin_args={k: dict(v) for k, v in plugin_args.items()},
             cycle=CycleSettings.from_dict(data.get("cycle", {})),
         )
-        built = profile.build()  # validate now, not in the middle of a cycle
+        built = profile.build(checked_plugin)  # validate now, not in the middle of a cycle
         # A VC's queueing policy is built from its arguments in the middle of a cycle, whether
         # or not the profile lists it: arguments for any plugin are checked here.
         for name, args in profile.plugin_args.items():
             if name not in built.by_name:
-                build_plugin(name, args)
+                checked_plugin(name, args)
         return profile
 
-    def build(self) -> PluginSet:
-        """Fresh plugin objects for one cycle (plugins may keep per-cycle data in prepare)."""
+    def build(self, make: Callable[[str, Mapping[str, Any]], object] = build_plugin) -> PluginSet:
+        """Fresh plugin objects for one cycle (plugins may keep per-cycle data in prepare);
+        `make` builds each, checking its arguments when the profile is loaded (checked_plugin)."""
         by_name: dict[str, object] = {}
 
         def get(name: str, point: str) -> Any:
             if name not in by_name:
-                by_name[name] = build_plugin(name, self.plugin_args.get(name, {}))
+                by_name[name] = make(name, self.plugin_args.get(name, {}))
             plugin = by_name[name]
             if not isinstance(plugin, _POINTS[point]):
                 raise ValueError(f"plugin {name!r} cannot run at extension point {point!r}")

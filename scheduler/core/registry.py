@@ -66,13 +66,23 @@ REGISTRY: dict[str, PluginFactory] = {
 
 
 def build_plugin(name: str, args: Mapping[str, Any]) -> object:
-    """The plugin, or a `ValueError` naming it: a profile's arguments are user data, so a
-    wrong type or a misspelt name must not surface as a `TypeError` or be ignored."""
+    """The plugin, from arguments checked when the profile was loaded (checked_plugin): every
+    cycle builds its plugins afresh, so the checks are not made again here."""
+    return _factory(name)(args)
+
+
+def _factory(name: str) -> PluginFactory:
     try:
-        factory = REGISTRY[name]
+        return REGISTRY[name]
     except KeyError:
         known = ", ".join(sorted(REGISTRY))
         raise ValueError(f"unknown scheduler plugin {name!r}; known: {known}") from None
+
+
+def checked_plugin(name: str, args: Mapping[str, Any]) -> object:
+    """The plugin, or a `ValueError` naming it: a profile's arguments are user data, so a
+    wrong type or a misspelt name must not surface as a `TypeError` or be ignored."""
+    factory = _factory(name)
     read = ReadArgs(args)
     try:
         plugin = factory(read)
